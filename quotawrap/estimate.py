@@ -1,0 +1,381 @@
+"""Pessimistic token estimate of one API request, made before it is sent.
+
+``reserve = input estimate + output allowance`` (seed §7.6). Both halves lean high on purpose:
+an estimate that is too low lets a call through that the ledger cannot afford, one that is too
+high only blocks a little early, and the hold is settled from the response's real usage anyway.
+
+Output allowance:
+
+* ``max_completion_tokens`` bounds answer and reasoning together, so it is the allowance;
+* otherwise ``max_tokens`` (or Ark's default 4096) bounds only the answer, and a thinking model
+  spends reasoning tokens on top (the seed's 18-token question that cost 167): the allowance is
+  ``max(max_tokens or default, thinking_floor)`` unless ``thinking: {"type": "disabled"}``;
+* the Responses API's ``max_output_tokens`` includes reasoning, like ``max_completion_tokens``;
+* ``n`` (and ``best_of`` for completions) choices each get the full allowance;
+* embeddings produce no output tokens.
+
+A limit of 0 is treated as absent: what a server does with it is not documented, and reading it
+as "no limit given" is the safe side.
+
+Input estimate: tokens of every text the model reads, plus per-message template overhead; images
+are a flat ``image_tokens`` each (Ark does not publish its formula, seed §9); any other part type
+(video, audio, file, unknown) counts as the tokens of its JSON form, at least ``image_tokens``.
+Not estimable offline: conversation state the server adds itself (``previous_response_id``).
+
+A body of the wrong shape raises ``ValueError`` naming the offending field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal, get_args
+
+from .tokens import count_tokens
+
+__all__ = [
+    "Estimate",
+    "EstimateSettings",
+    "Kind",
+    "estimate_request",
+    "output_allowance",
+    "thinking_disabled",
+]
+
+Kind = Literal["chat", "responses", "embeddings", "completions"]
+Count = Callable[[str, str], int]
+
+
+@dataclass(frozen=True)
+class EstimateSettings:
+    thinking_floor: int = 4096  # seed THINKING_RESERVE_FLOOR
+    default_max_tokens: int = 4096  # Ark's default max_tokens when the request gives none
+    image_tokens: int = 2000  # per image part, conservative (Ark doesn't publish its formula; seed §9)
+    per_message_overhead: int = 4  # chat template tokens per message (role markers etc.)
+    reply_priming: int = 3
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"EstimateSettings.{field.name} must be a non-negative integer, got {value!r}"
+                )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    input_tokens: int
+    output_allowance: int
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_allowance
+
+
+def thinking_disabled(body: Mapping[str, Any]) -> bool:
+    """True only for an explicit ``thinking: {"type": "disabled"}``; anything else may think."""
+    _check_body(body)
+    thinking = body.get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("type") == "disabled"
+
+
+def output_allowance(
+    kind: Kind, body: Mapping[str, Any], settings: EstimateSettings = EstimateSettings()
+) -> int:
+    """Most output tokens the request can be billed for (see the module docstring)."""
+    _check_kind(kind)
+    _check_body(body)
+    if kind == "embeddings":
+        return 0
+    if kind == "responses":
+        bound = _limit(body, "max_output_tokens")
+        return bound if bound is not None else _answer_plus_thinking(None, body, settings)
+    bound = _limit(body, "max_completion_tokens")
+    per_choice = (
+        bound if bound is not None else _answer_plus_thinking(_limit(body, "max_tokens"), body, settings)
+    )
+    return per_choice * _choices(kind, body)
+
+
+def estimate_request(
+    kind: Kind,
+    body: Mapping[str, Any],
+    settings: EstimateSettings = EstimateSettings(),
+    *,
+    count: Count = count_tokens,
+) -> Estimate:
+    """Pessimistic input tokens and output allowance of one request body."""
+    _check_kind(kind)
+    _check_body(body)
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise ValueError(f"'model' must be a string, got {_type_name(model)}")
+    counter = _Counter(model, settings, count)
+    input_tokens = _INPUT_ESTIMATORS[kind](body, counter)
+    return Estimate(input_tokens=input_tokens, output_allowance=output_allowance(kind, body, settings))
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _answer_plus_thinking(max_tokens: int | None, body: Mapping[str, Any], settings: EstimateSettings) -> int:
+    answer = max_tokens if max_tokens is not None else settings.default_max_tokens
+    if thinking_disabled(body):
+        return answer
+    # max_tokens bounds only the answer; reasoning tokens come on top of it (seed §7.6)
+    return max(answer, settings.thinking_floor)
+
+
+def _limit(body: Mapping[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    number = _whole_number(value, name)
+    if number < 0:
+        raise ValueError(f"'{name}' must not be negative, got {value!r}")
+    return number or None
+
+
+def _choices(kind: Kind, body: Mapping[str, Any]) -> int:
+    names = ("n", "best_of") if kind == "completions" else ("n",)
+    choices = 1
+    for name in names:
+        value = body.get(name)
+        if value is not None:
+            choices = max(choices, _whole_number(value, name))
+    return choices
+
+
+def _whole_number(value: object, name: str) -> int:
+    # JSON decoders may hand over 16.0 for 16; a server would accept it, so must we
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"'{name}' must be an integer, got {value!r}")
+    return value
+
+
+# -- input --------------------------------------------------------------------------------------
+
+
+class _Counter:
+    """Counts the pieces of one request with its model's tokenizer and the settings' flat rates."""
+
+    def __init__(self, model: str, settings: EstimateSettings, count: Count) -> None:
+        self.model = model
+        self.settings = settings
+        self._count = count
+
+    def text(self, value: object, where: str) -> int:
+        if value is None:
+            return 0
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be a string, got {_type_name(value)}")
+        return self._count(self.model, value) if value else 0
+
+    def json(self, value: object, where: str) -> int:
+        if value is None:
+            return 0
+        try:
+            dumped = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where} is not JSON-serialisable: {exc}") from exc
+        return self._count(self.model, dumped)
+
+    def image(self) -> int:
+        return self.settings.image_tokens
+
+    def opaque(self, part: object, where: str) -> int:
+        # video/audio/file/unknown: nothing published to go by, so the larger of two safe guesses
+        return max(self.settings.image_tokens, self.json(part, where))
+
+    @property
+    def per_message(self) -> int:
+        return self.settings.per_message_overhead
+
+    @property
+    def reply_priming(self) -> int:
+        return self.settings.reply_priming
+
+
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+_IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+
+
+def _content_tokens(content: object, counter: _Counter, where: str) -> int:
+    """String content, or a list of typed parts (chat and Responses API share part shapes)."""
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return counter.text(content, where)
+    parts = _as_list(content, where, "a string or a list of content parts")
+    return sum(_part_tokens(part, counter, f"{where}[{index}]") for index, part in enumerate(parts))
+
+
+def _part_tokens(part: object, counter: _Counter, where: str) -> int:
+    if isinstance(part, str):
+        return counter.text(part, where)
+    item = _as_mapping(part, where)
+    kind = item.get("type")
+    if kind in _TEXT_PARTS:
+        return counter.text(item.get("text"), f"{where}.text")
+    if kind == "refusal":
+        return counter.text(item.get("refusal"), f"{where}.refusal")
+    if kind in _IMAGE_PARTS:
+        return counter.image()
+    return counter.opaque(item, where)
+
+
+def _chat_input(body: Mapping[str, Any], counter: _Counter) -> int:
+    messages = _as_list(_required(body, "messages"), "'messages'", "a list of messages")
+    total = sum(
+        _chat_message_tokens(message, counter, f"messages[{i}]") for i, message in enumerate(messages)
+    )
+    for name in ("tools", "functions", "response_format"):
+        total += counter.json(body.get(name), f"'{name}'")
+    return total + counter.reply_priming
+
+
+def _chat_message_tokens(message: object, counter: _Counter, where: str) -> int:
+    entry = _as_mapping(message, where)
+    total = counter.per_message
+    total += _content_tokens(entry.get("content"), counter, f"{where}.content")
+    total += counter.text(entry.get("name"), f"{where}.name")
+    total += counter.text(entry.get("reasoning_content"), f"{where}.reasoning_content")
+    total += _function_call_tokens(entry.get("function_call"), counter, f"{where}.function_call")
+    tool_calls = entry.get("tool_calls")
+    if tool_calls is not None:
+        for index, call in enumerate(_as_list(tool_calls, f"{where}.tool_calls", "a list")):
+            call_where = f"{where}.tool_calls[{index}]"
+            total += _function_call_tokens(_as_mapping(call, call_where).get("function"), counter, call_where)
+    return total
+
+
+def _function_call_tokens(call: object, counter: _Counter, where: str) -> int:
+    if call is None:
+        return 0
+    entry = _as_mapping(call, where)
+    return counter.text(entry.get("name"), f"{where}.name") + _arguments_tokens(
+        entry.get("arguments"), counter, f"{where}.arguments"
+    )
+
+
+def _arguments_tokens(arguments: object, counter: _Counter, where: str) -> int:
+    # the API sends arguments as a JSON string, but some clients pass the decoded object
+    if arguments is None or isinstance(arguments, str):
+        return counter.text(arguments, where)
+    return counter.json(arguments, where)
+
+
+def _responses_input(body: Mapping[str, Any], counter: _Counter) -> int:
+    total = 0
+    instructions = body.get("instructions")
+    if instructions is not None:
+        total += counter.per_message + counter.text(instructions, "'instructions'")
+    given = _required(body, "input")
+    if isinstance(given, str):
+        total += counter.per_message + counter.text(given, "'input'")
+    else:
+        items = _as_list(given, "'input'", "a string or a list of input items")
+        total += sum(_responses_item_tokens(item, counter, f"input[{i}]") for i, item in enumerate(items))
+    for name in ("tools", "text"):  # "text" carries the structured-output JSON schema
+        total += counter.json(body.get(name), f"'{name}'")
+    return total + counter.reply_priming
+
+
+def _responses_item_tokens(item: object, counter: _Counter, where: str) -> int:
+    entry = _as_mapping(item, where)
+    kind = entry.get("type", "message")  # EasyInputMessage has role and content but no type
+    total = counter.per_message
+    if kind == "message":
+        return total + _content_tokens(entry.get("content"), counter, f"{where}.content")
+    if kind == "function_call":
+        return total + _function_call_tokens(entry, counter, where)
+    if kind == "function_call_output":
+        output = entry.get("output")
+        return total + _content_tokens(output, counter, f"{where}.output")
+    if kind == "reasoning":
+        summary = _as_list(entry.get("summary") or [], f"{where}.summary", "a list")
+        return total + sum(
+            _part_tokens(part, counter, f"{where}.summary[{i}]") for i, part in enumerate(summary)
+        )
+    return total + counter.opaque(entry, where)
+
+
+def _embeddings_input(body: Mapping[str, Any], counter: _Counter) -> int:
+    return _prompt_tokens(_required(body, "input"), counter, "'input'")
+
+
+def _completions_input(body: Mapping[str, Any], counter: _Counter) -> int:
+    total = _prompt_tokens(_required(body, "prompt"), counter, "'prompt'")
+    return total + counter.text(body.get("suffix"), "'suffix'")
+
+
+def _prompt_tokens(prompt: object, counter: _Counter, where: str) -> int:
+    """A string, token ids, or a list of strings / token-id lists / content parts."""
+    if isinstance(prompt, str):
+        return counter.text(prompt, where)
+    items = _as_list(prompt, where, "a string or a list")
+    if items and all(_is_token_id(item) for item in items):
+        return len(items)  # one pre-tokenised input
+    return sum(_prompt_item_tokens(item, counter, f"{where}[{i}]") for i, item in enumerate(items))
+
+
+def _prompt_item_tokens(item: object, counter: _Counter, where: str) -> int:
+    if isinstance(item, str):
+        return counter.text(item, where)
+    if isinstance(item, Mapping):  # Ark's multimodal embeddings take content parts
+        return _part_tokens(item, counter, where)
+    ids = _as_list(item, where, "a string, a list of token ids or a content part")
+    if not all(_is_token_id(token) for token in ids):
+        raise ValueError(f"{where} must be a list of integer token ids")
+    return len(ids)
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_INPUT_ESTIMATORS: Mapping[str, Callable[[Mapping[str, Any], _Counter], int]] = {
+    "chat": _chat_input,
+    "responses": _responses_input,
+    "embeddings": _embeddings_input,
+    "completions": _completions_input,
+}
+
+
+# -- shape checks -------------------------------------------------------------------------------
+
+
+def _check_kind(kind: object) -> None:
+    if kind not in get_args(Kind):
+        raise ValueError(f"unknown request kind {kind!r}; expected one of {', '.join(get_args(Kind))}")
+
+
+def _check_body(body: object) -> None:
+    if not isinstance(body, Mapping):
+        raise ValueError(f"request body must be a JSON object, got {_type_name(body)}")
+
+
+def _required(body: Mapping[str, Any], name: str) -> object:
+    if body.get(name) is None:
+        raise ValueError(f"request body has no '{name}'")
+    return body[name]
+
+
+def _as_list(value: object, where: str, expected: str) -> Sequence[object]:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ValueError(f"{where} must be {expected}, got {_type_name(value)}")
+    return value if isinstance(value, Sequence) else list(value)
+
+
+def _as_mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be a JSON object, got {_type_name(value)}")
+    return value
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__

@@ -1,0 +1,272 @@
+"""Ark inference endpoints: validate a request body and decide the generation it asks for. Pure.
+
+Each endpoint turns (body, config) into a `Generation`, whose `plan` is what will be billed and
+whose `body()` / `frames()` render the answer, or raises `ArkError` (never billed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import _payloads as payloads
+from ._config import SimConfig
+from ._plan import (
+    Plan,
+    chat_prompt_tokens,
+    embedding_prompt_tokens,
+    plan_generation,
+    responses_prompt_tokens,
+    text_prompt_tokens,
+    thinking_disabled,
+)
+
+__all__ = ["API_PREFIX", "ENDPOINTS", "ArkError", "Generation", "fault_error", "status_type"]
+
+API_PREFIX = "/api/v3"
+
+_STATUS_TYPES = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    429: "TooManyRequests",
+    500: "InternalServerError",
+}
+
+
+def status_type(status: int) -> str:
+    """Ark's error `type` for an HTTP status (the status name, per Ark's error table)."""
+    return _STATUS_TYPES.get(status, "InternalServerError")
+
+
+class ArkError(Exception):
+    """An answer in Ark's error shape; the server adds the request id to the message."""
+
+    def __init__(self, status: int, code: str, message: str, param: str = "") -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+
+
+_FAULT_ERRORS = {
+    "error_400": (
+        400,
+        "InvalidParameter",
+        "A parameter specified in the request is not valid (simulated fault).",
+    ),
+    "error_429": (
+        429,
+        "RateLimitExceeded.EndpointTPMExceeded",
+        "Your account has exceeded the tokens per minute (TPM) limit (simulated fault).",
+    ),
+    "error_500": (
+        500,
+        "InternalServiceError",
+        "The service encountered an unexpected internal error (simulated fault).",
+    ),
+}
+
+
+def fault_error(fault: str, code_override: str | None) -> ArkError | None:
+    """The error an `error_*` fault answers with, or None for other faults."""
+    if fault not in _FAULT_ERRORS:
+        return None
+    status, code, message = _FAULT_ERRORS[fault]
+    return ArkError(status, code_override or code, message)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A validated request: what it costs and how to render it."""
+
+    model: str
+    plan: Plan
+    stream: bool
+    body: Callable[[bool], dict[str, Any]]  # with_usage -> JSON body
+    frames: Callable[[bool], list[bytes]]  # with_usage -> SSE frames
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if model is None or model == "":
+        raise ArkError(
+            400, "MissingParameter", "The request failed because it is missing `model` parameter.", "model"
+        )
+    if not isinstance(model, str):
+        raise ArkError(
+            400, "InvalidParameter", "A parameter specified in the request is not valid: model", "model"
+        )
+    return model
+
+
+def _required(body: dict[str, Any], name: str) -> Any:
+    if body.get(name) is None:
+        message = f"The request failed because it is missing `{name}` parameter."
+        raise ArkError(400, "MissingParameter", message, name)
+    return body[name]
+
+
+def _invalid(name: str, why: str) -> ArkError:
+    return ArkError(
+        400, "InvalidParameter", f"A parameter specified in the request is not valid: {name} {why}", name
+    )
+
+
+def _opt_count(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _invalid(name, "must be a non-negative integer")
+    return value
+
+
+def _flag(obj: Any, name: str) -> bool:
+    return isinstance(obj, dict) and obj.get(name) is True
+
+
+def _stream(body: dict[str, Any]) -> bool:
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid("stream", "must be a boolean")
+    return bool(stream)
+
+
+def _chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
+    model = _model(body)
+    messages = _required(body, "messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise _invalid("messages", "must be a non-empty list of message objects")
+    max_tokens = _opt_count(body, "max_tokens")
+    max_completion_tokens = _opt_count(body, "max_completion_tokens")
+    plan = plan_generation(
+        chat_prompt_tokens(model, messages),
+        reply_tokens=cfg.reply_tokens,
+        reasoning_tokens=0 if thinking_disabled(body) else cfg.reasoning_tokens,
+        max_tokens=max_tokens,
+        max_total=max_completion_tokens,
+    )
+    options = body.get("stream_options")
+    chat_id = f"021{ident}"
+    return Generation(
+        model=model,
+        plan=plan,
+        stream=_stream(body),
+        body=lambda with_usage: payloads.chat_completion(
+            chat_id, created, model, plan, with_usage=with_usage
+        ),
+        frames=lambda with_usage: payloads.chat_stream_frames(
+            chat_id,
+            created,
+            model,
+            plan,
+            tokens_per_chunk=cfg.tokens_per_chunk,
+            include_usage=_flag(options, "include_usage"),
+            chunk_include_usage=_flag(options, "chunk_include_usage"),
+            with_usage=with_usage,
+        ),
+    )
+
+
+def _completions(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
+    model = _model(body)
+    prompt = _required(body, "prompt")
+    plan = plan_generation(
+        text_prompt_tokens(model, prompt),
+        reply_tokens=cfg.reply_tokens,
+        reasoning_tokens=0,  # legacy completions never think
+        max_tokens=_opt_count(body, "max_tokens"),
+    )
+    options = body.get("stream_options")
+    cmpl_id = f"cmpl-{ident}"
+    return Generation(
+        model=model,
+        plan=plan,
+        stream=_stream(body),
+        body=lambda with_usage: payloads.text_completion(
+            cmpl_id, created, model, plan, with_usage=with_usage
+        ),
+        frames=lambda with_usage: payloads.text_completion_stream_frames(
+            cmpl_id,
+            created,
+            model,
+            plan,
+            tokens_per_chunk=cfg.tokens_per_chunk,
+            include_usage=_flag(options, "include_usage"),
+            with_usage=with_usage,
+        ),
+    )
+
+
+def _responses(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
+    model = _model(body)
+    input_ = _required(body, "input")
+    if not isinstance(input_, (str, list)):
+        raise _invalid("input", "must be a string or a list of items")
+    max_output_tokens = _opt_count(body, "max_output_tokens")
+    plan = plan_generation(
+        responses_prompt_tokens(model, input_, body.get("instructions")),
+        reply_tokens=cfg.reply_tokens,
+        reasoning_tokens=0 if thinking_disabled(body) else cfg.reasoning_tokens,
+        max_total=max_output_tokens,
+    )
+    return Generation(
+        model=model,
+        plan=plan,
+        stream=_stream(body),
+        body=lambda with_usage: payloads.response_object(
+            ident, created, model, plan, with_usage=with_usage, max_output_tokens=max_output_tokens
+        ),
+        frames=lambda with_usage: payloads.response_stream_frames(
+            ident,
+            created,
+            model,
+            plan,
+            tokens_per_chunk=cfg.tokens_per_chunk,
+            with_usage=with_usage,
+            max_output_tokens=max_output_tokens,
+        ),
+    )
+
+
+def _embeddings(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
+    model = _model(body)
+    input_ = _required(body, "input")
+    if isinstance(input_, list) and not input_:
+        raise _invalid("input", "must not be empty")
+    inputs = [
+        one if isinstance(one, str) else str(one)
+        for one in (input_ if isinstance(input_, list) else [input_])
+    ]
+    if isinstance(input_, list) and input_ and all(isinstance(x, int) for x in input_):
+        inputs = [str(input_)]  # one pre-tokenised input
+    prompt = embedding_prompt_tokens(model, input_)
+    plan = Plan(prompt, 0, 0, truncated=False)
+    base64_format = body.get("encoding_format") == "base64"
+    emb_id = f"021{ident}"
+
+    def render(with_usage: bool) -> dict[str, Any]:
+        return payloads.embedding_response(
+            emb_id, created, model, inputs, prompt, base64_format=base64_format, with_usage=with_usage
+        )
+
+    def no_stream(with_usage: bool) -> list[bytes]:
+        raise AssertionError("embeddings never stream")
+
+    return Generation(model=model, plan=plan, stream=False, body=render, frames=no_stream)
+
+
+Endpoint = Callable[[dict[str, Any], SimConfig, str, int], Generation]
+
+ENDPOINTS: dict[str, Endpoint] = {
+    f"{API_PREFIX}/chat/completions": _chat,
+    f"{API_PREFIX}/bots/chat/completions": _chat,
+    f"{API_PREFIX}/completions": _completions,
+    f"{API_PREFIX}/responses": _responses,
+    f"{API_PREFIX}/embeddings": _embeddings,
+}

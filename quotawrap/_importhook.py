@@ -1,0 +1,69 @@
+"""Post-import hooks without importing anything heavy.
+
+``wrapt.when_imported`` would do, but importing wrapt pulls in asyncio and
+importlib.metadata (~60 ms here), which every child would pay at start-up even when it never
+imports an HTTP client. This finder costs one dict lookup per import.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+__all__ = ["when_imported"]
+
+Hook = Callable[[ModuleType], None]
+_hooks: dict[str, list[Hook]] = {}
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        for hook in _hooks.get(module.__name__, ()):
+            try:
+                hook(module)
+            except Exception as exc:  # a hook must never break the user's import
+                sys.stderr.write(f"quotawrap: could not instrument {module.__name__}: {exc!r}\n")
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
+        return getattr(self._inner, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _hooks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+_finder = _Finder()
+
+
+def when_imported(name: str, hook: Hook) -> None:
+    """Run ``hook(module)`` once ``name`` is imported (at once if it already is)."""
+    _hooks.setdefault(name, []).append(hook)
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    module = sys.modules.get(name)
+    if module is not None:
+        hook(module)

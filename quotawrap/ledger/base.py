@@ -1,0 +1,145 @@
+"""The ledger seam: what every store (SQLite, Redis) must do, and the records it keeps.
+
+A hold moves through one small state machine::
+
+    reserve ─┬─ blocked                       (refused: nothing held, nothing charged)
+             └─ held ─┬─ settled             (actual usage charged; ``overshoot`` if it beat the hold)
+                      ├─ released            (never reached generation: nothing charged)
+                      └─ unresolved          (outcome unknown: the whole hold is charged)
+
+``unresolved`` is the crash-safe default: a hold whose owner died or whose usage never came
+is charged at its reserved amount, never silently dropped. A late ``settle`` with real usage
+may still correct it (settle is idempotent per hold id and always adjusts the counters of
+the model-day the hold was taken on).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from ..quota import Counters, Limit, Snapshot, Verdict
+from ..usage import Usage
+
+__all__ = [
+    "CallState",
+    "Decision",
+    "HoldRequest",
+    "Ledger",
+    "LimitsFor",
+    "ModelTotals",
+    "RunTotals",
+    "model_day_key",
+    "new_hold_id",
+    "run_key",
+]
+
+CallState = Literal["blocked", "held", "settled", "released", "unresolved"]
+LimitsFor = Callable[[Snapshot | None], Sequence[Limit]]
+
+
+def new_hold_id() -> str:
+    return uuid.uuid4().hex
+
+
+def run_key(run_id: str) -> str:
+    return f"run:{run_id}"
+
+
+def model_day_key(model: str, day: str) -> str:
+    return f"md:{day}:{model}"
+
+
+@dataclass(frozen=True)
+class HoldRequest:
+    run_id: str
+    model: str
+    day: str
+    reserve: int
+    endpoint: str
+    pid: int
+    host: str
+    expires_at: float
+    enforce: bool = True  # False in --watch: record the verdict, hold anyway
+    key_fingerprint: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    hold_id: str = field(default_factory=new_hold_id)
+
+
+@dataclass(frozen=True)
+class Decision:
+    hold_id: str
+    verdict: Verdict
+    held: bool  # True when a hold was taken (allowed, or --watch)
+    counters: Mapping[str, Counters]  # the counters the verdict was computed on
+
+
+@dataclass
+class ModelTotals:
+    calls: int = 0
+    blocked_calls: int = 0
+    would_block_calls: int = 0
+    settled_tokens: int = 0
+    reserved_open_tokens: int = 0
+    overshoot_calls: int = 0
+    unresolved_calls: int = 0
+    released_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, other: ModelTotals) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class RunTotals:
+    run_id: str
+    models: dict[str, ModelTotals]
+
+    @property
+    def totals(self) -> ModelTotals:
+        total = ModelTotals()
+        for model in self.models.values():
+            total.add(model)
+        return total
+
+
+class Ledger(Protocol):
+    """A shared, atomic store of holds and counters. Every method is safe across threads and processes."""
+
+    url: str
+
+    def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
+        """Check every limit and take the hold in one atomic step."""
+        ...
+
+    def settle(self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None) -> None:
+        """Charge actual usage (None: outcome unknown, charge the whole hold). Idempotent."""
+        ...
+
+    def release(self, hold_id: str) -> None:
+        """The call never reached generation: free the hold, charge nothing. Idempotent."""
+        ...
+
+    def resolve_run(self, run_id: str) -> int:
+        """Charge every hold the run left open (as unresolved). Returns how many."""
+        ...
+
+    def reclaim_orphans(self, now: float) -> int:
+        """Charge holds whose owner died or whose validity expired. Returns how many."""
+        ...
+
+    def counters(self, keys: Sequence[str]) -> dict[str, Counters]: ...
+
+    def snapshot(self, model: str) -> Snapshot | None: ...
+
+    def put_snapshot(self, model: str, snapshot: Snapshot) -> None: ...
+
+    def run_totals(self, run_id: str) -> RunTotals: ...
+
+    def close(self) -> None: ...

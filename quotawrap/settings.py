@@ -1,0 +1,200 @@
+"""Every setting, declared once.
+
+The table ``OPTIONS`` drives the CLI flags, their ``QUOTAWRAP_*`` environment variables,
+``quotawrap.toml`` keys and the environment handed to the child: the child rebuilds the very
+same :class:`Settings` from the variables the wrapper wrote, so there is one list, not two.
+
+Precedence: command-line flag > environment variable > ``quotawrap.toml`` > built-in default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError
+from .quota import QuotaSettings
+
+__all__ = ["CONFIG_FILE", "OPTIONS", "Option", "Settings", "env_name", "load_config_file"]
+
+CONFIG_FILE = "quotawrap.toml"
+_QUOTA = QuotaSettings()
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    type: type  # int, float, str or bool
+    default: Any
+    help: str
+    multiple: bool = False
+    child: bool = True  # travels to the child through the environment
+    flag: str = ""
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    return "QUOTAWRAP_" + name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("store", str, None, "Ledger URL: sqlite:///PATH (default: user state dir) or redis://HOST:PORT/DB."),
+    Option("model", str, (), "Guard only models matching this id, prefix or glob (repeatable; none = all).",
+           multiple=True),
+    Option("base_url", str, (), "Also guard this OpenAI-compatible base URL (repeatable).", multiple=True),
+    Option("cap_tokens", int, None, "Cap on tokens for this whole run (settled + in flight + reserve)."),
+    Option("daily_cap", int, _QUOTA.daily_cap, "Per-model cap per Beijing calendar day (the collection cap)."),
+    Option("small_buffer", int, _QUOTA.small_buffer, "Tokens kept back from the synced free pool."),
+    Option("usage_wall", int, _QUOTA.usage_wall, "Soft-evict a model once its day's usage reaches this."),
+    Option("balance_wall", int, _QUOTA.balance_wall, "Soft-evict a used model whose synced balance is below this."),
+    Option("balance_lag", float, _QUOTA.balance_lag_s,
+           "Seconds the billing balance lags real usage (0 reproduces the v6 limit exactly)."),
+    Option("thinking_floor", int, 4096, "Minimum output allowance for models that may think."),
+    Option("default_max_tokens", int, 4096, "Output allowance when a request sets no max_tokens."),
+    Option("image_tokens", int, 2000, "Tokens reserved per image part."),
+    Option("hold_ttl", float, 3600.0, "Seconds a hold stays valid before it is charged as unresolved."),
+    Option("watch", bool, False, "Record everything, block nothing (the summary says what would have been)."),
+    Option("fail_open", bool, False, "If the ledger is unreachable, let calls through unguarded (and say so)."),
+    Option("inject_usage", bool, True, "Ask guarded streams for usage when the caller did not (hidden from it)."),
+    Option("run_id", str, None, "Run (session) id; generated when not given."),
+    Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
+    Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),
+    Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
+)
+
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    store: str | None = None
+    model: tuple[str, ...] = ()
+    base_url: tuple[str, ...] = ()
+    cap_tokens: int | None = None
+    daily_cap: int = _QUOTA.daily_cap
+    small_buffer: int = _QUOTA.small_buffer
+    usage_wall: int = _QUOTA.usage_wall
+    balance_wall: int = _QUOTA.balance_wall
+    balance_lag: float = _QUOTA.balance_lag_s
+    thinking_floor: int = 4096
+    default_max_tokens: int = 4096
+    image_tokens: int = 2000
+    hold_ttl: float = 3600.0
+    watch: bool = False
+    fail_open: bool = False
+    inject_usage: bool = True
+    run_id: str | None = None
+    report_json: str | None = None
+    fail_on_block: bool = False
+    quiet: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)  # unknown toml sections, for later features
+
+    @property
+    def quota(self) -> QuotaSettings:
+        return QuotaSettings(
+            daily_cap=self.daily_cap,
+            small_buffer=self.small_buffer,
+            usage_wall=self.usage_wall,
+            balance_wall=self.balance_wall,
+            balance_lag_s=self.balance_lag,
+        )
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> Settings:
+        """Build from already-typed values (click's), ignoring ``None`` for options that have defaults."""
+        kwargs: dict[str, Any] = {}
+        for name, value in values.items():
+            option = _BY_NAME.get(name)
+            if option is None or value is None:
+                continue
+            kwargs[name] = tuple(value) if option.multiple else value
+        return cls(**kwargs)
+
+    # -- environment ------------------------------------------------------------------------
+
+    def child_env(self) -> dict[str, str]:
+        """The ``QUOTAWRAP_*`` variables that let the child rebuild these settings."""
+        env: dict[str, str] = {}
+        for option in OPTIONS:
+            if not option.child:
+                continue
+            value = getattr(self, option.name)
+            if value is None:
+                continue
+            if option.multiple:
+                env[env_name(option.name)] = ",".join(value)
+            elif option.type is bool:
+                env[env_name(option.name)] = "1" if value else "0"
+            else:
+                env[env_name(option.name)] = str(value)
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for option in OPTIONS:
+            raw = environ.get(env_name(option.name))
+            if raw is not None:
+                values[option.name] = parse_value(option, raw)
+        return cls.from_values(values)
+
+
+def parse_value(option: Option, raw: Any) -> Any:
+    """Turn an environment or toml value into the option's type, with a clear error."""
+    try:
+        if option.multiple:
+            items = raw if isinstance(raw, list) else [part for part in str(raw).split(",") if part.strip()]
+            return tuple(str(item).strip() for item in items)
+        if option.type is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in {"1", "true", "yes", "on"}:
+                return True
+            if text in {"0", "false", "no", "off", ""}:
+                return False
+            raise ValueError(f"not a boolean: {raw!r}")
+        if option.type is int:
+            return int(str(raw).replace("_", "").replace(",", ""))
+        return option.type(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{option.name} ({env_name(option.name)}): {exc}") from exc
+
+
+def load_config_file(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Read ``quotawrap.toml`` (top-level keys are option names, dashes or underscores).
+
+    Looks at ``$QUOTAWRAP_CONFIG``, else ``./quotawrap.toml``; a missing file is no error.
+    """
+    candidate = Path(path or os.environ.get("QUOTAWRAP_CONFIG") or CONFIG_FILE)
+    if not candidate.is_file():
+        return {}
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{candidate}: {exc}") from exc
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        name = key.replace("-", "_")
+        option = _BY_NAME.get(name)
+        if option is None:
+            if isinstance(raw, dict):
+                continue  # sections (prices, models) belong to other features
+            raise ConfigError(f"{candidate}: unknown setting {key!r}")
+        values[name] = parse_value(option, raw)
+    return values

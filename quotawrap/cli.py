@@ -1,0 +1,196 @@
+"""The ``quotawrap`` command.
+
+``quotawrap [OPTIONS] -- COMMAND [ARGS...]`` runs COMMAND guarded (the implicit ``run``
+subcommand); the other subcommands inspect and maintain the ledger.
+
+Exit codes: the child's own code (128+N when it died of signal N); 2 usage or configuration
+error; 3 ``--fail-on-block`` and a call was blocked; 4 the ledger could not be opened;
+127 the command was not found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from ._errors import ConfigError, QuotawrapError
+from .settings import OPTIONS, Option, Settings, env_name, load_config_file
+
+__all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "cli", "main"]
+
+EXIT_USAGE = 2
+EXIT_BLOCKED = 3
+EXIT_STORE = 4
+EXIT_NOT_FOUND = 127
+
+F = Callable[..., Any]
+
+
+def _click_option(option: Option) -> Callable[[F], F]:
+    flag = option.cli_flag
+    common: dict[str, Any] = {"envvar": env_name(option.name), "help": option.help, "show_envvar": True}
+    if option.type is bool:
+        return click.option(f"{flag}/--no-{flag[2:]}", option.name, default=None, **common)
+    if option.multiple:
+        return click.option(flag, option.name, multiple=True, type=str, **common)
+    return click.option(flag, option.name, type=option.type, default=None, **common)
+
+
+def settings_options(names: Sequence[str] | None = None) -> Callable[[F], F]:
+    """Decorate a command with the flags of these options (all when None), from the one table."""
+    chosen = [option for option in OPTIONS if names is None or option.name in names]
+
+    def decorate(func: F) -> F:
+        for option in reversed(chosen):
+            func = _click_option(option)(func)
+        return func
+
+    return decorate
+
+
+def _settings(values: dict[str, Any]) -> Settings:
+    # click splits a multiple option's env var on whitespace; ours are comma-separated too.
+    for option in OPTIONS:
+        if option.multiple and values.get(option.name):
+            values[option.name] = tuple(
+                part.strip() for item in values[option.name] for part in item.split(",") if part.strip()
+            )
+    return Settings.from_values(values)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"quotawrap: {message}", err=True)
+    sys.exit(code)
+
+
+def _open(settings: Settings) -> Any:
+    from .ledger import default_store_url, normalize_store_url, open_ledger
+
+    try:
+        return open_ledger(normalize_store_url(settings.store or default_store_url()))
+    except QuotawrapError as exc:
+        _fail(str(exc), EXIT_STORE)
+
+
+class _DefaultRunGroup(click.Group):
+    """Anything that is not a subcommand name is the implicit ``run``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help", "--version")):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="quotawrap")
+def cli() -> None:
+    """Guard the LLM spend of a Python program: quotawrap [OPTIONS] -- COMMAND [ARGS...]"""
+
+
+@cli.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@settings_options()
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def run_command(command: tuple[str, ...], **values: Any) -> None:
+    """Run COMMAND with every guarded LLM call reserved before and reconciled after."""
+    from .launcher import new_run_id, run_child
+    from .ledger import default_store_url, normalize_store_url
+    from .report import format_summary, run_report, write_json
+
+    settings = _settings(values)
+    try:
+        store = normalize_store_url(settings.store or default_store_url())
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    settings = settings.replace(run_id=settings.run_id or new_run_id(), store=store)
+    ledger = _open(settings)
+    try:
+        result = run_child(settings, command, ledger)
+    except FileNotFoundError:
+        _fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
+    except QuotawrapError as exc:
+        _fail(str(exc), EXIT_STORE)
+    report = run_report(
+        result.totals, store=store, exit_code=result.exit_code, watch=settings.watch, cap_tokens=settings.cap_tokens
+    )
+    if not settings.quiet:
+        click.echo(format_summary(report), err=True)
+    if settings.report_json:
+        write_json(report, settings.report_json)
+    if settings.fail_on_block and result.totals.totals.blocked_calls:
+        sys.exit(EXIT_BLOCKED)
+    sys.exit(result.exit_code)
+
+
+@cli.command("simulate")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", default=0, type=int, help="Port (0: any free port).")
+@click.option("--latency", "latency_s", type=float, default=None, help="Seconds before the first byte.")
+@click.option("--chunk-delay", "chunk_delay_s", type=float, default=None, help="Seconds between stream chunks.")
+@click.option("--reply-tokens", type=int, default=None, help="Answer tokens per call.")
+@click.option("--reasoning-tokens", type=int, default=None, help="Reasoning tokens per call (0: no thinking).")
+def simulate_command(host: str, port: int, **overrides: Any) -> None:
+    """Serve a local Ark-compatible API (chat, responses, embeddings, billing) for offline runs."""
+    import dataclasses
+
+    from .simulator import SimConfig, run_forever, serve
+
+    config = dataclasses.replace(SimConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    run_forever(serve(host=host, port=port, config=config))
+
+
+@cli.command("demo")
+@click.option("--model", default="deepseek-v4-flash", show_default=True)
+@click.option("--cap-tokens", default=20_000, show_default=True, type=int)
+@click.option("--calls", default=24, show_default=True, type=int, help="Parallel calls the demo agent makes.")
+def demo_command(model: str, cap_tokens: int, calls: int) -> None:
+    """Run examples/agent.py guarded: against Ark when ARK_API_KEY is set, else the bundled simulator."""
+    import subprocess
+    from pathlib import Path
+
+    agent = Path(__file__).resolve().parent.parent / "examples" / "agent.py"
+    base = [sys.executable, "-m", "quotawrap", "--model", model, "--cap-tokens", str(cap_tokens)]
+    env = {**os.environ, "DEMO_MODEL": model, "DEMO_CALLS": str(calls)}
+    if os.environ.get("ARK_API_KEY"):
+        sys.exit(subprocess.call([*base, "--", sys.executable, str(agent)], env=env))
+    from .simulator import serve
+
+    with serve() as sim:
+        click.echo(f"quotawrap demo: no ARK_API_KEY, using the bundled Ark simulator at {sim.url}", err=True)
+        env.update(ARK_BASE_URL=sim.url, ARK_API_KEY="simulated")
+        code = subprocess.call([*base, "--base-url", sim.url, "--", sys.executable, str(agent)], env=env)
+        click.echo(f"quotawrap demo: the simulator billed {sim.billed_total():,} tokens", err=True)
+    sys.exit(code)
+
+
+@cli.command("status")
+@settings_options(["store", "daily_cap", "small_buffer", "usage_wall", "balance_wall", "balance_lag", "model"])
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status_command(as_json: bool, **values: Any) -> None:
+    """Per model: today's usage, in flight, the effective limit and what binds it."""
+    from .status import model_status, render_status
+
+    settings = _settings(values)
+    ledger = _open(settings)
+    ledger.reclaim_orphans(time.time())
+    rows = model_status(ledger, settings, time.time())
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        click.echo(render_status(rows))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        default_map = {"run": load_config_file(), "status": load_config_file()}
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)

@@ -1,0 +1,399 @@
+"""All reserve / settle / release policy, independent of any HTTP client.
+
+An adapter (httpx, httpx2, requests) translates its request into ``Guard.begin(...)`` and
+then drives the returned :class:`GuardedCall` with what the network gives it: the response
+status, the body bytes as they pass, and the end of the body (or an error, or an early
+close). The call settles exactly once, whichever of those comes first.
+
+Failure policy (documented in README "Failure modes"):
+
+* ledger unreachable while reserving -> fail closed: a synthetic 503 naming the store,
+  unless ``--fail-open`` (then the call goes out unguarded and a warning says so);
+* request body we cannot read -> a synthetic 400 (the provider would refuse it as well);
+* no usage in the answer, stream cut, reader stopped early -> charge the whole hold
+  (``unresolved``); an error answer before generation, or a connection never made -> release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import endpoints, quota
+from ._errors import QuotawrapError
+from .estimate import EstimateSettings, estimate_request
+from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
+from .settings import Settings
+from .usage import SSEUsageReader, Usage, is_event_stream, usage_from_body
+
+__all__ = ["Guard", "GuardedCall", "SyntheticResponse", "warn"]
+
+_SNAPSHOT_TTL_S = 1.0
+
+
+def warn(message: str) -> None:
+    """One line on stderr; never raises (stderr may be closed in a daemonised child)."""
+    try:
+        sys.stderr.write(f"quotawrap: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+@dataclass(frozen=True)
+class SyntheticResponse:
+    """An answer made locally; the request never reaches the network."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def ark_error(cls, status: int, code: str, error_type: str, message: str, **extra: str) -> SyntheticResponse:
+        body = json.dumps(
+            {"error": {"code": code, "message": message, "param": "", "type": error_type}}, ensure_ascii=False
+        ).encode()
+        headers = (
+            ("content-type", "application/json; charset=utf-8"),
+            ("content-length", str(len(body))),
+            # Ark's and openai's SDKs honour this and do not retry into the same wall.
+            ("x-should-retry", "false"),
+            *((f"x-quotawrap-{key.replace('_', '-')}", value) for key, value in extra.items()),
+        )
+        return cls(status, body, headers)
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,}"
+
+
+def _key_fingerprint(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization") or headers.get("Authorization")
+    if not auth:
+        return None
+    secret = auth.split(" ", 1)[-1].strip().encode()
+    return "sha256:" + hashlib.sha256(secret).hexdigest()[:16]
+
+
+_RAISE_HINTS = {
+    "run_cap": "raise it with --cap-tokens / QUOTAWRAP_CAP_TOKENS",
+    "daily_cap": "raise it with --daily-cap / QUOTAWRAP_DAILY_CAP (it resets at Beijing midnight)",
+    "snapshot": "sync a fresher balance with `quotawrap sync`, or lower --small-buffer",
+    "usage_wall": "raise --usage-wall / QUOTAWRAP_USAGE_WALL (it resets at Beijing midnight)",
+    "balance_wall": "top up the free balance and `quotawrap sync`, or lower --balance-wall",
+}
+
+
+def block_message(model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int) -> str:
+    limit = verdict.blocking
+    assert limit is not None
+    used = counters.get(limit.scope, quota.Counters())
+    hint = _RAISE_HINTS.get(limit.name, "see `quotawrap status`")
+    if limit.kind == "wall":
+        numbers = f"settled {_fmt(used.settled)} >= {_fmt(limit.cap)}"
+        what = f"model {model} is evicted for today ({limit.name}: {numbers})"
+    else:
+        numbers = (
+            f"settled {_fmt(used.settled)} + in flight {_fmt(used.in_flight)} + this call {_fmt(reserve)}"
+            f" = {_fmt(used.settled + used.in_flight + reserve)} > {_fmt(limit.cap)}"
+        )
+        what = f"call to {model} would exceed the {limit.name} ({numbers})"
+    detail = f" [{limit.detail}]" if limit.detail else ""
+    return f"quotawrap blocked this request: {what}{detail}; {hint}."
+
+
+class Guard:
+    """One per process: the settings, the ledger and the policy."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        ledger: Ledger | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self._ledger = ledger
+        self._ledger_lock = threading.Lock()
+        self._clock = clock
+        self._estimate_settings = EstimateSettings(
+            thinking_floor=settings.thinking_floor,
+            default_max_tokens=settings.default_max_tokens,
+            image_tokens=settings.image_tokens,
+        )
+        self._quota = settings.quota
+        self._run_id = settings.run_id or f"adhoc-{os.getpid()}"
+        self._host = socket.gethostname()
+        self._snapshots: dict[str, tuple[float, quota.Snapshot | None]] = {}
+
+    @property
+    def ledger(self) -> Ledger:
+        if self._ledger is None:
+            with self._ledger_lock:
+                if self._ledger is None:
+                    from .ledger import default_store_url
+
+                    self._ledger = open_ledger(self.settings.store or default_store_url())
+        return self._ledger
+
+    # -- limits -----------------------------------------------------------------------------
+
+    def limits_for(self, snapshot: quota.Snapshot | None, day: str) -> list[quota.Limit]:
+        current = snapshot if snapshot is not None and snapshot.day == day else None
+        return [*quota.run_limits(self.settings.cap_tokens), *quota.model_day_limits(current, self._quota)]
+
+    def _cached_snapshot(self, model: str, now: float) -> quota.Snapshot | None:
+        cached = self._snapshots.get(model)
+        if cached is not None and now - cached[0] < _SNAPSHOT_TTL_S:
+            return cached[1]
+        snapshot = self.ledger.snapshot(model)
+        self._snapshots[model] = (now, snapshot)
+        return snapshot
+
+    def _evicted(self, model: str, day: str, now: float) -> tuple[quota.Verdict, dict[str, quota.Counters]] | None:
+        """The seed's short-cut: an evicted model is answered before any token counting."""
+        walls = [limit for limit in self.limits_for(self._cached_snapshot(model, now), day) if limit.kind == "wall"]
+        if not walls:
+            return None
+        counters = {"model_day": self.ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]}
+        result = quota.verdict(walls, counters, 0)
+        return None if result.allowed else (result, counters)
+
+    # -- the entry point --------------------------------------------------------------------
+
+    def wants(self, method: str, url: str) -> bool:
+        """Cheap test, before any body is read: could this request be guarded?"""
+        return endpoints.classify(method, url, self.settings.base_url) is not None
+
+    def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
+        """Called before a request is sent. None: not ours, send it untouched."""
+        kind = endpoints.classify(method, url, self.settings.base_url)
+        if kind is None:
+            return None
+        try:
+            request = endpoints.parse_json_body(body)
+        except ValueError as exc:
+            return GuardedCall.refused(SyntheticResponse.ark_error(
+                400, "QuotawrapUnreadableRequest", "BadRequest",
+                f"quotawrap cannot read this request to {url}, so it cannot guard it: {exc}",
+            ))
+        model = request.get("model")
+        if not isinstance(model, str) or not model:
+            return GuardedCall.refused(SyntheticResponse.ark_error(
+                400, "QuotawrapUnreadableRequest", "BadRequest",
+                "quotawrap cannot guard a request without a 'model' string.",
+            ))
+        if not endpoints.model_matches(model, self.settings.model):
+            return None
+        try:
+            return self._reserve(kind, url, headers, request, model)
+        except QuotawrapError as exc:
+            if self.settings.fail_open:
+                warn(f"{exc}; --fail-open: this call to {model} goes out UNGUARDED")
+                return None
+            return GuardedCall.refused(SyntheticResponse.ark_error(
+                503, "QuotawrapStoreUnavailable", "ServiceUnavailable",
+                f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}."
+                " Fix the store, or pass --fail-open to let calls through unguarded.",
+            ))
+
+    def _reserve(
+        self, kind: str, url: str, headers: Mapping[str, str], request: dict[str, Any], model: str
+    ) -> GuardedCall:
+        now = self._clock()
+        day = quota.beijing_day(now)
+        enforce = not self.settings.watch
+        evicted = self._evicted(model, day, now) if enforce else None
+        if evicted is not None:
+            verdict, counters = evicted
+            return GuardedCall.refused(self._blocked(model, verdict, counters, 0))
+        try:
+            estimate = estimate_request(kind, request, self._estimate_settings)  # type: ignore[arg-type]
+        except ValueError as exc:
+            return GuardedCall.refused(SyntheticResponse.ark_error(
+                400, "QuotawrapUnreadableRequest", "BadRequest",
+                f"quotawrap cannot estimate this request to {model}: {exc}",
+            ))
+        hold = HoldRequest(
+            run_id=self._run_id,
+            model=model,
+            day=day,
+            reserve=estimate.total,
+            endpoint=kind,
+            pid=os.getpid(),
+            host=self._host,
+            expires_at=now + self.settings.hold_ttl,
+            enforce=enforce,
+            key_fingerprint=_key_fingerprint(headers),
+        )
+        decision = self.ledger.reserve(hold, lambda snapshot: self.limits_for(snapshot, day))
+        if not decision.held:
+            return GuardedCall.refused(self._blocked(model, decision.verdict, decision.counters, estimate.total))
+        new_body = None
+        hide = False
+        if (
+            self.settings.inject_usage
+            and kind in ("chat", "completions")
+            and endpoints.stream_requested(request)
+            and not endpoints.wants_usage(request)
+        ):
+            new_body = endpoints.with_usage_requested(request)
+            hide = True
+        return GuardedCall(self.ledger, decision.hold_id, model, new_body=new_body, hide_usage_chunk=hide)
+
+    def _blocked(
+        self, model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int
+    ) -> SyntheticResponse:
+        limit = verdict.blocking
+        assert limit is not None
+        return SyntheticResponse.ark_error(
+            429, "QuotawrapLimitExceeded", "TooManyRequests", block_message(model, verdict, counters, reserve),
+            blocked=limit.name,
+        )
+
+
+class GuardedCall:
+    """One guarded request's life after the reservation. Thread-safe; settles exactly once."""
+
+    # Headers every guarded request gets: a tee cannot read a compressed body it cannot decode.
+    HEADER_OVERRIDES: Mapping[str, str] = {"accept-encoding": "identity"}
+
+    def __init__(
+        self,
+        ledger: Ledger | None,
+        hold_id: str | None,
+        model: str,
+        *,
+        new_body: bytes | None = None,
+        hide_usage_chunk: bool = False,
+        blocked: SyntheticResponse | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.hold_id = hold_id
+        self.model = model
+        self.new_body = new_body
+        self.blocked = blocked
+        self._hide = hide_usage_chunk
+        self._lock = threading.Lock()
+        self._done = blocked is not None
+        self._started = time.monotonic()
+        self._status = 0
+        self._sse: SSEUsageReader | None = None
+        self._chunks: list[bytes] = []
+        self._decompress: Any = None
+        self._undecodable = False
+
+    @classmethod
+    def refused(cls, response: SyntheticResponse) -> GuardedCall:
+        return cls(None, None, "", blocked=response)
+
+    # -- driven by the adapter --------------------------------------------------------------
+
+    def response_started(self, status: int, headers: Mapping[str, str], *, decoded: bool = False) -> None:
+        """``decoded``: the adapter hands the tee already-decompressed bytes (requests does)."""
+        self._status = status
+        encoding = "identity" if decoded else (headers.get("content-encoding") or "identity").lower().strip()
+        if encoding in ("gzip", "x-gzip"):
+            self._decompress = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            self._decompress = zlib.decompressobj()
+        elif encoding != "identity":
+            self._undecodable = True  # the provider ignored accept-encoding: identity
+        if is_event_stream(headers.get("content-type")):
+            # Hiding rewrites bytes, which is only possible on the identity encoding.
+            self._sse = SSEUsageReader(hide_usage_only_chunk=self._hide and encoding == "identity")
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Observe body bytes as they pass; returns the bytes to hand on to the caller."""
+        if self._done or not chunk:
+            return chunk
+        try:
+            data = self._decompress.decompress(chunk) if self._decompress is not None else chunk
+            if self._sse is not None:
+                out = self._sse.feed(data)
+                return out if self._decompress is None else chunk
+            self._chunks.append(data)
+        except Exception as exc:  # a tee must never break the caller's read
+            self._undecodable = True
+            warn(f"cannot decode the answer of a call to {self.model} ({exc}); charging its whole hold")
+        return chunk
+
+    def finish(self) -> bytes:
+        """End of the body: settle. Returns bytes the SSE reader was still holding back."""
+        tail = b""
+        if self._sse is not None and not self._done and self._decompress is None:
+            tail = self._sse.finish()
+        self._settle(complete=True)
+        return tail
+
+    def close(self) -> None:
+        """The caller closed the body (maybe before the end)."""
+        self._settle(complete=False)
+
+    def failed(self, exc: BaseException, *, sent: bool) -> None:
+        """The request raised: never sent -> release; sent, outcome unknown -> charge the hold."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._apply("charge" if sent else "release", None)
+
+    # -- settlement -------------------------------------------------------------------------
+
+    def _outcome(self, complete: bool) -> tuple[str, Usage | None]:
+        if self._undecodable:
+            return "charge", None
+        if self._sse is not None:
+            usage = self._sse.usage if self._sse.done else None
+            if usage is not None:
+                return "settle", usage
+            return ("release", None) if self._status >= 400 else ("charge", None)
+        if not complete:
+            return ("release", None) if self._status >= 400 else ("charge", None)
+        body = b"".join(self._chunks)
+        usage = usage_from_body(body)
+        if usage is not None:
+            return "settle", usage
+        if self._status >= 400 and (self._status < 500 or _is_error_body(body)):
+            return "release", None
+        return "charge", None
+
+    def _settle(self, *, complete: bool) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            action, usage = self._outcome(complete)
+        if action == "charge" and self._status < 400:
+            warn(f"no usage in the answer of a call to {self.model}: charged its whole hold (unresolved)")
+        self._apply(action, usage)
+
+    def _apply(self, action: str, usage: Usage | None) -> None:
+        self._chunks = []
+        if self.ledger is None or self.hold_id is None:
+            return
+        try:
+            if action == "release":
+                self.ledger.release(self.hold_id)
+            else:
+                self.ledger.settle(self.hold_id, usage, latency_s=time.monotonic() - self._started)
+        except QuotawrapError as exc:
+            # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
+            warn(f"could not settle a call to {self.model}: {exc}; the wrapper will charge its hold")
+
+
+def _is_error_body(body: bytes) -> bool:
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("error"), dict)

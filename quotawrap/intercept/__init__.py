@@ -1,0 +1,67 @@
+"""Interception of HTTP clients: thin adapters over the one client-agnostic :class:`Guard`.
+
+``install()`` registers post-import hooks, so a client library is patched when (and only
+when) the program imports it; patching is idempotent and reversible (``unpatch``).
+"""
+
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from .._importhook import when_imported
+
+if TYPE_CHECKING:
+    from ..guard import Guard
+
+__all__ = ["get_guard", "install", "set_guard"]
+
+_guard: Guard | None = None
+_guard_lock = threading.Lock()
+_installed = False
+
+
+def get_guard() -> Guard | None:
+    """The process's guard, built from ``QUOTAWRAP_*`` variables on first use."""
+    global _guard
+    if _guard is None:
+        with _guard_lock:
+            if _guard is None:
+                # Imported here, not at the top: a child that never imports an HTTP client
+                # must not pay for the guard's imports at start-up.
+                from ..guard import Guard
+                from ..settings import Settings
+
+                _guard = Guard(Settings.from_env())
+    return _guard
+
+
+def set_guard(guard: Guard | None) -> None:
+    """Use this guard (tests; embedding); None rebuilds one from the environment on next use."""
+    global _guard
+    _guard = guard
+
+
+def _patch_httpx_like(module: ModuleType) -> None:
+    from .httpx_adapter import patch
+
+    patch(module)
+
+
+def _patch_requests(module: ModuleType) -> None:
+    # requests/__init__ has imported requests.adapters by the time this runs.
+    from .requests_adapter import patch
+
+    patch(module)
+
+
+def install() -> None:
+    """Patch httpx, httpx2 and requests as soon as each is imported. Idempotent."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    when_imported("httpx", _patch_httpx_like)
+    when_imported("httpx2", _patch_httpx_like)
+    when_imported("requests", _patch_requests)

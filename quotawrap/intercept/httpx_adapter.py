@@ -1,0 +1,194 @@
+"""httpx and httpx2 (same API): wrap ``Client._send_single_request`` and its async twin.
+
+That private method is the one place every request passes whatever the transport (default,
+mounted, MockTransport, aiohttp): patching ``HTTPTransport.handle_request`` would miss
+custom transports. It returns the response before its body is read, so one byte-stream tee
+sees streamed and non-streamed bodies alike.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+from ..guard import GuardedCall
+
+__all__ = ["patch", "unpatch"]
+
+_MARK = "_quotawrap_patched"
+
+
+def _not_sent_errors(module: ModuleType) -> tuple[type[BaseException], ...]:
+    return tuple(
+        getattr(module, name)
+        for name in ("ConnectError", "ConnectTimeout", "PoolTimeout", "UnsupportedProtocol")
+        if hasattr(module, name)
+    )
+
+
+def _synthetic(module: ModuleType, call: GuardedCall, request: Any) -> Any:
+    assert call.blocked is not None
+    response = module.Response(
+        call.blocked.status, headers=list(call.blocked.headers), content=call.blocked.body, request=request
+    )
+    response.elapsed = datetime.timedelta(0)
+    return response
+
+
+def _prepared(module: ModuleType, request: Any, call: GuardedCall) -> Any:
+    """The request as it goes out: identity encoding, and the usage-asking body if any."""
+    if call.new_body is None:
+        for name, value in call.HEADER_OVERRIDES.items():
+            request.headers[name] = value
+        return request
+    headers = request.headers.copy()
+    headers.pop("content-length", None)
+    for name, value in call.HEADER_OVERRIDES.items():
+        headers[name] = value
+    return module.Request(
+        request.method, request.url, headers=headers, content=call.new_body, extensions=request.extensions
+    )
+
+
+def _tee_classes(module: ModuleType) -> tuple[type, type]:
+    class TeeSyncStream(module.SyncByteStream):  # type: ignore[misc,name-defined]
+        def __init__(self, inner: Any, call: GuardedCall) -> None:
+            self._inner = inner
+            self._call = call
+
+        def __iter__(self) -> Iterator[bytes]:
+            try:
+                for chunk in self._inner:
+                    out = self._call.feed(chunk)
+                    if out:
+                        yield out
+            except GeneratorExit:
+                self._call.close()
+                raise
+            except BaseException as exc:
+                self._call.failed(exc, sent=True)
+                raise
+            tail = self._call.finish()
+            if tail:
+                yield tail
+
+        def close(self) -> None:
+            try:
+                self._inner.close()
+            finally:
+                self._call.close()
+
+    class TeeAsyncStream(module.AsyncByteStream):  # type: ignore[misc,name-defined]
+        def __init__(self, inner: Any, call: GuardedCall) -> None:
+            self._inner = inner
+            self._call = call
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            try:
+                async for chunk in self._inner:
+                    out = self._call.feed(chunk)
+                    if out:
+                        yield out
+            except GeneratorExit:
+                self._call.close()
+                raise
+            except BaseException as exc:
+                self._call.failed(exc, sent=True)
+                raise
+            tail = self._call.finish()
+            if tail:
+                yield tail
+
+        async def aclose(self) -> None:
+            try:
+                await self._inner.aclose()
+            finally:
+                self._call.close()
+
+    return TeeSyncStream, TeeAsyncStream
+
+
+def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type) -> Callable[..., Any]:
+    from . import get_guard
+
+    not_sent = _not_sent_errors(module)
+
+    @functools.wraps(original)
+    def _send_single_request(self: Any, request: Any) -> Any:
+        guard = get_guard()
+        if guard is None or not guard.wants(request.method, str(request.url)):
+            return original(self, request)
+        call = guard.begin(request.method, str(request.url), request.headers, request.read())
+        if call is None:
+            return original(self, request)
+        if call.blocked is not None:
+            return _synthetic(module, call, request)
+        request = _prepared(module, request, call)
+        try:
+            response = original(self, request)
+        except not_sent as exc:
+            call.failed(exc, sent=False)
+            raise
+        except BaseException as exc:
+            call.failed(exc, sent=True)
+            raise
+        call.response_started(response.status_code, response.headers)
+        response.stream = tee(response.stream, call)
+        return response
+
+    return _send_single_request
+
+
+def _make_async(module: ModuleType, original: Callable[..., Any], tee: type) -> Callable[..., Any]:
+    from . import get_guard
+
+    not_sent = _not_sent_errors(module)
+
+    @functools.wraps(original)
+    async def _send_single_request(self: Any, request: Any) -> Any:
+        guard = get_guard()
+        if guard is None or not guard.wants(request.method, str(request.url)):
+            return await original(self, request)
+        # The reservation is one synchronous ledger transaction: no await between read and write.
+        call = guard.begin(request.method, str(request.url), request.headers, await request.aread())
+        if call is None:
+            return await original(self, request)
+        if call.blocked is not None:
+            return _synthetic(module, call, request)
+        request = _prepared(module, request, call)
+        try:
+            response = await original(self, request)
+        except not_sent as exc:
+            call.failed(exc, sent=False)
+            raise
+        except BaseException as exc:
+            call.failed(exc, sent=True)
+            raise
+        call.response_started(response.status_code, response.headers)
+        response.stream = tee(response.stream, call)
+        return response
+
+    return _send_single_request
+
+
+def patch(module: ModuleType) -> None:
+    """Instrument ``httpx`` or ``httpx2``. Idempotent."""
+    if getattr(module, _MARK, False):
+        return
+    tee_sync, tee_async = _tee_classes(module)
+    module.Client._send_single_request = _make_sync(module, module.Client._send_single_request, tee_sync)
+    module.AsyncClient._send_single_request = _make_async(
+        module, module.AsyncClient._send_single_request, tee_async
+    )
+    setattr(module, _MARK, True)
+
+
+def unpatch(module: ModuleType) -> None:
+    if not getattr(module, _MARK, False):
+        return
+    for cls in (module.Client, module.AsyncClient):
+        cls._send_single_request = cls._send_single_request.__wrapped__
+    setattr(module, _MARK, False)

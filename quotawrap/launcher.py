@@ -1,0 +1,141 @@
+"""Run the child with the hook injected, stay its parent, and close the books when it exits.
+
+Unlike ``ddtrace-run`` and ``opentelemetry-instrument`` this does not ``exec``: quotawrap
+forwards signals, waits, charges the holds the run left open and prints the summary.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+import quotawrap
+
+from .guard import warn
+from .ledger import Ledger, RunTotals
+from .settings import Settings
+
+__all__ = [
+    "HOOK_DIR",
+    "ChildResult",
+    "child_environment",
+    "injection_blockers",
+    "new_run_id",
+    "run_child",
+]
+
+HOOK_DIR = Path(__file__).resolve().parent.parent / "sitecustomize_hook"
+PACKAGE_HOME = Path(quotawrap.__file__).resolve().parent.parent
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_RECLAIM_EVERY_S = 10.0
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def child_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: our hook first on PYTHONPATH (once), settings as QUOTAWRAP_*."""
+    env = dict(os.environ if base is None else base)
+    hook = str(HOOK_DIR)
+    existing = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != hook]
+    env["PYTHONPATH"] = os.pathsep.join([hook, *existing])
+    env["QUOTAWRAP_HOME"] = str(PACKAGE_HOME)
+    env.update(settings.child_env())
+    return env
+
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+def injection_blockers(command: Sequence[str]) -> list[str]:
+    """Interpreter flags that stop PYTHONPATH's sitecustomize from running (-I, -E, -S)."""
+    if not command or not _PYTHON.match(Path(command[0]).name):
+        return []
+    found = []
+    for arg in command[1:]:
+        if arg == "-" or not arg.startswith("-") or arg.startswith("--"):
+            break
+        if arg in ("-c", "-m"):
+            break
+        letters = arg[1:]
+        found.extend(f"-{flag}" for flag in "IES" if flag in letters)
+        if "c" in letters or "m" in letters:
+            break
+    return found
+
+
+class ChildResult:
+    def __init__(self, exit_code: int, totals: RunTotals, resolved_at_exit: int) -> None:
+        self.exit_code = exit_code
+        self.totals = totals
+        self.resolved_at_exit = resolved_at_exit
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _terminal_delivers_sigint() -> bool:
+    """Ctrl-C reaches the whole foreground group; forwarding it would interrupt the child twice."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def run_child(settings: Settings, command: Sequence[str], ledger: Ledger) -> ChildResult:
+    """Start the child, forward signals, wait; then charge open holds and total the run."""
+    assert settings.run_id, "the CLI assigns a run id"
+    executable = shutil.which(command[0])
+    if executable is None:
+        raise FileNotFoundError(command[0])
+    for flag in injection_blockers(command):
+        warn(f"the command runs Python with {flag}: the hook cannot load there, so its calls are NOT guarded")
+    ledger.reclaim_orphans(time.time())
+    process = subprocess.Popen([executable, *command[1:]], env=child_environment(settings))
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and _terminal_delivers_sigint():
+            return
+        try:
+            process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    stop = threading.Event()
+    reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop), daemon=True)
+    reclaimer.start()
+    try:
+        while True:
+            try:
+                returncode = process.wait()
+                break
+            except KeyboardInterrupt:  # pragma: no cover - only without our handler
+                continue
+    finally:
+        stop.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    resolved = ledger.resolve_run(settings.run_id)
+    return ChildResult(_exit_code(returncode), ledger.run_totals(settings.run_id), resolved)
+
+
+def _reclaim_loop(ledger: Ledger, stop: threading.Event) -> None:
+    """Charge holds of processes that died (a SIGKILLed grandchild) while the run goes on."""
+    while not stop.wait(_RECLAIM_EVERY_S):
+        try:
+            ledger.reclaim_orphans(time.time())
+        except Exception as exc:
+            warn(f"could not reclaim orphaned holds: {exc}")

@@ -200,7 +200,7 @@ class _Counter:
         return self.settings.reply_priming
 
 
-_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text", "summary_text", "reasoning_text"})
 _IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 
 

@@ -1,0 +1,440 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quotawrap.estimate import (
+    Estimate,
+    EstimateSettings,
+    Kind,
+    estimate_request,
+    output_allowance,
+    thinking_disabled,
+)
+from quotawrap.tokens import count_tokens
+
+DEFAULTS = EstimateSettings()
+OVERHEAD = DEFAULTS.per_message_overhead
+PRIMING = DEFAULTS.reply_priming
+IMAGE = DEFAULTS.image_tokens
+
+
+def by_chars(model: str, text: str) -> int:
+    """A stand-in tokenizer, one token per character, so expected sums can be written by hand."""
+    return len(text)
+
+
+def chat(*messages: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"model": "doubao-seed", "messages": list(messages), **extra}
+
+
+def user(content: Any) -> dict[str, Any]:
+    return {"role": "user", "content": content}
+
+
+class TestSeedThinkingCase:
+    """Seed §7.6: "彩虹有几种颜色", max_tokens 16, reserved 34, billed 167 (answer ~16 + reasoning)."""
+
+    BODY = chat(user("彩虹有几种颜色"), max_tokens=16)
+
+    def test_input_matches_the_seed(self) -> None:
+        """cl100k plus one message's overhead and reply priming gives the seed's 18 input tokens."""
+        assert estimate_request("chat", self.BODY).input_tokens == 18
+
+    def test_old_reserve_was_34(self) -> None:
+        """The pre-fix formula, input + declared max_tokens, reproduces the seed's 34."""
+        assert estimate_request("chat", self.BODY).input_tokens + self.BODY["max_tokens"] == 34
+
+    @pytest.mark.parametrize("model", ["doubao-seed", "deepseek-v4-flash"])
+    def test_new_reserve_covers_actual_167(self, model: str) -> None:
+        """With the thinking floor the reserve covers the 167 tokens actually billed."""
+        estimate = estimate_request("chat", {**self.BODY, "model": model})
+        assert estimate.output_allowance == 4096
+        assert estimate.total >= 167
+
+
+class TestSeedLargeInput:
+    """Seed §7.6: one 176k request at usage 1.8M broke the 2M cap; a 200k input must now be blocked."""
+
+    USAGE, CAP, OLD_RESERVE = 1_800_000, 2_000_000, 50_000
+
+    def test_200k_input_blocked_at_1_8m(self) -> None:
+        """A 200k-token input with max_tokens unset reserves >= 200k + 4096 and no longer fits."""
+        estimate = estimate_request("chat", chat(user("x" * 200_000)), count=by_chars)
+        assert estimate.total >= 200_000 + 4096
+        assert self.USAGE + estimate.total > self.CAP
+        assert self.USAGE + self.OLD_RESERVE < self.CAP  # what the old blind reserve let through
+
+    @pytest.mark.parametrize("model", ["doubao-seed", "deepseek-v4-flash"])
+    def test_real_chinese_input_counted_in_full(self, model: str) -> None:
+        """A real ~200k-token Chinese prompt is counted by the real tokenizer, not capped or sampled."""
+        text = "天空中出现了一道美丽的彩虹，它有七种颜色。" * 20_000
+        tokens = count_tokens(model, text)
+        estimate = estimate_request("chat", chat(user(text), model=model))
+        assert estimate.input_tokens == tokens + OVERHEAD + PRIMING
+        assert estimate.total >= tokens + 4096
+
+
+class TestOutputAllowance:
+    @pytest.mark.parametrize(
+        ("kind", "body", "expected"),
+        [
+            ("chat", {}, 4096),
+            ("chat", {"max_tokens": 16}, 4096),
+            ("chat", {"max_tokens": 8000}, 8000),
+            ("chat", {"max_completion_tokens": 500}, 500),
+            ("chat", {"max_completion_tokens": 500, "max_tokens": 8000}, 500),
+            ("chat", {"max_completion_tokens": 100, "thinking": {"type": "disabled"}}, 100),
+            ("chat", {"max_tokens": 16, "thinking": {"type": "disabled"}}, 16),
+            ("chat", {"thinking": {"type": "disabled"}}, 4096),
+            ("chat", {"max_tokens": 16, "thinking": {"type": "enabled"}}, 4096),
+            ("chat", {"max_tokens": 16, "thinking": {"type": "auto"}}, 4096),
+            ("chat", {"max_tokens": 0}, 4096),
+            ("chat", {"max_tokens": None, "max_completion_tokens": None}, 4096),
+            ("chat", {"max_tokens": 16.0, "thinking": {"type": "disabled"}}, 16),
+            ("chat", {"max_tokens": 8000, "n": 3}, 24_000),
+            ("chat", {"max_completion_tokens": 500, "n": 2}, 1000),
+            ("completions", {"max_tokens": 8000, "n": 1, "best_of": 2}, 16_000),
+            ("completions", {"max_tokens": 16, "thinking": {"type": "disabled"}}, 16),
+            ("responses", {"max_output_tokens": 300}, 300),
+            ("responses", {}, 4096),
+            ("responses", {"max_tokens": 16, "max_output_tokens": 300}, 300),
+            ("embeddings", {"max_tokens": 100}, 0),
+        ],
+    )
+    def test_table(self, kind: Kind, body: dict[str, Any], expected: int) -> None:
+        """The output bound each request shape can be billed for."""
+        assert output_allowance(kind, body, DEFAULTS) == expected
+
+    def test_floor_and_default_are_settings(self) -> None:
+        """A lower default with the 4096 floor: thinking keeps the floor, disabled thinking the default."""
+        custom = EstimateSettings(default_max_tokens=1000, thinking_floor=4096)
+        assert output_allowance("chat", {}, custom) == 4096
+        assert output_allowance("chat", {"thinking": {"type": "disabled"}}, custom) == 1000
+        assert output_allowance("responses", {"thinking": {"type": "disabled"}}, custom) == 1000
+        assert output_allowance("chat", {}, EstimateSettings(thinking_floor=0, default_max_tokens=100)) == 100
+
+
+class TestThinkingDisabled:
+    @pytest.mark.parametrize(
+        ("body", "expected"),
+        [
+            ({"thinking": {"type": "disabled"}}, True),
+            ({"thinking": {"type": "enabled"}}, False),
+            ({"thinking": {"type": "auto"}}, False),
+            ({"thinking": "disabled"}, False),
+            ({"thinking": None}, False),
+            ({}, False),
+        ],
+    )
+    def test_only_explicit_disabled_counts(self, body: dict[str, Any], expected: bool) -> None:
+        """Only thinking {"type": "disabled"} removes the floor; anything unclear may think."""
+        assert thinking_disabled(body) is expected
+
+
+class TestEstimate:
+    def test_total_is_input_plus_output(self) -> None:
+        """total is the reservation: input tokens plus output allowance."""
+        assert Estimate(input_tokens=18, output_allowance=4096).total == 4114
+
+
+class TestEstimateSettings:
+    @pytest.mark.parametrize("field", ["thinking_floor", "default_max_tokens", "image_tokens"])
+    @pytest.mark.parametrize("value", [-1, 1.5, True, "10"])
+    def test_rejects_bad_values(self, field: str, value: object) -> None:
+        """Settings are non-negative integers; anything else is a ValueError."""
+        with pytest.raises(ValueError, match=field):
+            EstimateSettings(**{field: value})  # type: ignore[arg-type]
+
+
+class TestChatInput:
+    def test_string_content_and_overheads(self) -> None:
+        """Each message adds its text plus per-message overhead; the reply adds priming once."""
+        body = chat({"role": "system", "content": "abc"}, user("hello"))
+        assert estimate_request("chat", body, count=by_chars).input_tokens == 3 + 5 + 2 * OVERHEAD + PRIMING
+
+    def test_text_parts(self) -> None:
+        """Every text part of a list content is counted."""
+        body = chat(user([{"type": "text", "text": "abc"}, {"type": "text", "text": "de"}]))
+        assert estimate_request("chat", body, count=by_chars).input_tokens == 5 + OVERHEAD + PRIMING
+
+    def test_image_parts_are_flat(self) -> None:
+        """Each image counts image_tokens, however long its (data) URL."""
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 50_000}}
+        body = chat(user([{"type": "text", "text": "abc"}, image, image]))
+        assert (
+            estimate_request("chat", body, count=by_chars).input_tokens == 3 + 2 * IMAGE + OVERHEAD + PRIMING
+        )
+
+    def test_image_tokens_setting(self) -> None:
+        """The per-image figure comes from the settings."""
+        body = chat(user([{"type": "image_url", "image_url": {"url": "u"}}]))
+        custom = EstimateSettings(image_tokens=100)
+        assert estimate_request("chat", body, custom, count=by_chars).input_tokens == 100 + OVERHEAD + PRIMING
+
+    @pytest.mark.parametrize(
+        "part",
+        [
+            {"type": "video_url", "video_url": {"url": "https://example.invalid/v.mp4"}},
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+            {"type": "file", "file": {"file_id": "f"}},
+            {"type": "something_new"},
+        ],
+    )
+    def test_other_parts_are_at_least_an_image(self, part: dict[str, Any]) -> None:
+        """Video, audio, file and unknown parts cost at least image_tokens."""
+        body = chat(user([part]))
+        assert estimate_request("chat", body, count=by_chars).input_tokens >= IMAGE + OVERHEAD + PRIMING
+
+    def test_large_other_part_counts_its_json(self) -> None:
+        """An inline video larger than an image counts the tokens of its JSON form."""
+        part = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + "B" * 10_000}}
+        body = chat(user([part]))
+        expected = len(json.dumps(part, ensure_ascii=False)) + OVERHEAD + PRIMING
+        assert estimate_request("chat", body, count=by_chars).input_tokens == expected
+
+    def test_assistant_reasoning_and_tool_calls(self) -> None:
+        """reasoning_content and each tool call's name and arguments are counted; null content is 0."""
+        assistant = {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "think",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}},
+                {"id": "c2", "type": "function", "function": {"name": "put", "arguments": "{}"}},
+            ],
+        }
+        tool = {"role": "tool", "tool_call_id": "c1", "content": "42"}
+        body = chat(assistant, tool)
+        expected = 5 + 3 + 7 + 3 + 2 + 2 + 2 * OVERHEAD + PRIMING
+        assert estimate_request("chat", body, count=by_chars).input_tokens == expected
+
+    def test_legacy_function_call_and_decoded_arguments(self) -> None:
+        """A legacy function_call is counted, and arguments given as an object count as JSON."""
+        assistant = {"role": "assistant", "function_call": {"name": "f", "arguments": {"x": 1}}}
+        expected = 1 + len('{"x": 1}') + OVERHEAD + PRIMING
+        assert estimate_request("chat", chat(assistant), count=by_chars).input_tokens == expected
+
+    def test_name_fields(self) -> None:
+        """A message's name field is counted."""
+        body = chat({"role": "user", "name": "alice", "content": "hi"})
+        assert estimate_request("chat", body, count=by_chars).input_tokens == 5 + 2 + OVERHEAD + PRIMING
+
+    @pytest.mark.parametrize("field", ["tools", "functions", "response_format"])
+    def test_definitions_count_as_json(self, field: str) -> None:
+        """tools / functions / response_format count as their JSON text (non-ASCII kept as is)."""
+        definition = [{"type": "function", "function": {"name": "查询", "parameters": {"type": "object"}}}]
+        body = chat(user("hi"), **{field: definition})
+        expected = 2 + len(json.dumps(definition, ensure_ascii=False)) + OVERHEAD + PRIMING
+        assert estimate_request("chat", body, count=by_chars).input_tokens == expected
+
+    def test_counter_gets_the_model(self) -> None:
+        """The request's model is what the counter is asked to tokenize for."""
+        seen: set[str] = set()
+
+        def spy(model: str, text: str) -> int:
+            seen.add(model)
+            return len(text)
+
+        estimate_request("chat", chat(user("hi"), model="deepseek-v3"), count=spy)
+        assert seen == {"deepseek-v3"}
+
+    def test_default_counter_is_the_model_tokenizer(self) -> None:
+        """Without a count argument the real tokenizer of the model is used."""
+        text = "彩虹有几种颜色"
+        for model in ("deepseek-chat", "doubao-seed"):
+            estimate = estimate_request("chat", chat(user(text), model=model))
+            assert estimate.input_tokens == count_tokens(model, text) + OVERHEAD + PRIMING
+
+
+class TestResponsesInput:
+    def test_string_input_and_instructions(self) -> None:
+        """A string input and the instructions each count as one message."""
+        body = {"model": "m", "input": "hello", "instructions": "be brief"}
+        assert (
+            estimate_request("responses", body, count=by_chars).input_tokens == 5 + 8 + 2 * OVERHEAD + PRIMING
+        )
+
+    def test_message_items_with_parts(self) -> None:
+        """Messages (typed or not) with input_text, output_text and input_image parts."""
+        body = {
+            "model": "m",
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "abc"},
+                        {"type": "input_image", "image_url": "u"},
+                    ],
+                },
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "de"}]},
+                {"role": "user", "content": "fgh"},
+            ],
+        }
+        expected = 3 + IMAGE + 2 + 3 + 3 * OVERHEAD + PRIMING
+        assert estimate_request("responses", body, count=by_chars).input_tokens == expected
+
+    def test_function_call_items(self) -> None:
+        """function_call name/arguments and function_call_output output are counted."""
+        body = {
+            "model": "m",
+            "input": [
+                {"type": "function_call", "call_id": "c", "name": "get", "arguments": '{"a":1}'},
+                {"type": "function_call_output", "call_id": "c", "output": "42"},
+            ],
+        }
+        expected = 3 + 7 + 2 + 2 * OVERHEAD + PRIMING
+        assert estimate_request("responses", body, count=by_chars).input_tokens == expected
+
+    def test_reasoning_and_unknown_items(self) -> None:
+        """Reasoning summaries count their text; an unknown item costs at least an image."""
+        body = {
+            "model": "m",
+            "input": [
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "why"}]},
+                {"type": "item_reference", "id": "msg_1"},
+            ],
+        }
+        expected = 3 + IMAGE + 2 * OVERHEAD + PRIMING
+        assert estimate_request("responses", body, count=by_chars).input_tokens == expected
+
+    @pytest.mark.parametrize("field", ["tools", "text"])
+    def test_tools_and_text_format_count_as_json(self, field: str) -> None:
+        """Tool definitions and the structured-output format count as JSON."""
+        value: Any = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
+        body = {"model": "m", "input": "hi", field: value}
+        expected = 2 + len(json.dumps(value)) + OVERHEAD + PRIMING
+        assert estimate_request("responses", body, count=by_chars).input_tokens == expected
+
+
+class TestEmbeddingsInput:
+    @pytest.mark.parametrize(
+        ("given", "expected"),
+        [
+            ("hello", 5),
+            (["hello", "abc"], 8),
+            ([1, 2, 3], 3),
+            ([[1, 2, 3], [4, 5]], 5),
+            ([{"type": "text", "text": "abc"}, {"type": "image_url", "image_url": {"url": "u"}}], 3 + IMAGE),
+        ],
+    )
+    def test_input_shapes(self, given: Any, expected: int) -> None:
+        """Strings, token ids, token-id lists and multimodal parts; no chat overhead, no output."""
+        estimate = estimate_request("embeddings", {"model": "m", "input": given}, count=by_chars)
+        assert estimate == Estimate(input_tokens=expected, output_allowance=0)
+
+
+class TestCompletionsInput:
+    @pytest.mark.parametrize(
+        ("body", "expected"),
+        [
+            ({"prompt": "hello"}, 5),
+            ({"prompt": ["hello", "abc"]}, 8),
+            ({"prompt": [1, 2, 3, 4]}, 4),
+            ({"prompt": [[1, 2], [3]]}, 3),
+            ({"prompt": "hello", "suffix": "end"}, 8),
+        ],
+    )
+    def test_prompt_shapes(self, body: dict[str, Any], expected: int) -> None:
+        """A prompt string, list of strings, token ids or token-id lists, plus any suffix."""
+        assert (
+            estimate_request("completions", {"model": "m", **body}, count=by_chars).input_tokens == expected
+        )
+
+
+class TestMalformed:
+    @pytest.mark.parametrize(
+        ("kind", "body", "fragment"),
+        [
+            ("chat", ["not", "a", "dict"], "JSON object"),
+            ("chat", {"model": "m"}, "messages"),
+            ("chat", {"messages": "hello"}, "'messages' must be a list"),
+            ("chat", {"messages": {"role": "user"}}, "'messages' must be a list"),
+            ("chat", {"messages": 5}, "'messages' must be a list"),
+            ("chat", {"messages": ["hello"]}, r"messages\[0\] must be a JSON object"),
+            ("chat", {"messages": [{"content": 5}]}, r"messages\[0\].content"),
+            ("chat", {"messages": [{"content": [5]}]}, r"messages\[0\].content\[0\]"),
+            ("chat", {"messages": [{"content": [{"type": "text", "text": 5}]}]}, r"content\[0\].text"),
+            ("chat", {"messages": [{"content": "x", "name": 5}]}, "name"),
+            ("chat", {"messages": [{"tool_calls": "x"}]}, "tool_calls"),
+            ("chat", {"messages": [{"tool_calls": [5]}]}, r"tool_calls\[0\]"),
+            ("chat", {"messages": [], "tools": [object()]}, "tools"),
+            ("chat", {"messages": [], "max_tokens": "16"}, "max_tokens"),
+            ("chat", {"messages": [], "max_tokens": -1}, "max_tokens"),
+            ("chat", {"messages": [], "max_completion_tokens": True}, "max_completion_tokens"),
+            ("chat", {"messages": [], "n": "2"}, "'n'"),
+            ("chat", {"messages": [], "model": 5}, "model"),
+            ("responses", {"input": {"role": "user"}}, "'input'"),
+            ("responses", {"input": [5]}, r"input\[0\]"),
+            ("responses", {"input": "hi", "instructions": ["x"]}, "instructions"),
+            ("responses", {"input": "hi", "max_output_tokens": 1.5}, "max_output_tokens"),
+            ("embeddings", {"input": 5}, "'input'"),
+            ("embeddings", {"input": [1, "a"]}, r"input'\[0\]"),
+            ("embeddings", {"input": [[1, "a"]]}, "token ids"),
+            ("completions", {"prompt": None}, "prompt"),
+            ("images", {"prompt": "x"}, "unknown request kind"),
+        ],
+    )
+    def test_value_error_with_clear_message(self, kind: Any, body: Any, fragment: str) -> None:
+        """Bad shapes raise ValueError naming the field, never a bare TypeError or KeyError."""
+        with pytest.raises(ValueError, match=fragment):
+            estimate_request(kind, body, count=by_chars)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40
+) | st.sampled_from(["彩虹有几种颜色", "床前明月光，疑是地上霜。", "hello world", ""])
+PART = st.one_of(
+    st.builds(lambda text: {"type": "text", "text": text}, TEXT),
+    st.just({"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}}),
+)
+CONTENT = TEXT | st.lists(PART, max_size=4)
+MESSAGE = st.builds(
+    lambda role, content: {"role": role, "content": content},
+    st.sampled_from(["system", "user", "assistant"]),
+    CONTENT,
+)
+MODEL = st.sampled_from(["deepseek-v4-flash", "doubao-seed-1-6"])
+
+
+def texts_of(messages: list[dict[str, Any]]) -> list[str]:
+    found: list[str] = []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, str):
+            found.append(content)
+        else:
+            found.extend(part["text"] for part in content if part["type"] == "text")
+    return found
+
+
+class TestProperties:
+    @settings(max_examples=150, deadline=None)
+    @given(model=MODEL, messages=st.lists(MESSAGE, max_size=6), extra=MESSAGE, position=st.integers(0, 6))
+    def test_adding_a_message_never_lowers_the_estimate(
+        self, model: str, messages: list[dict[str, Any]], extra: dict[str, Any], position: int
+    ) -> None:
+        """Inserting a message anywhere raises input by at least the per-message overhead."""
+        before = estimate_request("chat", {"model": model, "messages": messages})
+        grown = [*messages[:position], extra, *messages[position:]]
+        after = estimate_request("chat", {"model": model, "messages": grown})
+        assert after.input_tokens >= before.input_tokens + OVERHEAD
+        assert after.total > before.total
+
+    @settings(max_examples=150, deadline=None)
+    @given(model=MODEL, messages=st.lists(MESSAGE, max_size=6), max_tokens=st.none() | st.integers(1, 10_000))
+    def test_never_below_the_text_tokens(
+        self, model: str, messages: list[dict[str, Any]], max_tokens: int | None
+    ) -> None:
+        """Input is at least the tokens of all its texts, and the total adds at least the thinking floor."""
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens}
+        estimate = estimate_request("chat", body)
+        text_tokens = sum(count_tokens(model, text) for text in texts_of(messages))
+        assert estimate.input_tokens >= text_tokens
+        assert estimate.total >= text_tokens + max(max_tokens or 0, DEFAULTS.thinking_floor)

@@ -9,25 +9,70 @@ A limit is data, independent of the live counters:
 * ``kind="hold"``  -- settled + in flight + reserve must be <= cap (the pre-gate);
 * ``kind="wall"``  -- settled must be < cap (the seed's soft-evict lines: once crossed the
   model is evicted and answered 429 before any token counting).
+
+The per-model, per-Beijing-day limit is the production limiter "v6 Snapshot-Offset" of the
+VolcEngine quota notes, made safe against the billing API's settlement lag (notes §7.5,
+remaining risk 1). ``docs/quota-math.md`` derives every formula below; the section numbers
+in comments point into the notes.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Literal
 
+from ._errors import ConfigError
+
 __all__ = [
+    "BEIJING",
+    "DAY_S",
+    "DEFAULT_LAG_CANDIDATES_S",
+    "KEEP_ALIVE_WINDOW_DAYS",
+    "Binding",
+    "CalibrationDay",
     "Counters",
+    "ExpiryAdvice",
     "Limit",
     "LimitKind",
+    "Package",
+    "QuotaSettings",
     "Scope",
+    "Snapshot",
     "Verdict",
+    "beijing_day",
+    "beijing_day_start",
+    "calibrate_lag",
+    "calibrate_lag_days",
+    "days_to_expiry",
+    "drain_daily_usage",
+    "effective_limit",
+    "evicted_by",
+    "keep_alive_daily_usage",
+    "lag_fit",
+    "lagged_usage",
+    "model_day_limits",
+    "pool_estimate",
+    "run_limits",
+    "seconds_to_beijing_midnight",
+    "series_total",
+    "should_restore",
+    "should_soft_evict",
+    "soft_evict_walls",
+    "usage_at",
     "verdict",
 ]
 
 Scope = Literal["run", "model_day"]
 LimitKind = Literal["hold", "wall"]
+Binding = Literal["daily_cap", "snapshot"]
+Series = Sequence[tuple[float, int]]
+
+
+# -- core types (shared with the ledgers: names and semantics are fixed) -----------------------
 
 
 @dataclass(frozen=True)
@@ -58,7 +103,13 @@ class Verdict:
 
 
 def verdict(limits: Sequence[Limit], counters: Mapping[str, Counters], reserve: int) -> Verdict:
-    """Decide one call. Walls are checked first: an evicted model is refused whatever it asks."""
+    """Decide one call. Walls are checked first: an evicted model is refused whatever it asks.
+
+    The seed blocks on ``usage + reserve >= limit``; a hold here fits iff the sum is ``<= cap``,
+    so a cap admits exactly one token more than the seed's limit of the same number (the seed's
+    decision is reproduced by ``cap = limit - 1``). Walls are identical to the seed's
+    ``usage >= line`` soft-evict test.
+    """
     ordered = sorted(limits, key=lambda limit: limit.kind != "wall")
     for limit in ordered:
         c = counters.get(limit.scope, Counters())
@@ -68,3 +119,397 @@ def verdict(limits: Sequence[Limit], counters: Mapping[str, Counters], reserve: 
         elif c.settled + c.in_flight + reserve > limit.cap:
             return Verdict(False, limit)
     return Verdict(True)
+
+
+def evicted_by(limits: Sequence[Limit], counters: Mapping[str, Counters]) -> Limit | None:
+    """The wall a model stands behind, if any: checked before any token counting (§7.6 short-circuit)."""
+    for limit in limits:
+        if limit.kind == "wall" and counters.get(limit.scope, Counters()).settled >= limit.cap:
+            return limit
+    return None
+
+
+# -- Beijing calendar ----------------------------------------------------------------------------
+
+# Volc counts collection per Beijing calendar day (§6.1 `daily_usage:{北京日期}`); China has no DST.
+BEIJING = timezone(timedelta(hours=8), "Asia/Shanghai")
+DAY_S = 86_400.0
+_BEIJING_OFFSET_S = 8 * 3600.0
+
+
+def beijing_day(ts: float) -> str:
+    """The Beijing calendar day of a Unix timestamp, 'YYYY-MM-DD'."""
+    return datetime.fromtimestamp(ts, BEIJING).strftime("%Y-%m-%d")
+
+
+def beijing_day_start(ts: float) -> float:
+    """The Unix timestamp of the Beijing midnight that starts ``ts``'s day."""
+    return ts - (ts + _BEIJING_OFFSET_S) % DAY_S
+
+
+def seconds_to_beijing_midnight(ts: float) -> float:
+    """Seconds until the next Beijing midnight, in (0, 86400]: at midnight the next reset is a day away."""
+    return DAY_S - (ts + _BEIJING_OFFSET_S) % DAY_S
+
+
+# -- settings and snapshots ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuotaSettings:
+    daily_cap: int = 2_000_000  # collection cap per model per Beijing day (§1.2)
+    small_buffer: int = 50_000  # v6 SMALL_BUFFER: covers package expiry between syncs (§7.5)
+    usage_wall: int = 1_950_000  # SOFT_EVICT_USAGE_LIMIT (§7.6)
+    balance_wall: int = 100_000  # SOFT_EVICT_BALANCE_LIMIT (§7.6)
+    # How far back the billing balance is assumed to trail our own usage. §4.2 measured
+    # Δ ≈ 14 min, from two syncs 14 min apart (so the resolution is the sync gap itself), and the
+    # notes call the lag periodic ("周期收敛"): settled in batches. A batch job with a ~14 min cycle
+    # that settles up to its previous run leaves tokens unsettled for up to two cycles, ~28 min.
+    # 30 min covers that. The price of a lag above the true delay is transient: the pool is
+    # under-estimated by the usage of the extra minutes, and only while the snapshot (not the 2M
+    # cap) binds; a sync after a quiet spell of `lag` gives the exact pool back.
+    balance_lag_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        for name in ("daily_cap", "small_buffer", "usage_wall", "balance_wall"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be a whole number >= 0, got {value!r}")
+        lag = self.balance_lag_s
+        if isinstance(lag, bool) or not isinstance(lag, (int, float)) or not 0 <= lag < DAY_S:
+            # a lag of a day or more would need the day before yesterday's series
+            raise ConfigError(f"balance_lag must be seconds in [0, 86400), got {lag!r}")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One balance sync of one model, stored by the ledger."""
+
+    balance: int  # balance_at_sync: sum of the packages' AvailableAmount (§5)
+    usage_at_sync: int  # our model_day usage when the balance was read
+    # usage(t_sync - lag) on today's scale, from lagged_usage(); == usage_at_sync when lag = 0.
+    # Negative when t_sync - lag falls yesterday: yesterday's still-unsettled tail is in `balance`.
+    lagged_usage: int
+    synced_at: float
+    day: str  # Beijing day of synced_at: a snapshot never applies to another day (§7.2)
+    source: str = "manual"  # "billing-api" | "manual" | "command"
+
+    def __post_init__(self) -> None:
+        if self.balance < 0 or self.usage_at_sync < 0:
+            raise ValueError(f"a snapshot has non-negative balance and usage, got {self}")
+
+
+# -- the usage series ----------------------------------------------------------------------------
+
+
+def usage_at(series: Series, t: float) -> int:
+    """The cumulative usage of the last point stamped at or before ``t``; 0 before the first point.
+
+    ``series`` is ``(timestamp, cumulative tokens)`` in ascending time, cumulative non-decreasing.
+    """
+    index = bisect_right(series, t, key=lambda point: point[0])
+    return series[index - 1][1] if index else 0
+
+
+def series_total(series: Series) -> int:
+    """The last cumulative value: the day's whole usage for a finished day."""
+    return series[-1][1] if series else 0
+
+
+def lagged_usage(
+    t_sync: float,
+    lag_s: float,
+    usage_at_sync: int,
+    today_series: Series,
+    previous_series: Series = (),
+    *,
+    bucket_s: float = 60.0,
+) -> int:
+    """``usage(t_sync - lag)`` of today's model-day counter, never more than it can have been.
+
+    With lag 0 this is ``usage_at_sync``: v6 exactly. Otherwise it is a lower bound of today's
+    usage at ``t_sync - lag``, which is what keeps ``balance + lagged <= B0`` (docs/quota-math.md):
+
+    * series points are minute buckets; a point stamped ``m`` may hold usage up to ``m + bucket_s``
+      (the SQLite ledger stamps the minute's start), so the series is read ``bucket_s`` earlier;
+    * before today's midnight the counter is negative: the balance still holds yesterday's usage
+      after ``t_sync - lag`` (unsettled at the sync), and it is not today's pool. Usage stamped
+      after the reading point, in either day, only makes the result smaller: the safe side.
+    """
+    if lag_s <= 0:
+        return usage_at_sync
+    read_at = t_sync - lag_s - bucket_s
+    yesterday_tail = series_total(previous_series) - usage_at(previous_series, read_at)
+    return min(usage_at(today_series, read_at) - yesterday_tail, usage_at_sync)
+
+
+# -- the model-day limit -------------------------------------------------------------------------
+
+
+def pool_estimate(snapshot: Snapshot, settings: QuotaSettings) -> int:
+    """Today's free pool as seen by one sync: ``balance + usage(t_sync - lag)``.
+
+    Billing shows ``Bal(t) = B0 - U(t - Δ)`` (§4.2), so this is ``B0 - U(t-Δ) + U(t-lag) <= B0``
+    whenever lag >= Δ. With lag 0 it is v6's ``balance_at_sync + usage_at_sync = B0 + L``
+    (§7.5), over-estimating by the unsettled usage L.
+    """
+    lagged = snapshot.usage_at_sync if settings.balance_lag_s <= 0 else snapshot.lagged_usage
+    return snapshot.balance + min(lagged, snapshot.usage_at_sync)
+
+
+def _applies(snapshot: Snapshot | None, today: str | None) -> bool:
+    return snapshot is not None and (today is None or snapshot.day == today)
+
+
+def effective_limit(
+    snapshot: Snapshot | None, settings: QuotaSettings, *, today: str | None = None
+) -> tuple[int, Binding]:
+    """Today's cumulative cap on a model's usage and the term that sets it.
+
+    ``min(daily_cap, pool - small_buffer)``, never negative (§5 "Limit", §7.5). Without a
+    snapshot, or with one of another day than ``today``, the daily cap alone: yesterday's
+    numbers never set today's cap (§7.2's yesterday anchor is not expressible).
+    ``today=None`` trusts the caller to pass today's snapshot.
+    """
+    if not _applies(snapshot, today) or snapshot is None:
+        return settings.daily_cap, "daily_cap"
+    from_snapshot = max(0, pool_estimate(snapshot, settings) - settings.small_buffer)
+    if settings.daily_cap <= from_snapshot:
+        return settings.daily_cap, "daily_cap"
+    return from_snapshot, "snapshot"
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _lag_text(snapshot: Snapshot, settings: QuotaSettings) -> str:
+    if settings.balance_lag_s <= 0:
+        return f"usage at sync {_n(snapshot.usage_at_sync)}"
+    return f"usage {settings.balance_lag_s / 60:g} min before sync {_n(snapshot.lagged_usage)}"
+
+
+def _snapshot_text(snapshot: Snapshot, settings: QuotaSettings) -> str:
+    pool = pool_estimate(snapshot, settings)
+    synced = datetime.fromtimestamp(snapshot.synced_at, BEIJING).strftime("%H:%M")
+    return (
+        f"balance {_n(snapshot.balance)} at {synced} + {_lag_text(snapshot, settings)}"
+        f" - small buffer {_n(settings.small_buffer)} = {_n(pool - settings.small_buffer)}"
+    )
+
+
+def soft_evict_walls(effective: int, balance_at_sync: int | None, settings: QuotaSettings) -> list[Limit]:
+    """The two soft-evict lines of §7.6 as walls (evicted iff settled >= cap)."""
+    usage_line = min(effective, settings.usage_wall)
+    walls = [
+        Limit(
+            "usage_wall",
+            "model_day",
+            usage_line,
+            "wall",
+            f"evicted at usage {_n(usage_line)} = min(effective limit {_n(effective)},"
+            f" usage wall {_n(settings.usage_wall)})",
+        )
+    ]
+    if balance_at_sync is not None and balance_at_sync < settings.balance_wall:
+        # cap 1 = "settled must be 0": a pool that starts below the wall is not evicted before
+        # its first token, or it would never earn a return and stay evicted for good (§7.6)
+        walls.append(
+            Limit(
+                "balance_wall",
+                "model_day",
+                1,
+                "wall",
+                f"evicted once used: balance at sync {_n(balance_at_sync)}"
+                f" < balance wall {_n(settings.balance_wall)}",
+            )
+        )
+    return walls
+
+
+def model_day_limits(
+    snapshot: Snapshot | None, settings: QuotaSettings, *, today: str | None = None
+) -> list[Limit]:
+    """The pre-gate hold at the effective limit, then the soft-evict walls."""
+    applies = _applies(snapshot, today)
+    cap, binding = effective_limit(snapshot, settings, today=today)
+    if binding == "daily_cap":
+        reason = "no balance sync today" if not applies else "below the synced pool"
+        detail = f"daily cap {_n(cap)} ({reason})"
+        if applies and snapshot is not None:
+            detail += f"; {_snapshot_text(snapshot, settings)}"
+    else:
+        assert snapshot is not None
+        detail = f"{_snapshot_text(snapshot, settings)} (< daily cap {_n(settings.daily_cap)})"
+    hold = Limit(binding, "model_day", cap, "hold", detail)
+    balance = snapshot.balance if applies and snapshot is not None else None
+    return [hold, *soft_evict_walls(cap, balance, settings)]
+
+
+def run_limits(run_cap: int | None) -> list[Limit]:
+    """The cap on one wrapper run (settled + in flight + reserve), if any."""
+    if run_cap is None:
+        return []
+    if run_cap < 0:
+        raise ConfigError(f"cap_tokens must be >= 0, got {run_cap}")
+    return [Limit("run_cap", "run", run_cap, "hold", f"run cap {_n(run_cap)}")]
+
+
+def should_soft_evict(
+    usage: int, effective: int, balance_at_sync: int | None, settings: QuotaSettings
+) -> bool:
+    """§7.6: usage >= min(effective, usage wall), or balance at sync < balance wall with usage > 0."""
+    walls = soft_evict_walls(effective, balance_at_sync, settings)
+    return evicted_by(walls, {"model_day": Counters(usage)}) is not None
+
+
+def should_restore(usage: int, effective: int, balance_at_sync: int | None, settings: QuotaSettings) -> bool:
+    """§7.6 symmetric restore: exactly when eviction would not happen, so no kick/restore flapping."""
+    return not should_soft_evict(usage, effective, balance_at_sync, settings)
+
+
+# -- lag calibration -----------------------------------------------------------------------------
+
+DEFAULT_LAG_CANDIDATES_S: Sequence[float] = range(0, 3601, 60)
+
+
+@dataclass(frozen=True)
+class CalibrationDay:
+    syncs: Sequence[tuple[float, int]]  # (t_sync, balance), one model, one Beijing day
+    series: Series  # that day's cumulative usage series
+    previous_series: Series = ()  # the day before's, for syncs within the lag of midnight
+
+
+def _day_spread(day: CalibrationDay, lag_s: float, bucket_s: float) -> int:
+    pools = [
+        balance
+        + lagged_usage(t, lag_s, usage_at(day.series, t), day.series, day.previous_series, bucket_s=bucket_s)
+        for t, balance in day.syncs
+    ]
+    return max(pools) - min(pools)
+
+
+def lag_fit(
+    days: Sequence[CalibrationDay],
+    candidates_s: Sequence[float] = DEFAULT_LAG_CANDIDATES_S,
+    *,
+    bucket_s: float = 60.0,
+) -> list[tuple[float, int, int]]:
+    """For each candidate lag: (lag, summed per-day spread, worst day's spread) of balance + lagged usage.
+
+    Within a day the true pool is constant between package events, so the right lag makes the
+    estimates agree. Days with fewer than two syncs say nothing and are skipped.
+    """
+    usable = [day for day in days if len(day.syncs) >= 2]
+    fit = []
+    for lag in candidates_s:
+        spreads = [_day_spread(day, float(lag), bucket_s) for day in usable]
+        fit.append((float(lag), sum(spreads), max(spreads, default=0)))
+    return fit
+
+
+def calibrate_lag_days(
+    days: Sequence[CalibrationDay],
+    candidates_s: Sequence[float] = DEFAULT_LAG_CANDIDATES_S,
+    *,
+    bucket_s: float = 60.0,
+) -> tuple[float, float]:
+    """(best lag, worst day's spread at it): the lag whose pools vary least, summed over days.
+
+    Ties go to the largest lag: the data cannot tell those lags apart and the larger one is the
+    safe side (it never raises the pool). A package arriving or expiring between two syncs of a
+    day shows up as a spread no lag removes.
+    """
+    if not any(len(day.syncs) >= 2 for day in days):
+        raise ValueError("calibration needs a day with at least two balance syncs")
+    if not candidates_s:
+        raise ValueError("calibration needs at least one candidate lag")
+    fit = lag_fit(days, candidates_s, bucket_s=bucket_s)
+    best_total = min(total for _, total, _ in fit)
+    lag, _, worst = max((row for row in fit if row[1] == best_total), key=lambda row: row[0])
+    return lag, float(worst)
+
+
+def calibrate_lag(
+    syncs: Sequence[tuple[float, int]],
+    series: Series,
+    candidates_s: Sequence[float] = DEFAULT_LAG_CANDIDATES_S,
+    *,
+    previous_series: Series = (),
+    bucket_s: float = 60.0,
+) -> tuple[float, float]:
+    """(best lag seconds, spread of balance + usage(t - lag) across that day's syncs) for one day."""
+    return calibrate_lag_days(
+        [CalibrationDay(syncs, series, previous_series)], candidates_s, bucket_s=bucket_s
+    )
+
+
+# -- package expiry (§1.2, §1.3) -----------------------------------------------------------------
+
+KEEP_ALIVE_WINDOW_DAYS = 9  # §1.3: below 2M/30 a day, the consumption task works the last 9 days
+
+
+@dataclass(frozen=True)
+class Package:
+    model: str
+    available: int  # AvailableAmount left in the package
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class ExpiryAdvice:
+    model: str
+    expiring: tuple[Package, ...]  # the model's packages expiring within the window, soonest first
+    expiring_tokens: int
+    first_expiry_at: float
+    daily_usage: int  # tokens a day that use every package up before it expires (FIFO)
+
+
+def days_to_expiry(package: Package, now: float) -> float:
+    return (package.expires_at - now) / DAY_S
+
+
+def drain_daily_usage(packages: Sequence[Package], now: float) -> int:
+    """Tokens a day that consume these packages (one model's) before each expires.
+
+    Consumption is FIFO and every package lives 30 days, so a package is used only after all
+    that expire before it: package k survives iff usage by its expiry covers everything due by
+    then. One 2M package with 30 days left needs 2M/30 = 66,667 a day (§1.3).
+    """
+    live = sorted((p for p in packages if p.expires_at > now and p.available > 0), key=lambda p: p.expires_at)
+    due = 0
+    rate = 0.0
+    for package in live:
+        due += package.available
+        rate = max(rate, due / days_to_expiry(package, now))
+    return math.ceil(rate - 1e-9)
+
+
+def keep_alive_daily_usage(
+    packages: Sequence[Package], now: float, window_days: float = KEEP_ALIVE_WINDOW_DAYS
+) -> list[ExpiryAdvice]:
+    """Per model with a package expiring within ``window_days``: what expires, the daily usage saving it."""
+    advice = []
+    for model in sorted({p.model for p in packages}):
+        own = [p for p in packages if p.model == model]
+        expiring = tuple(
+            sorted(
+                (p for p in own if p.available > 0 and 0 < days_to_expiry(p, now) <= window_days),
+                key=lambda p: p.expires_at,
+            )
+        )
+        if not expiring:
+            continue
+        # only what must go before the last expiring package counts; later packages can wait
+        horizon = expiring[-1].expires_at
+        due = [p for p in own if p.expires_at <= horizon]
+        advice.append(
+            ExpiryAdvice(
+                model=model,
+                expiring=expiring,
+                expiring_tokens=sum(p.available for p in expiring),
+                first_expiry_at=expiring[0].expires_at,
+                daily_usage=drain_daily_usage(due, now),
+            )
+        )
+    return advice

@@ -208,10 +208,10 @@ class SSEUsageReader:
     #: While hiding, an event held back beyond this is handed on and can no longer be hidden.
     max_held_bytes: int = 64 * 1024
 
-    usage: Usage | None
-    done: bool
-    error: Mapping[str, Any] | None
-    events: int
+    usage: Usage | None  # the latest usable usage seen; cumulative counts make the last the best
+    done: bool  # saw [DONE] or a terminal Responses event (completed / failed / incomplete)
+    error: Mapping[str, Any] | None  # the payload of the last error event
+    events: int  # events that carried data, [DONE] and hidden ones included
 
     def __init__(self, *, hide_usage_only_chunk: bool = False) -> None:
         self.usage = None
@@ -312,12 +312,9 @@ class SSEUsageReader:
             self._line_overflow = False  # already accounted for when it overflowed
             return
         self._partial.append(tail)
-        line = b"".join(self._partial)
+        line = b"".join(self._partial)  # never empty: a partial holds at least one byte
         self._partial, self._partial_len = [], 0
-        if line:
-            self._field_line(line)
-        else:  # cannot happen (a partial is never empty), kept for safety
-            self._end_event()
+        self._field_line(line)
 
     # ------------------------------------------------------------------ lines -> events
 

@@ -463,12 +463,13 @@ class TestSSEUsageReader:
         assert out == stream
         assert reader.usage == Usage(50, 80, 130, 20, 10)
 
-    def test_oversized_event_is_skipped(self) -> None:
+    @pytest.mark.parametrize("size", [100, 10_000], ids=["split-line", "whole-line"])
+    def test_oversized_event_is_skipped(self, size: int) -> None:
         """An event beyond max_event_bytes is counted but not parsed, and reading goes on."""
         reader = SSEUsageReader()
         reader.max_event_bytes = 1000
         huge = _event({"usage": {"prompt_tokens": 1}, "pad": "x" * 5000})
-        for piece in (huge[i : i + 100] for i in range(0, len(huge), 100)):
+        for piece in (huge[i : i + size] for i in range(0, len(huge), size)):
             reader.feed(piece)
         assert reader.usage is None
         reader.feed(USAGE_EVENT)

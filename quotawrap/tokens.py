@@ -123,6 +123,8 @@ def _load_deepseek() -> TokenCounter:
     except Exception as exc:  # the Rust binding raises a bare Exception for unreadable files
         raise TokenizerUnavailable(f"cannot load the DeepSeek tokenizer from {path}: {exc}") from exc
 
+    # encode, never encode_batch*: the batch methods start a rayon thread pool inside the wrapped
+    # program, and threads the program did not ask for make its own fork() unsafe.
     def count(text: str) -> int:
         try:
             return len(tokenizer.encode(text, add_special_tokens=False).ids)

@@ -131,6 +131,20 @@ class TestImportIsCheap:
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["1", "False"]
 
+    @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+    def test_counting_starts_no_threads(self) -> None:
+        """Counting with either tokenizer leaves the wrapped program with the threads it had."""
+        result = run_python(
+            "import os\nfrom quotawrap.tokens import count_tokens\n"
+            "threads = lambda: len(os.listdir('/proc/self/task'))\n"
+            "before = threads()\n"
+            "count_tokens('deepseek-chat', '你好' * 5000); count_tokens('gpt-4', '你好' * 5000)\n"
+            "print(before, threads())"
+        )
+        assert result.returncode == 0, result.stderr
+        before, after = result.stdout.split()
+        assert after == before
+
 
 CATCH_UNAVAILABLE = """
 try:

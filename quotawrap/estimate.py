@@ -124,7 +124,8 @@ def _answer_plus_thinking(max_tokens: int | None, body: Mapping[str, Any], setti
     answer = max_tokens if max_tokens is not None else settings.default_max_tokens
     if thinking_disabled(body):
         return answer
-    # max_tokens bounds only the answer; reasoning tokens come on top of it (seed §7.6)
+    # max_tokens bounds only the answer and nothing bounds reasoning, so the floor is the seed's
+    # allowance for typical reasoning (§7.6: 167 billed for a 16-token answer), not a hard bound
     return max(answer, settings.thinking_floor)
 
 

@@ -1,0 +1,69 @@
+"""Shared fixtures: a real Ark simulator, a private ledger, and a way to run real `quotawrap`."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from quotawrap.simulator import ArkSimulator, SimConfig, serve
+
+CHILDREN = Path(__file__).parent / "integration" / "children"
+
+
+@pytest.fixture
+def sim() -> Iterator[ArkSimulator]:
+    """A real HTTP server speaking Ark's API on a free loopback port."""
+    with serve(config=SimConfig()) as simulator:
+        yield simulator
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    """A private SQLite ledger for one test."""
+    return f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+
+
+@dataclass
+class Wrapped:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_quotawrap(
+    args: Sequence[str],
+    command: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    cwd: str | Path | None = None,
+) -> Wrapped:
+    """Run the real CLI in a subprocess, exactly as a user would."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("QUOTAWRAP_RUN_ID", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "quotawrap", *args, "--", *command],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+    return Wrapped(proc.returncode, proc.stdout, proc.stderr)
+
+
+def child(name: str, *args: str) -> list[str]:
+    return [sys.executable, str(CHILDREN / name), *args]
+
+
+def ledger_rows(store_url: str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    path = store_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        return conn.execute(sql, params).fetchall()

@@ -1,31 +1,34 @@
-"""Post-import hooks without importing anything heavy.
+"""Post-import hooks that cost nothing at start-up.
 
 ``wrapt.when_imported`` would do, but importing wrapt pulls in asyncio and
-importlib.metadata (~60 ms here), which every child would pay at start-up even when it never
-imports an HTTP client. This finder costs one dict lookup per import.
+importlib.metadata (~60 ms here), and even ``importlib.abc`` costs ~15 ms: every child would
+pay that at start-up although it may never import an HTTP client. This module imports only
+``sys``; finder and loader are duck-typed as the import system allows.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
-from collections.abc import Callable, Sequence
-from types import ModuleType
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
 
 __all__ = ["when_imported"]
 
-Hook = Callable[[ModuleType], None]
-_hooks: dict[str, list[Hook]] = {}
+_hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader) -> None:
+class _Loader:
+    def __init__(self, inner: Any) -> None:
         self._inner = inner
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._inner.create_module(spec)
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        result: ModuleType | None = self._inner.create_module(spec)
+        return result
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
@@ -39,10 +42,8 @@ class _Loader(importlib.abc.Loader):
         return getattr(self._inner, name)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
+class _Finder:
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
         if fullname not in _hooks:
             return None
         for finder in sys.meta_path:
@@ -59,7 +60,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 _finder = _Finder()
 
 
-def when_imported(name: str, hook: Hook) -> None:
+def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:
     """Run ``hook(module)`` once ``name`` is imported (at once if it already is)."""
     _hooks.setdefault(name, []).append(hook)
     if _finder not in sys.meta_path:

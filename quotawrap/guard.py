@@ -30,9 +30,10 @@ from typing import Any
 
 from . import endpoints, quota
 from ._errors import QuotawrapError
-from .estimate import EstimateSettings, estimate_request
+from .estimate import Estimate, EstimateSettings, estimate_request
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .settings import Settings
+from .tokens import TokenizerUnavailable
 from .usage import SSEUsageReader, Usage, is_event_stream, usage_from_body
 
 __all__ = ["Guard", "GuardedCall", "SyntheticResponse", "warn"]
@@ -58,7 +59,9 @@ class SyntheticResponse:
     headers: tuple[tuple[str, str], ...]
 
     @classmethod
-    def ark_error(cls, status: int, code: str, error_type: str, message: str, **extra: str) -> SyntheticResponse:
+    def ark_error(
+        cls, status: int, code: str, error_type: str, message: str, **extra: str
+    ) -> SyntheticResponse:
         body = json.dumps(
             {"error": {"code": code, "message": message, "param": "", "type": error_type}}, ensure_ascii=False
         ).encode()
@@ -93,7 +96,9 @@ _RAISE_HINTS = {
 }
 
 
-def block_message(model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int) -> str:
+def block_message(
+    model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int
+) -> str:
     limit = verdict.blocking
     assert limit is not None
     used = counters.get(limit.scope, quota.Counters())
@@ -134,6 +139,7 @@ class Guard:
         self._run_id = settings.run_id or f"adhoc-{os.getpid()}"
         self._host = socket.gethostname()
         self._snapshots: dict[str, tuple[float, quota.Snapshot | None]] = {}
+        self._warned_tokenizer = False
 
     @property
     def ledger(self) -> Ledger:
@@ -148,8 +154,10 @@ class Guard:
     # -- limits -----------------------------------------------------------------------------
 
     def limits_for(self, snapshot: quota.Snapshot | None, day: str) -> list[quota.Limit]:
-        current = snapshot if snapshot is not None and snapshot.day == day else None
-        return [*quota.run_limits(self.settings.cap_tokens), *quota.model_day_limits(current, self._quota)]
+        return [
+            *quota.run_limits(self.settings.cap_tokens),
+            *quota.model_day_limits(snapshot, self._quota, today=day),
+        ]
 
     def _cached_snapshot(self, model: str, now: float) -> quota.Snapshot | None:
         cached = self._snapshots.get(model)
@@ -159,9 +167,13 @@ class Guard:
         self._snapshots[model] = (now, snapshot)
         return snapshot
 
-    def _evicted(self, model: str, day: str, now: float) -> tuple[quota.Verdict, dict[str, quota.Counters]] | None:
+    def _evicted(
+        self, model: str, day: str, now: float
+    ) -> tuple[quota.Verdict, dict[str, quota.Counters]] | None:
         """The seed's short-cut: an evicted model is answered before any token counting."""
-        walls = [limit for limit in self.limits_for(self._cached_snapshot(model, now), day) if limit.kind == "wall"]
+        walls = [
+            limit for limit in self.limits_for(self._cached_snapshot(model, now), day) if limit.kind == "wall"
+        ]
         if not walls:
             return None
         counters = {"model_day": self.ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]}
@@ -174,7 +186,9 @@ class Guard:
         """Cheap test, before any body is read: could this request be guarded?"""
         return endpoints.classify(method, url, self.settings.base_url) is not None
 
-    def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
+    def begin(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> GuardedCall | None:
         """Called before a request is sent. None: not ours, send it untouched."""
         kind = endpoints.classify(method, url, self.settings.base_url)
         if kind is None:
@@ -182,16 +196,24 @@ class Guard:
         try:
             request = endpoints.parse_json_body(body)
         except ValueError as exc:
-            return GuardedCall.refused(SyntheticResponse.ark_error(
-                400, "QuotawrapUnreadableRequest", "BadRequest",
-                f"quotawrap cannot read this request to {url}, so it cannot guard it: {exc}",
-            ))
+            return GuardedCall.refused(
+                SyntheticResponse.ark_error(
+                    400,
+                    "QuotawrapUnreadableRequest",
+                    "BadRequest",
+                    f"quotawrap cannot read this request to {url}, so it cannot guard it: {exc}",
+                )
+            )
         model = request.get("model")
         if not isinstance(model, str) or not model:
-            return GuardedCall.refused(SyntheticResponse.ark_error(
-                400, "QuotawrapUnreadableRequest", "BadRequest",
-                "quotawrap cannot guard a request without a 'model' string.",
-            ))
+            return GuardedCall.refused(
+                SyntheticResponse.ark_error(
+                    400,
+                    "QuotawrapUnreadableRequest",
+                    "BadRequest",
+                    "quotawrap cannot guard a request without a 'model' string.",
+                )
+            )
         if not endpoints.model_matches(model, self.settings.model):
             return None
         try:
@@ -200,11 +222,15 @@ class Guard:
             if self.settings.fail_open:
                 warn(f"{exc}; --fail-open: this call to {model} goes out UNGUARDED")
                 return None
-            return GuardedCall.refused(SyntheticResponse.ark_error(
-                503, "QuotawrapStoreUnavailable", "ServiceUnavailable",
-                f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}."
-                " Fix the store, or pass --fail-open to let calls through unguarded.",
-            ))
+            return GuardedCall.refused(
+                SyntheticResponse.ark_error(
+                    503,
+                    "QuotawrapStoreUnavailable",
+                    "ServiceUnavailable",
+                    f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}."
+                    " Fix the store, or pass --fail-open to let calls through unguarded.",
+                )
+            )
 
     def _reserve(
         self, kind: str, url: str, headers: Mapping[str, str], request: dict[str, Any], model: str
@@ -217,12 +243,16 @@ class Guard:
             verdict, counters = evicted
             return GuardedCall.refused(self._blocked(model, verdict, counters, 0))
         try:
-            estimate = estimate_request(kind, request, self._estimate_settings)  # type: ignore[arg-type]
+            estimate = self._estimate(kind, request)
         except ValueError as exc:
-            return GuardedCall.refused(SyntheticResponse.ark_error(
-                400, "QuotawrapUnreadableRequest", "BadRequest",
-                f"quotawrap cannot estimate this request to {model}: {exc}",
-            ))
+            return GuardedCall.refused(
+                SyntheticResponse.ark_error(
+                    400,
+                    "QuotawrapUnreadableRequest",
+                    "BadRequest",
+                    f"quotawrap cannot estimate this request to {model}: {exc}",
+                )
+            )
         hold = HoldRequest(
             run_id=self._run_id,
             model=model,
@@ -237,7 +267,9 @@ class Guard:
         )
         decision = self.ledger.reserve(hold, lambda snapshot: self.limits_for(snapshot, day))
         if not decision.held:
-            return GuardedCall.refused(self._blocked(model, decision.verdict, decision.counters, estimate.total))
+            return GuardedCall.refused(
+                self._blocked(model, decision.verdict, decision.counters, estimate.total)
+            )
         new_body = None
         hide = False
         if (
@@ -250,13 +282,26 @@ class Guard:
             hide = True
         return GuardedCall(self.ledger, decision.hold_id, model, new_body=new_body, hide_usage_chunk=hide)
 
+    def _estimate(self, kind: str, request: dict[str, Any]) -> Estimate:
+        try:
+            return estimate_request(kind, request, self._estimate_settings)  # type: ignore[arg-type]
+        except TokenizerUnavailable as exc:
+            # Still guarded, never less safe: a BPE token is at least one UTF-8 byte.
+            if not self._warned_tokenizer:
+                self._warned_tokenizer = True
+                warn(f"{exc}; estimating inputs by their UTF-8 byte count instead (an upper bound)")
+            return estimate_request(kind, request, self._estimate_settings, count=_utf8_bytes)  # type: ignore[arg-type]
+
     def _blocked(
         self, model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int
     ) -> SyntheticResponse:
         limit = verdict.blocking
         assert limit is not None
         return SyntheticResponse.ark_error(
-            429, "QuotawrapLimitExceeded", "TooManyRequests", block_message(model, verdict, counters, reserve),
+            429,
+            "QuotawrapLimitExceeded",
+            "TooManyRequests",
+            block_message(model, verdict, counters, reserve),
             blocked=limit.name,
         )
 
@@ -389,6 +434,10 @@ class GuardedCall:
         except QuotawrapError as exc:
             # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
             warn(f"could not settle a call to {self.model}: {exc}; the wrapper will charge its hold")
+
+
+def _utf8_bytes(_model: str, text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _is_error_body(body: bytes) -> bool:

@@ -6,6 +6,7 @@ forwards signals, waits, charges the holds the run left open and prints the summ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -108,10 +109,8 @@ def run_child(settings: Settings, command: Sequence[str], ledger: Ledger) -> Chi
     def forward(signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGINT and _terminal_delivers_sigint():
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             process.send_signal(signum)
-        except ProcessLookupError:
-            pass
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     stop = threading.Event()

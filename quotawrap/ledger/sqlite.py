@@ -136,7 +136,9 @@ class SQLiteLedger:
         except sqlite3.DatabaseError as exc:
             text = str(exc)
             if "not a database" in text or "malformed" in text:
-                raise StoreCorrupt(f"ledger is damaged ({text}); it was left untouched", store=self.url) from exc
+                raise StoreCorrupt(
+                    f"ledger is damaged ({text}); it was left untouched", store=self.url
+                ) from exc
             raise StoreError(f"ledger {action} failed: {text}", store=self.url) from exc
 
     @contextlib.contextmanager
@@ -175,7 +177,8 @@ class SQLiteLedger:
     @staticmethod
     def _read_snapshot(conn: sqlite3.Connection, model: str) -> Snapshot | None:
         row = conn.execute(
-            "SELECT balance, usage_at_sync, lagged_usage, synced_at, day, source FROM snapshots WHERE model = ?",
+            "SELECT balance, usage_at_sync, lagged_usage, synced_at, day, source"
+            " FROM snapshots WHERE model = ?",
             (model,),
         ).fetchone()
         if row is None:
@@ -209,7 +212,8 @@ class SQLiteLedger:
             result = verdict(limits, scoped, request.reserve)
             held = result.allowed or not request.enforce
             conn.execute(
-                "INSERT INTO calls (id, run_id, model, day, endpoint, state, reserved, would_block, blocked_by,"
+                "INSERT INTO calls (id, run_id, model, day, endpoint, state, reserved, would_block,"
+                " blocked_by,"
                 " pid, host, key_fingerprint, tags, started_at, expires_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -303,9 +307,11 @@ class SQLiteLedger:
 
     def reclaim_orphans(self, now: float) -> int:
         with self._errors("scan"):
-            rows = self._conn().execute(
-                "SELECT DISTINCT pid FROM calls WHERE state = 'held' AND host = ?", (self._host,)
-            ).fetchall()
+            rows = (
+                self._conn()
+                .execute("SELECT DISTINCT pid FROM calls WHERE state = 'held' AND host = ?", (self._host,))
+                .fetchall()
+            )
         dead = [pid for (pid,) in rows if not _pid_alive(pid)]
         reclaimed = self._charge_open("expires_at < ?", (now,))
         if dead:
@@ -337,29 +343,47 @@ class SQLiteLedger:
             )
             conn.execute(
                 "INSERT INTO sync_history VALUES (?, ?, ?, ?, ?, ?)",
-                (model, snapshot.day, snapshot.synced_at, snapshot.balance, snapshot.usage_at_sync, snapshot.source),
+                (
+                    model,
+                    snapshot.day,
+                    snapshot.synced_at,
+                    snapshot.balance,
+                    snapshot.usage_at_sync,
+                    snapshot.source,
+                ),
             )
 
     def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
         with self._errors("read"):
-            rows = self._conn().execute(
-                "SELECT minute, cumulative FROM usage_series WHERE model = ? AND day = ? ORDER BY minute",
-                (model, day),
-            ).fetchall()
+            rows = (
+                self._conn()
+                .execute(
+                    "SELECT minute, cumulative FROM usage_series WHERE model = ? AND day = ? ORDER BY minute",
+                    (model, day),
+                )
+                .fetchall()
+            )
         return [(minute * 60.0, cumulative) for minute, cumulative in rows]
 
     def sync_history(self, model: str, day: str) -> list[tuple[float, int]]:
         with self._errors("read"):
-            rows = self._conn().execute(
-                "SELECT synced_at, balance FROM sync_history WHERE model = ? AND day = ? ORDER BY synced_at",
-                (model, day),
-            ).fetchall()
+            rows = (
+                self._conn()
+                .execute(
+                    "SELECT synced_at, balance FROM sync_history"
+                    " WHERE model = ? AND day = ? ORDER BY synced_at",
+                    (model, day),
+                )
+                .fetchall()
+            )
         return [(t, balance) for t, balance in rows]
 
     def run_totals(self, run_id: str) -> RunTotals:
         with self._errors("read"):
-            rows = self._conn().execute(
-                """SELECT model,
+            rows = (
+                self._conn()
+                .execute(
+                    """SELECT model,
                      COUNT(*) FILTER (WHERE state != 'blocked'),
                      COUNT(*) FILTER (WHERE state = 'blocked'),
                      SUM(would_block),
@@ -371,8 +395,10 @@ class SQLiteLedger:
                      SUM(COALESCE(prompt_tokens, 0)), SUM(COALESCE(completion_tokens, 0)),
                      SUM(COALESCE(reasoning_tokens, 0)), SUM(COALESCE(cached_tokens, 0))
                    FROM calls WHERE run_id = ? GROUP BY model ORDER BY model""",
-                (run_id,),
-            ).fetchall()
+                    (run_id,),
+                )
+                .fetchall()
+            )
         return RunTotals(run_id, {row[0]: ModelTotals(*(int(v or 0) for v in row[1:])) for row in rows})
 
     def close(self) -> None:

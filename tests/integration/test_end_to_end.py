@@ -21,8 +21,10 @@ def _records(stdout: str) -> list[dict]:
 
 
 class TestConcurrentCap:
-    def test_threads_and_processes_never_overspend(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
-        """32 threads over 4 processes (fork and spawn; openai, ark, requests, async httpx) stay under the cap."""
+    def test_threads_and_processes_never_overspend(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """32 threads in 4 processes (fork, spawn; openai, ark, requests, async httpx) stay under the cap."""
         sim.configure(reply_tokens=400)
         cap = 20_000
         report = tmp_path / "report.json"
@@ -43,7 +45,7 @@ class TestConcurrentCap:
         assert settled == billed
 
     def test_without_quotawrap_the_same_swarm_overspends(self, sim: ArkSimulator) -> None:
-        """Control: the identical program unguarded runs far past the cap (so the test above means something)."""
+        """Control: the same program unguarded runs far past the cap (so the test above means something)."""
         sim.configure(reply_tokens=400)
         subprocess.run(
             child("swarm.py", "--processes", "4", "--threads", "8", "--max-calls", "3"),
@@ -83,8 +85,17 @@ class TestCrashSafety:
     def test_sigkill_mid_stream_leaves_no_open_hold(self, sim: ArkSimulator, store: str) -> None:
         """A child SIGKILLed mid-stream: the wrapper charges its hold; nothing stays held; charge >= bill."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "quotawrap", "--store", store, "--base-url", sim.url, "--",
-             *child("slow_stream.py")],
+            [
+                sys.executable,
+                "-m",
+                "quotawrap",
+                "--store",
+                store,
+                "--base-url",
+                sim.url,
+                "--",
+                *child("slow_stream.py"),
+            ],
             env={**os.environ, "SIM_URL": sim.url, "CHUNK_DELAY": "0.2"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -120,16 +131,20 @@ class TestInjection:
         assert ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'settled'") == [(1,)]
 
     def test_sdk_objects_identical_with_and_without_quotawrap(self, sim: ArkSimulator, store: str) -> None:
-        """What the caller's SDK yields (chunks included: the injected usage chunk is hidden) does not change."""
+        """What the caller's SDK yields (chunks too: the injected usage chunk is hidden) does not change."""
         env = {**os.environ, "SIM_URL": sim.url}
-        plain = subprocess.run(child("parity.py"), env=env, capture_output=True, text=True, check=True, timeout=60)
+        plain = subprocess.run(
+            child("parity.py"), env=env, capture_output=True, text=True, check=True, timeout=60
+        )
         guarded = run_quotawrap(["--store", store, "--base-url", sim.url], child("parity.py"), env=env)
         assert guarded.returncode == 0, guarded.stderr
         assert json.loads(guarded.stdout) == json.loads(plain.stdout)
         # and the guard really saw those calls, streams included, with their usage
         assert ledger_rows(store, "SELECT COUNT(*), SUM(state = 'settled') FROM calls") == [(8, 8)]
 
-    def test_grandchildren_are_guarded_in_the_same_run(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+    def test_grandchildren_are_guarded_in_the_same_run(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
         """A subprocess of the child is guarded too, and counted in the run's report."""
         report = tmp_path / "r.json"
         result = run_quotawrap(
@@ -166,8 +181,17 @@ class TestResults:
         """--fail-on-block exits 3 when a call was blocked; the JSON report says why."""
         report = tmp_path / "report.json"
         result = run_quotawrap(
-            ["--store", store, "--base-url", sim.url, "--cap-tokens", "10", "--fail-on-block",
-             "--report-json", str(report)],
+            [
+                "--store",
+                store,
+                "--base-url",
+                sim.url,
+                "--cap-tokens",
+                "10",
+                "--fail-on-block",
+                "--report-json",
+                str(report),
+            ],
             child("one_call.py"),
             env={"SIM_URL": sim.url},
         )
@@ -175,7 +199,12 @@ class TestResults:
         data = json.loads(report.read_text())
         assert data["totals"]["blocked_calls"] == 1
         assert set(data["totals"]) >= {
-            "calls", "blocked_calls", "settled_tokens", "reserved_open_tokens", "overshoot_calls", "unresolved_calls"
+            "calls",
+            "blocked_calls",
+            "settled_tokens",
+            "reserved_open_tokens",
+            "overshoot_calls",
+            "unresolved_calls",
         }
         assert data["models"][MODEL]["blocked_calls"] == 1
 
@@ -226,8 +255,18 @@ class TestResults:
     def test_stdin_and_stdout_pass_straight_through(self, store: str) -> None:
         """The child reads our stdin and writes our stdout unchanged."""
         proc = subprocess.run(
-            [sys.executable, "-m", "quotawrap", "--store", store, "--quiet", "--",
-             sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read().upper())"],
+            [
+                sys.executable,
+                "-m",
+                "quotawrap",
+                "--store",
+                store,
+                "--quiet",
+                "--",
+                sys.executable,
+                "-c",
+                "import sys; sys.stdout.write(sys.stdin.read().upper())",
+            ],
             input="piped text",
             capture_output=True,
             text=True,

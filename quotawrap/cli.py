@@ -119,7 +119,11 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     except QuotawrapError as exc:
         _fail(str(exc), EXIT_STORE)
     report = run_report(
-        result.totals, store=store, exit_code=result.exit_code, watch=settings.watch, cap_tokens=settings.cap_tokens
+        result.totals,
+        store=store,
+        exit_code=result.exit_code,
+        watch=settings.watch,
+        cap_tokens=settings.cap_tokens,
     )
     if not settings.quiet:
         click.echo(format_summary(report), err=True)
@@ -134,9 +138,13 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
 @click.option("--port", default=0, type=int, help="Port (0: any free port).")
 @click.option("--latency", "latency_s", type=float, default=None, help="Seconds before the first byte.")
-@click.option("--chunk-delay", "chunk_delay_s", type=float, default=None, help="Seconds between stream chunks.")
+@click.option(
+    "--chunk-delay", "chunk_delay_s", type=float, default=None, help="Seconds between stream chunks."
+)
 @click.option("--reply-tokens", type=int, default=None, help="Answer tokens per call.")
-@click.option("--reasoning-tokens", type=int, default=None, help="Reasoning tokens per call (0: no thinking).")
+@click.option(
+    "--reasoning-tokens", type=int, default=None, help="Reasoning tokens per call (0: no thinking)."
+)
 def simulate_command(host: str, port: int, **overrides: Any) -> None:
     """Serve a local Ark-compatible API (chat, responses, embeddings, billing) for offline runs."""
     import dataclasses
@@ -172,7 +180,9 @@ def demo_command(model: str, cap_tokens: int, calls: int) -> None:
 
 
 @cli.command("status")
-@settings_options(["store", "daily_cap", "small_buffer", "usage_wall", "balance_wall", "balance_lag", "model"])
+@settings_options(
+    ["store", "daily_cap", "small_buffer", "usage_wall", "balance_wall", "balance_lag", "model"]
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_command(as_json: bool, **values: Any) -> None:
     """Per model: today's usage, in flight, the effective limit and what binds it."""

@@ -21,7 +21,9 @@ _COLUMNS = (
 )
 
 
-def run_report(totals: RunTotals, *, store: str, exit_code: int, watch: bool, cap_tokens: int | None) -> dict[str, Any]:
+def run_report(
+    totals: RunTotals, *, store: str, exit_code: int, watch: bool, cap_tokens: int | None
+) -> dict[str, Any]:
     models = {name: dataclasses.asdict(model) for name, model in totals.models.items()}
     return {
         "session": totals.run_id,

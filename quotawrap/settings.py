@@ -45,24 +45,46 @@ def env_name(name: str) -> str:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("store", str, None, "Ledger URL: sqlite:///PATH (default: user state dir) or redis://HOST:PORT/DB."),
-    Option("model", str, (), "Guard only models matching this id, prefix or glob (repeatable; none = all).",
-           multiple=True),
+    Option(
+        "store", str, None, "Ledger URL: sqlite:///PATH (default: user state dir) or redis://HOST:PORT/DB."
+    ),
+    Option(
+        "model",
+        str,
+        (),
+        "Guard only models matching this id, prefix or glob (repeatable; none = all).",
+        multiple=True,
+    ),
     Option("base_url", str, (), "Also guard this OpenAI-compatible base URL (repeatable).", multiple=True),
     Option("cap_tokens", int, None, "Cap on tokens for this whole run (settled + in flight + reserve)."),
-    Option("daily_cap", int, _QUOTA.daily_cap, "Per-model cap per Beijing calendar day (the collection cap)."),
+    Option(
+        "daily_cap", int, _QUOTA.daily_cap, "Per-model cap per Beijing calendar day (the collection cap)."
+    ),
     Option("small_buffer", int, _QUOTA.small_buffer, "Tokens kept back from the synced free pool."),
     Option("usage_wall", int, _QUOTA.usage_wall, "Soft-evict a model once its day's usage reaches this."),
-    Option("balance_wall", int, _QUOTA.balance_wall, "Soft-evict a used model whose synced balance is below this."),
-    Option("balance_lag", float, _QUOTA.balance_lag_s,
-           "Seconds the billing balance lags real usage (0 reproduces the v6 limit exactly)."),
+    Option(
+        "balance_wall",
+        int,
+        _QUOTA.balance_wall,
+        "Soft-evict a used model whose synced balance is below this.",
+    ),
+    Option(
+        "balance_lag",
+        float,
+        _QUOTA.balance_lag_s,
+        "Seconds the billing balance lags real usage (0 reproduces the v6 limit exactly).",
+    ),
     Option("thinking_floor", int, 4096, "Minimum output allowance for models that may think."),
     Option("default_max_tokens", int, 4096, "Output allowance when a request sets no max_tokens."),
     Option("image_tokens", int, 2000, "Tokens reserved per image part."),
     Option("hold_ttl", float, 3600.0, "Seconds a hold stays valid before it is charged as unresolved."),
     Option("watch", bool, False, "Record everything, block nothing (the summary says what would have been)."),
-    Option("fail_open", bool, False, "If the ledger is unreachable, let calls through unguarded (and say so)."),
-    Option("inject_usage", bool, True, "Ask guarded streams for usage when the caller did not (hidden from it)."),
+    Option(
+        "fail_open", bool, False, "If the ledger is unreachable, let calls through unguarded (and say so)."
+    ),
+    Option(
+        "inject_usage", bool, True, "Ask guarded streams for usage when the caller did not (hidden from it)."
+    ),
     Option("run_id", str, None, "Run (session) id; generated when not given."),
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from ._errors import ConfigError, QuotawrapError
+from ._errors import ConfigError, QuotawrapError, StoreError
 from .settings import OPTIONS, Option, Settings, env_name, load_config_file
 
 __all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "cli", "main"]
@@ -104,6 +104,7 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     from .launcher import new_run_id, run_child
     from .ledger import default_store_url, normalize_store_url
     from .report import format_summary, run_report, write_json
+    from .sync import SyncLoop, sync_source
 
     settings = _settings(values)
     try:
@@ -112,12 +113,18 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         _fail(str(exc), EXIT_USAGE)
     settings = settings.replace(run_id=settings.run_id or new_run_id(), store=store)
     ledger = _open(settings)
+    sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
+    if sync_loop is not None:
+        sync_loop.start()
     try:
         result = run_child(settings, command, ledger)
     except FileNotFoundError:
         _fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
     except QuotawrapError as exc:
         _fail(str(exc), EXIT_STORE)
+    finally:
+        if sync_loop is not None:
+            sync_loop.stop()
     report = run_report(
         result.totals,
         store=store,
@@ -198,9 +205,78 @@ def status_command(as_json: bool, **values: Any) -> None:
         click.echo(render_status(rows))
 
 
+_SYNC_OPTIONS = [
+    "store",
+    "model",
+    "balance_lag",
+    "balance_cmd",
+    "billing_endpoint",
+    "package_match",
+    "sync_interval",
+    "sync_interval_low",
+    "low_balance",
+    "sync_burst",
+]
+
+
+@cli.command("sync")
+@settings_options(_SYNC_OPTIONS)
+@click.option(
+    "--balance", "balances", multiple=True, metavar="MODEL=N", help="The console's free balance now."
+)
+@click.option("--loop", is_flag=True, help="Keep syncing on the cadence (a daemon).")
+@click.option("--calibrate", is_flag=True, help="Estimate the billing lag from the stored sync history.")
+@click.option("--days", default=7, show_default=True, help="Days of history --calibrate looks at.")
+def sync_command(balances: tuple[str, ...], loop: bool, calibrate: bool, days: int, **values: Any) -> None:
+    """Record the free balance per model (manual, command or billing API) as today's snapshot."""
+    from . import quota
+    from .balance import parse_balance_args
+    from .sync import SyncLoop, record_balance, sync_once
+    from .sync import calibrate as calibrate_lag
+
+    settings = _settings(values)
+    ledger = _open(settings)
+    now = time.time()
+    try:
+        if calibrate:
+            day_list = [quota.beijing_day(now - n * quota.DAY_S) for n in range(days)]
+            for model in ledger.known_models():
+                try:
+                    lag, spread = calibrate_lag(ledger, model, day_list)
+                except ValueError as exc:
+                    click.echo(f"{model}: {exc}")
+                    continue
+                click.echo(f"{model}: billing lag ~{lag / 60:.0f} min (spread {spread:,.0f} tokens)")
+            return
+        if balances:
+            for model, balance in parse_balance_args(balances).items():
+                snap = record_balance(
+                    ledger, model, balance, now, settings.quota, source="manual", settled=True
+                )
+                click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} recorded")
+            return
+        if loop:
+            sync_loop = SyncLoop(
+                ledger, settings, check_every_s=10.0, on_error=lambda m: click.echo(m, err=True)
+            )
+            click.echo("quotawrap sync: looping; Ctrl-C to stop", err=True)
+            try:
+                while True:
+                    for model, snap in sync_loop.tick().items():
+                        click.echo(f"{model}: balance {snap.balance:,} synced ({snap.source})")
+                    time.sleep(sync_loop.check_every_s)
+            except KeyboardInterrupt:
+                return
+        for model, snap in sync_once(ledger, settings, now).items():
+            click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} ({snap.source})")
+    except QuotawrapError as exc:
+        _fail(str(exc), EXIT_STORE if isinstance(exc, StoreError) else 1)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     try:
-        default_map = {"run": load_config_file(), "status": load_config_file()}
+        config = load_config_file()
+        default_map = {name: config for name in ("run", "status", "sync")}
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE)
     cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)

@@ -86,6 +86,29 @@ OPTIONS: tuple[Option, ...] = (
         "inject_usage", bool, True, "Ask guarded streams for usage when the caller did not (hidden from it)."
     ),
     Option("run_id", str, None, "Run (session) id; generated when not given."),
+    Option(
+        "balance_cmd",
+        str,
+        None,
+        "Command printing the free balance as JSON {model: tokens} or model=N lines.",
+    ),
+    Option(
+        "billing_endpoint",
+        str,
+        None,
+        "Billing OpenAPI endpoint (default open.volcengineapi.com; e.g. the simulator's URL).",
+    ),
+    Option(
+        "package_match",
+        str,
+        (),
+        "MODEL=TEXT: resource packages whose name contains TEXT belong to MODEL (repeatable).",
+        multiple=True,
+    ),
+    Option("sync_interval", float, 1800.0, "Seconds between balance syncs."),
+    Option("sync_interval_low", float, 300.0, "Seconds between balance syncs when the balance is low."),
+    Option("low_balance", int, 300_000, "Remaining free balance below which syncs come more often."),
+    Option("sync_burst", int, 100_000, "Sync at once after this many tokens since the last sync."),
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),
     Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
@@ -113,6 +136,13 @@ class Settings:
     fail_open: bool = False
     inject_usage: bool = True
     run_id: str | None = None
+    balance_cmd: str | None = None
+    billing_endpoint: str | None = None
+    package_match: tuple[str, ...] = ()
+    sync_interval: float = 1800.0
+    sync_interval_low: float = 300.0
+    low_balance: int = 300_000
+    sync_burst: int = 100_000
     report_json: str | None = None
     fail_on_block: bool = False
     quiet: bool = False
@@ -127,6 +157,11 @@ class Settings:
             balance_wall=self.balance_wall,
             balance_lag_s=self.balance_lag,
         )
+
+    @property
+    def package_matches(self) -> dict[str, str]:
+        pairs = (entry.partition("=") for entry in self.package_match)
+        return {model: text for model, sep, text in pairs if sep and model and text}
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import StoreCorrupt, StoreError
-from ..quota import Counters, Snapshot, verdict
+from ..quota import Counters, Package, Snapshot, verdict
 from ..usage import Usage
 from .base import Decision, HoldRequest, LimitsFor, ModelTotals, RunTotals, model_day_key, run_key
 
@@ -64,6 +64,10 @@ CREATE TABLE IF NOT EXISTS sync_history (
     model TEXT NOT NULL, day TEXT NOT NULL, synced_at REAL NOT NULL, balance INTEGER NOT NULL,
     usage_at_sync INTEGER NOT NULL, source TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS packages (
+    model TEXT PRIMARY KEY, synced_at REAL NOT NULL, packages TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, until REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS usage_series (
     model TEXT NOT NULL, day TEXT NOT NULL, minute INTEGER NOT NULL, cumulative INTEGER NOT NULL,
     PRIMARY KEY (model, day, minute)
@@ -377,6 +381,41 @@ class SQLiteLedger:
                 .fetchall()
             )
         return [(t, balance) for t, balance in rows]
+
+    def put_packages(self, model: str, packages: Sequence[Package], synced_at: float) -> None:
+        rows = [[p.available, p.expires_at] for p in packages]
+        with self._write("sync") as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO packages VALUES (?, ?, ?)", (model, synced_at, json.dumps(rows))
+            )
+
+    def packages(self, model: str) -> list[Package]:
+        with self._errors("read"):
+            row = self._conn().execute("SELECT packages FROM packages WHERE model = ?", (model,)).fetchone()
+        return (
+            [Package(model, int(available), float(expires)) for available, expires in json.loads(row[0])]
+            if row
+            else []
+        )
+
+    def known_models(self) -> list[str]:
+        """Every model the ledger has seen a call or a balance for."""
+        with self._errors("read"):
+            rows = (
+                self._conn()
+                .execute("SELECT model FROM snapshots UNION SELECT DISTINCT model FROM calls ORDER BY 1")
+                .fetchall()
+            )
+        return [model for (model,) in rows]
+
+    def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
+        """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""
+        with self._write("lease") as conn:
+            row = conn.execute("SELECT holder, until FROM leases WHERE name = ?", (name,)).fetchone()
+            if row is not None and row[0] != holder and row[1] > now:
+                return False
+            conn.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?)", (name, holder, now + ttl_s))
+        return True
 
     def run_totals(self, run_id: str) -> RunTotals:
         with self._errors("read"):

@@ -1,0 +1,88 @@
+"""``quotawrap status``: each model's day, explained from the same limits the guard enforces."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from . import quota
+from .ledger import Ledger, model_day_key
+from .settings import Settings
+
+__all__ = ["model_status", "render_status"]
+
+
+def model_status(ledger: Ledger, settings: Settings, now: float) -> list[dict[str, Any]]:
+    day = quota.beijing_day(now)
+    qsettings = settings.quota
+    rows = []
+    for model in ledger.known_models():
+        counters = ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]
+        stored = ledger.snapshot(model)
+        snapshot = stored if stored is not None and stored.day == day else None
+        limits = quota.model_day_limits(snapshot, qsettings, today=day)
+        hold = next(limit for limit in limits if limit.kind == "hold")
+        evicted = quota.evicted_by(limits, {"model_day": counters})
+        packages = ledger.packages(model)
+        advice = quota.keep_alive_daily_usage(packages, now)
+        rows.append(
+            {
+                "model": model,
+                "day": day,
+                "usage": counters.settled,
+                "in_flight": counters.in_flight,
+                "effective_limit": hold.cap,
+                "binding": hold.name,
+                "limit_detail": hold.detail,
+                "headroom": max(0, hold.cap - counters.settled - counters.in_flight),
+                "evicted": evicted is not None,
+                "evicted_by": evicted.name if evicted else None,
+                "evicted_detail": evicted.detail if evicted else None,
+                "balance_at_sync": snapshot.balance if snapshot else None,
+                "usage_at_sync": snapshot.usage_at_sync if snapshot else None,
+                "synced_at": snapshot.synced_at if snapshot else None,
+                "sync_age_s": round(now - snapshot.synced_at, 1) if snapshot else None,
+                "sync_source": snapshot.source if snapshot else None,
+                "balance_known": snapshot is not None,
+                "expiring_within_9_days": [
+                    {"available": p.available, "expires_at": p.expires_at} for a in advice for p in a.expiring
+                ],
+                "keep_alive_daily_usage": advice[0].daily_usage if advice else None,
+                "seconds_to_reset": round(quota.seconds_to_beijing_midnight(now), 1),
+            }
+        )
+    return rows
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, quota.BEIJING).strftime("%m-%d %H:%M")
+
+
+def render_status(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "quotawrap: the ledger has no models yet (no guarded call, no balance sync)."
+    lines = []
+    for row in rows:
+        state = f"EVICTED ({row['evicted_by']})" if row["evicted"] else "open"
+        lines.append(f"{row['model']}  [{state}]  Beijing day {row['day']}")
+        lines.append(
+            f"  usage {row['usage']:,} + in flight {row['in_flight']:,} of limit {row['effective_limit']:,}"
+            f" (bound by {row['binding']}; headroom {row['headroom']:,})"
+        )
+        lines.append(f"  limit: {row['limit_detail']}")
+        if row["evicted"]:
+            lines.append(f"  evicted: {row['evicted_detail']}")
+        if row["balance_known"]:
+            lines.append(
+                f"  balance at sync {row['balance_at_sync']:,} ({row['sync_source']}, "
+                f"{row['sync_age_s'] / 60:,.1f} min ago)"
+            )
+        else:
+            lines.append("  balance: unknown today, so this model is guarded by its daily cap alone")
+        for package in row["expiring_within_9_days"]:
+            lines.append(f"  package of {package['available']:,} expires {_when(package['expires_at'])}")
+        if row["keep_alive_daily_usage"]:
+            lines.append(f"  use {row['keep_alive_daily_usage']:,} a day to consume them before they expire")
+        hours, rest = divmod(int(row["seconds_to_reset"]), 3600)
+        lines.append(f"  resets at Beijing midnight in {hours}h{rest // 60:02d}m")
+    return "\n".join(lines)

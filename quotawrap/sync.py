@@ -1,0 +1,199 @@
+"""Balance sync: turn a balance reading into the model-day snapshot the limit math uses.
+
+The snapshot records ``usage(t_sync - lag)`` from the ledger's per-minute series, so the
+pool estimate ``balance + lagged usage`` stays at or below the day's true pool B0 whenever
+the billing lag is within ``--balance-lag`` (docs/quota-math.md). A console reading
+(``--balance``) is taken as fully settled: its lagged usage is the usage at sync.
+
+Cadence (wrapper and ``sync --loop``): every ``sync_interval`` (30 min); every
+``sync_interval_low`` (5 min) when the remaining free balance is low; at once after a burst
+of more than ``sync_burst`` tokens since the last sync. One process per ledger calls the
+billing API at a time (a lease in the ledger); the others read the stored snapshot. A
+failed sync keeps the old snapshot and says how old it is.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import date, timedelta
+
+from . import quota
+from ._errors import QuotawrapError
+from .balance import BalanceUnavailable, read_balance_command, read_billing_api
+from .guard import warn
+from .ledger import Ledger, model_day_key
+from .settings import Settings
+
+__all__ = ["SyncLoop", "calibrate", "record_balance", "sync_due", "sync_once", "sync_source"]
+
+BILLING_LEASE = "billing-api"
+
+
+def record_balance(
+    ledger: Ledger,
+    model: str,
+    balance: int,
+    now: float,
+    settings: quota.QuotaSettings,
+    *,
+    source: str,
+    settled: bool = False,
+) -> quota.Snapshot:
+    """Store one balance reading as today's snapshot for ``model``."""
+    day = quota.beijing_day(now)
+    usage = ledger.counters([model_day_key(model, day)])[model_day_key(model, day)].settled
+    if settled:
+        lagged = usage
+    else:
+        yesterday = quota.beijing_day(now - quota.DAY_S)
+        lagged = quota.lagged_usage(
+            now,
+            settings.balance_lag_s,
+            usage,
+            ledger.usage_series(model, day),
+            ledger.usage_series(model, yesterday),
+        )
+    snapshot = quota.Snapshot(balance, usage, lagged, now, day, source)
+    ledger.put_snapshot(model, snapshot)
+    return snapshot
+
+
+def sync_source(settings: Settings) -> str | None:
+    """Which automatic source is configured: "command", "billing-api" or None (manual only)."""
+    from .balance import ACCESS_KEY_VARIABLES
+
+    if settings.balance_cmd:
+        return "command"
+    if settings.billing_endpoint or any(os.environ.get(name) for name in ACCESS_KEY_VARIABLES):
+        return "billing-api"
+    return None
+
+
+def candidate_models(ledger: Ledger, settings: Settings) -> list[str]:
+    exact = [m for m in settings.model if not any(ch in m for ch in "*?[")]
+    return sorted({*exact, *ledger.known_models(), *settings.package_matches})
+
+
+def sync_once(ledger: Ledger, settings: Settings, now: float) -> dict[str, quota.Snapshot]:
+    """Read the configured source once and store a snapshot per model it names."""
+    source = sync_source(settings)
+    qsettings = settings.quota
+    if source == "command":
+        assert settings.balance_cmd is not None
+        balances = read_balance_command(settings.balance_cmd)
+        return {
+            model: record_balance(ledger, model, balance, now, qsettings, source="command")
+            for model, balance in balances.items()
+        }
+    if source == "billing-api":
+        holder = f"{socket.gethostname()}:{os.getpid()}"
+        if not ledger.try_lease(BILLING_LEASE, holder, 60.0, now):
+            return {}  # another process is syncing this ledger; its snapshot is ours too
+        packages = read_billing_api(
+            candidate_models(ledger, settings),
+            endpoint=settings.billing_endpoint,
+            package_match=settings.package_matches,
+        )
+        snapshots = {}
+        for model, owned in packages.items():
+            ledger.put_packages(model, owned, now)
+            balance = sum(p.available for p in owned if p.expires_at > now)
+            snapshots[model] = record_balance(ledger, model, balance, now, qsettings, source="billing-api")
+        return snapshots
+    raise BalanceUnavailable(
+        "no balance source: pass --balance MODEL=N, --balance-cmd CMD, or set VolcEngine credentials"
+    )
+
+
+def sync_due(snapshot: quota.Snapshot | None, settled_now: int, now: float, settings: Settings) -> bool:
+    """Whether a model's snapshot should be refreshed now (the cadence of the module docstring)."""
+    if snapshot is None or snapshot.day != quota.beijing_day(now):
+        return True
+    age = now - snapshot.synced_at
+    used_since = settled_now - snapshot.usage_at_sync
+    if used_since > settings.sync_burst:
+        return True
+    remaining = snapshot.balance - used_since
+    interval = settings.sync_interval_low if remaining < settings.low_balance else settings.sync_interval
+    return age >= interval
+
+
+@dataclass
+class SyncLoop:
+    """Background sync for the wrapper's run and ``quotawrap sync --loop``."""
+
+    ledger: Ledger
+    settings: Settings
+    check_every_s: float = 10.0
+    clock: Callable[[], float] = time.time
+    on_error: Callable[[str], None] = warn
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+
+    def due_models(self, now: float) -> list[str]:
+        day = quota.beijing_day(now)
+        due = []
+        for model in candidate_models(self.ledger, self.settings):
+            settled = self.ledger.counters([model_day_key(model, day)])[model_day_key(model, day)].settled
+            if sync_due(self.ledger.snapshot(model), settled, now, self.settings):
+                due.append(model)
+        return due
+
+    def tick(self) -> Mapping[str, quota.Snapshot]:
+        now = self.clock()
+        if not self.due_models(now):
+            return {}
+        try:
+            result = sync_once(self.ledger, self.settings, now)
+            self.last_error = None
+            return result
+        except QuotawrapError as exc:
+            ages = [
+                f"{model} {now - snap.synced_at:,.0f}s old"
+                for model in candidate_models(self.ledger, self.settings)
+                if (snap := self.ledger.snapshot(model)) is not None
+            ]
+            kept = ", ".join(ages) if ages else "no snapshot: daily caps alone apply"
+            message = f"balance sync failed ({exc}); keeping the previous snapshot ({kept})"
+            if message != self.last_error:
+                self.on_error(message)
+            self.last_error = message
+            return {}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="quotawrap-sync", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.tick()
+            if self._stop.wait(self.check_every_s):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def calibrate(ledger: Ledger, model: str, days: Sequence[str]) -> tuple[float, float]:
+    """Estimate the billing lag from stored syncs: (lag seconds, worst day's spread in tokens)."""
+    calibration_days = []
+    for day in days:
+        previous = (date.fromisoformat(day) - timedelta(days=1)).isoformat()
+        calibration_days.append(
+            quota.CalibrationDay(
+                ledger.sync_history(model, day),
+                ledger.usage_series(model, day),
+                ledger.usage_series(model, previous),
+            )
+        )
+    return quota.calibrate_lag_days(calibration_days)

@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/quotawrap: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,redis]'
+	$(BIN)/pip install -q -e '.[test,redis,volc]'
 	touch $@
 
 demo: $(BIN)/quotawrap  ## the main job: a parallel agent guarded by quotawrap (simulator unless ARK_API_KEY)

@@ -393,12 +393,17 @@ def lag_fit(
     days: Sequence[CalibrationDay],
     candidates_s: Sequence[float] = DEFAULT_LAG_CANDIDATES_S,
     *,
-    bucket_s: float = 60.0,
+    bucket_s: float = 0.0,
 ) -> list[tuple[float, int, int]]:
     """For each candidate lag: (lag, summed per-day spread, worst day's spread) of balance + lagged usage.
 
     Within a day the true pool is constant between package events, so the right lag makes the
     estimates agree. Days with fewer than two syncs say nothing and are skipped.
+
+    Calibration reads minute stamps at face value (``bucket_s=0``) while the guard reads one
+    bucket earlier: a point stamped at a minute's start holds usage up to the minute's end, so
+    the fitted lag errs long (>= the true delay) and the guard, at that lag, errs low. Both
+    errors sit on the safe side.
     """
     usable = [day for day in days if len(day.syncs) >= 2]
     fit = []
@@ -412,7 +417,7 @@ def calibrate_lag_days(
     days: Sequence[CalibrationDay],
     candidates_s: Sequence[float] = DEFAULT_LAG_CANDIDATES_S,
     *,
-    bucket_s: float = 60.0,
+    bucket_s: float = 0.0,
 ) -> tuple[float, float]:
     """(best lag, worst day's spread at it): the lag whose pools vary least, summed over days.
 
@@ -436,7 +441,7 @@ def calibrate_lag(
     candidates_s: Sequence[float] = DEFAULT_LAG_CANDIDATES_S,
     *,
     previous_series: Series = (),
-    bucket_s: float = 60.0,
+    bucket_s: float = 0.0,
 ) -> tuple[float, float]:
     """(best lag seconds, spread of balance + usage(t - lag) across that day's syncs) for one day."""
     return calibrate_lag_days(

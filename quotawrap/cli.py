@@ -216,6 +216,7 @@ _SYNC_OPTIONS = [
     "sync_interval_low",
     "low_balance",
     "sync_burst",
+    "sync_check",
 ]
 
 

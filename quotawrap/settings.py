@@ -109,6 +109,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("sync_interval_low", float, 300.0, "Seconds between balance syncs when the balance is low."),
     Option("low_balance", int, 300_000, "Remaining free balance below which syncs come more often."),
     Option("sync_burst", int, 100_000, "Sync at once after this many tokens since the last sync."),
+    Option("sync_check", float, 10.0, "Seconds between checks whether a sync is due."),
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),
     Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
@@ -143,6 +144,7 @@ class Settings:
     sync_interval_low: float = 300.0
     low_balance: int = 300_000
     sync_burst: int = 100_000
+    sync_check: float = 10.0
     report_json: str | None = None
     fail_on_block: bool = False
     quiet: bool = False

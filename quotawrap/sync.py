@@ -94,11 +94,14 @@ def sync_once(ledger: Ledger, settings: Settings, now: float) -> dict[str, quota
         holder = f"{socket.gethostname()}:{os.getpid()}"
         if not ledger.try_lease(BILLING_LEASE, holder, 60.0, now):
             return {}  # another process is syncing this ledger; its snapshot is ours too
-        packages = read_billing_api(
-            candidate_models(ledger, settings),
-            endpoint=settings.billing_endpoint,
-            package_match=settings.package_matches,
-        )
+        try:
+            packages = read_billing_api(
+                candidate_models(ledger, settings),
+                endpoint=settings.billing_endpoint,
+                package_match=settings.package_matches,
+            )
+        finally:
+            ledger.release_lease(BILLING_LEASE, holder)
         snapshots = {}
         for model, owned in packages.items():
             ledger.put_packages(model, owned, now)
@@ -129,11 +132,11 @@ class SyncLoop:
 
     ledger: Ledger
     settings: Settings
-    check_every_s: float = 10.0
     clock: Callable[[], float] = time.time
     on_error: Callable[[str], None] = warn
 
     def __post_init__(self) -> None:
+        self.check_every_s = self.settings.sync_check
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None

@@ -417,6 +417,10 @@ class SQLiteLedger:
             conn.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?)", (name, holder, now + ttl_s))
         return True
 
+    def release_lease(self, name: str, holder: str) -> None:
+        with self._write("lease") as conn:
+            conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+
     def run_totals(self, run_id: str) -> RunTotals:
         with self._errors("read"):
             rows = (

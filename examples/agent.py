@@ -33,7 +33,8 @@ def ask(i: int) -> str:
             text = answer.choices[0].message.content or ""
         return f"call {i:2}: answered ({len(text)} chars)"
     except openai.RateLimitError as exc:
-        return f"call {i:2}: BLOCKED: {exc.message[:110]}"
+        reason = exc.body.get("message", "") if isinstance(exc.body, dict) else str(exc)
+        return f"call {i:2}: BLOCKED (HTTP {exc.status_code}): {reason.removeprefix('quotawrap blocked this request: ')}"
 
 
 with ThreadPoolExecutor(max_workers=CALLS) as pool:

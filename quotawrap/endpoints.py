@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from .estimate import Kind
 
@@ -23,6 +23,8 @@ __all__ = [
 
 # VolcEngine Ark in every region (ark.cn-beijing.volces.com, ...) and BytePlus ModelArk.
 ARK_HOST = re.compile(r"^ark(?:\.[a-z0-9-]+)?\.(?:volces|bytepluses)\.com$")
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Token-billed paths, longest suffix first; /responses/{id} and friends are reads, not billed.
 _BILLED_SUFFIXES: tuple[tuple[str, Kind], ...] = (
@@ -53,8 +55,22 @@ def classify(method: str, url: str, base_urls: Sequence[str] = ()) -> Kind | Non
 
 
 def _under(url: str, base: str) -> bool:
-    base = base.rstrip("/")
-    return url == base or url.startswith(base + "/")
+    """Same origin and a path below the base's, compared by parts: clients spell URLs differently
+    (httpx lower-cases the host and drops a default port, requests keeps both as given)."""
+    target, prefix = urlsplit(url), urlsplit(base)
+    if _origin(target) is None or _origin(target) != _origin(prefix):
+        return False
+    root = prefix.path.rstrip("/")
+    return target.path == root or target.path.startswith(root + "/")
+
+
+def _origin(parts: SplitResult) -> tuple[str, str, int | None] | None:
+    try:
+        port = parts.port
+    except ValueError:  # a port that is not a number: no origin to compare
+        return None
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), port or _DEFAULT_PORTS.get(scheme)
 
 
 def model_matches(model: str, patterns: Sequence[str]) -> bool:
@@ -97,6 +113,7 @@ def wants_usage(body: Mapping[str, Any]) -> bool:
 
 def with_usage_requested(body: Mapping[str, Any]) -> bytes:
     """The request body re-encoded with ``stream_options.include_usage`` switched on."""
-    options = dict(body.get("stream_options") or {})
+    existing = body.get("stream_options")
+    options = dict(existing) if isinstance(existing, Mapping) else {}
     options["include_usage"] = True
     return json.dumps({**body, "stream_options": options}, ensure_ascii=False, separators=(",", ":")).encode()

@@ -1,0 +1,281 @@
+"""Tests for quotawrap.endpoints: which requests are guarded, and what they ask for."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quotawrap.endpoints import (
+    classify,
+    model_matches,
+    parse_json_body,
+    stream_requested,
+    wants_usage,
+    with_usage_requested,
+)
+
+ARK_HOSTS = (
+    "ark.cn-beijing.volces.com",
+    "ark.cn-shanghai.volces.com",
+    "ark.cn-guangzhou.volces.com",
+    "ark.ap-southeast-1.volces.com",
+    "ark.volces.com",
+    "ark.ap-southeast.bytepluses.com",
+    "ark.eu-west.bytepluses.com",
+)
+
+BILLED = (
+    ("/api/v3/chat/completions", "chat"),
+    ("/api/v3/bots/chat/completions", "chat"),
+    ("/api/v3/context/chat/completions", "chat"),
+    ("/api/v3/batch/chat/completions", "chat"),
+    ("/api/v3/completions", "completions"),
+    ("/api/v3/responses", "responses"),
+    ("/api/v3/embeddings", "embeddings"),
+    ("/api/v3/embeddings/multimodal", "embeddings"),
+    ("/api/coding/v3/chat/completions", "chat"),
+)
+
+
+class TestClassifyArkHosts:
+    @pytest.mark.parametrize("host", ARK_HOSTS)
+    def test_every_region_is_guarded(self, host: str) -> None:
+        """Chat on any VolcEngine Ark region or BytePlus ModelArk host is guarded without --base-url."""
+        assert classify("POST", f"https://{host}/api/v3/chat/completions") == "chat"
+
+    def test_host_letter_case_and_port_do_not_matter(self) -> None:
+        """The host is compared case-insensitively and an explicit port keeps it guarded."""
+        assert classify("POST", "https://ARK.CN-BEIJING.VOLCES.COM:443/api/v3/chat/completions") == "chat"
+
+    @pytest.mark.parametrize(
+        "host",
+        [
+            "ark.cn-beijing.volces.com.evil.example",
+            "notark.cn-beijing.volces.com",
+            "ark.cn-beijing.volcengine.com",
+            "api.openai.com",
+            "open.volcengineapi.com",
+            "ark.cn_beijing.volces.com",
+        ],
+    )
+    def test_look_alike_hosts_are_not_guarded(self, host: str) -> None:
+        """Only real Ark hosts match: no suffix tricks, no other providers."""
+        assert classify("POST", f"https://{host}/api/v3/chat/completions") is None
+
+    @pytest.mark.parametrize(("path", "kind"), BILLED)
+    def test_billed_suffixes(self, path: str, kind: str) -> None:
+        """Every token-billed path maps to the kind the estimator needs."""
+        assert classify("POST", f"https://ark.cn-beijing.volces.com{path}") == kind
+
+    def test_trailing_slash_and_query_are_ignored(self) -> None:
+        """A trailing slash or a query string does not hide a billed call."""
+        url = "https://ark.cn-beijing.volces.com/api/v3/chat/completions/?ak=1"
+        assert classify("POST", url) == "chat"
+
+    @pytest.mark.parametrize(
+        "path",
+        [
+            "/api/v3/responses/resp_0217abc",
+            "/api/v3/responses/resp_0217abc/input_items",
+            "/api/v3/responses/resp_0217abc/cancel",
+            "/api/v3/models",
+            "/api/v3/images/generations",
+            "/api/v3/contents/generations/tasks",
+            "/api/v3/chat/completions/extra",
+        ],
+    )
+    def test_unbilled_paths_pass(self, path: str) -> None:
+        """Reads of a stored response and untokenised endpoints are not guarded."""
+        assert classify("POST", f"https://ark.cn-beijing.volces.com{path}") is None
+
+    @pytest.mark.parametrize("method", ["GET", "DELETE", "PUT", "HEAD", "OPTIONS"])
+    def test_only_post_is_billed(self, method: str) -> None:
+        """GET /responses/{id} and friends never spend tokens."""
+        assert classify(method, "https://ark.cn-beijing.volces.com/api/v3/responses") is None
+
+    def test_method_letter_case(self) -> None:
+        """A lower-case method name is still a POST."""
+        assert classify("post", "https://ark.cn-beijing.volces.com/api/v3/responses") == "responses"
+
+
+class TestClassifyBaseUrls:
+    BASE = "http://h:8000/api/v3"
+
+    def test_unknown_host_needs_a_base_url(self) -> None:
+        """An OpenAI-compatible server is guarded only when its base URL was given."""
+        url = "http://h:8000/api/v3/chat/completions"
+        assert classify("POST", url) is None
+        assert classify("POST", url, [self.BASE]) == "chat"
+
+    def test_prefix_boundary(self) -> None:
+        """`/api/v3x` is not under `/api/v3`: the prefix ends at a path segment."""
+        assert classify("POST", "http://h:8000/api/v3x/chat/completions", [self.BASE]) is None
+
+    def test_trailing_slash_on_the_base(self) -> None:
+        """A base URL written with a trailing slash guards the same calls."""
+        assert classify("POST", "http://h:8000/api/v3/chat/completions", [self.BASE + "/"]) == "chat"
+
+    def test_other_origin_is_not_guarded(self) -> None:
+        """Another port, host or scheme is another server."""
+        for url in (
+            "http://h:8001/api/v3/chat/completions",
+            "http://g:8000/api/v3/chat/completions",
+            "https://h:8000/api/v3/chat/completions",
+        ):
+            assert classify("POST", url, [self.BASE]) is None, url
+
+    def test_host_case_is_not_significant(self) -> None:
+        """httpx lower-cases the host it sends to; a base URL typed in capitals must still match."""
+        assert (
+            classify("POST", "http://localhost:8000/v1/chat/completions", ["http://LOCALHOST:8000/v1"])
+            == "chat"
+        )
+
+    def test_default_port_spelt_or_not(self) -> None:
+        """httpx drops `:443`, requests keeps it: both spellings of one origin match each other."""
+        assert classify(
+            "POST", "https://api.example.com/v1/responses", ["https://api.example.com:443/v1"]
+        ) == ("responses")
+        assert classify(
+            "POST", "https://api.example.com:443/v1/responses", ["https://api.example.com/v1"]
+        ) == ("responses")
+
+    def test_base_url_without_a_path(self) -> None:
+        """A bare origin guards every billed path on it."""
+        assert classify("POST", "http://h:8000/v1/embeddings", ["http://h:8000"]) == "embeddings"
+
+    def test_unbilled_path_under_a_base_url(self) -> None:
+        """Being under a guarded base URL is not enough: the path must be billed."""
+        assert classify("POST", "http://h:8000/api/v3/models", [self.BASE]) is None
+
+    def test_any_of_several_base_urls(self) -> None:
+        """--base-url is repeatable."""
+        bases = ["http://a/v1", self.BASE]
+        assert classify("POST", "http://h:8000/api/v3/completions", bases) == "completions"
+
+    def test_malformed_port_is_not_guarded_and_does_not_raise(self) -> None:
+        """A URL with a non-numeric port cannot match (and classify never raises on it)."""
+        assert classify("POST", "http://h:port/api/v3/chat/completions", [self.BASE]) is None
+
+
+class TestModelMatches:
+    def test_no_patterns_means_every_model(self) -> None:
+        """Without --model every model is guarded."""
+        assert model_matches("anything", ())
+
+    def test_exact(self) -> None:
+        """An exact id matches."""
+        assert model_matches("doubao-seed-1-6-250615", ["doubao-seed-1-6-250615"])
+
+    def test_prefix(self) -> None:
+        """A pattern without wildcards is a prefix."""
+        assert model_matches("deepseek-v3-250324", ["deepseek"])
+        assert not model_matches("doubao-seed-1-6", ["deepseek"])
+
+    def test_glob(self) -> None:
+        """A pattern with wildcards is a whole-name glob, case-sensitive."""
+        assert model_matches("deepseek-r1-250528", ["deepseek-*"])
+        assert model_matches("ep-20250101-abcde", ["ep-2025????-*"])
+        assert not model_matches("my-deepseek-r1", ["deepseek-*"])
+        assert not model_matches("DeepSeek-r1", ["deepseek-*"])
+
+    def test_character_class(self) -> None:
+        """`[...]` is a glob too, not a literal prefix."""
+        assert model_matches("model-a", ["model-[ab]"])
+        assert not model_matches("model-c", ["model-[ab]"])
+
+    def test_none_match(self) -> None:
+        """When no pattern matches, the model is not guarded."""
+        assert not model_matches("glm-4", ["deepseek-*", "doubao"])
+
+    def test_any_pattern_suffices(self) -> None:
+        """Patterns are alternatives."""
+        assert model_matches("doubao-pro", ["deepseek-*", "doubao"])
+
+
+class TestParseJsonBody:
+    @pytest.mark.parametrize("body", [None, b"", b"not json", b"[1, 2]", b'"text"', b"\xff\xfe"])
+    def test_refuses_what_is_not_a_json_object(self, body: bytes | None) -> None:
+        """Anything but a JSON object is a ValueError with a reason."""
+        with pytest.raises(ValueError, match=r"\S"):
+            parse_json_body(body)
+
+    def test_reads_an_object(self) -> None:
+        """A JSON object comes back as a dict."""
+        assert parse_json_body(b'{"model": "m"}') == {"model": "m"}
+
+
+class TestStreamAndUsageFlags:
+    def test_stream_requested_only_for_true(self) -> None:
+        """Only a JSON `true` asks for a stream."""
+        assert stream_requested({"stream": True})
+        assert not stream_requested({"stream": "true"})
+        assert not stream_requested({})
+
+    @pytest.mark.parametrize(
+        ("options", "expected"),
+        [
+            (None, False),
+            ({}, False),
+            ({"include_usage": False}, False),
+            ({"include_usage": True}, True),
+            ({"chunk_include_usage": True}, True),
+            ("include_usage", False),
+        ],
+    )
+    def test_wants_usage(self, options: Any, expected: bool) -> None:
+        """include_usage or Ark's chunk_include_usage mean the caller already gets usage."""
+        body = {"stream": True} if options is None else {"stream": True, "stream_options": options}
+        assert wants_usage(body) is expected
+
+
+class TestWithUsageRequested:
+    def test_switches_include_usage_on(self) -> None:
+        """The re-encoded body asks for usage."""
+        body = json.loads(with_usage_requested({"model": "m", "stream": True}))
+        assert body == {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
+
+    def test_keeps_other_stream_options(self) -> None:
+        """Other stream_options survive the rewrite."""
+        request = {"model": "m", "stream": True, "stream_options": {"include_obfuscation": False, "x": 1}}
+        body = json.loads(with_usage_requested(request))
+        assert body["stream_options"] == {"include_obfuscation": False, "x": 1, "include_usage": True}
+
+    def test_does_not_mutate_the_request(self) -> None:
+        """The caller's parsed request is left as it was."""
+        options = {"include_usage": False}
+        request = {"model": "m", "stream_options": options}
+        with_usage_requested(request)
+        assert request == {"model": "m", "stream_options": {"include_usage": False}}
+
+    @pytest.mark.parametrize("options", [None, "text", 5, ["include_usage"]])
+    def test_non_object_stream_options_never_raise(self, options: Any) -> None:
+        """A malformed stream_options cannot crash the guard after it took a hold."""
+        body = json.loads(with_usage_requested({"model": "m", "stream_options": options}))
+        assert body["stream_options"] == {"include_usage": True}
+
+    def test_keeps_non_ascii_text(self) -> None:
+        """Chinese prompts go out as UTF-8, not as escapes the provider would count differently."""
+        raw = with_usage_requested({"model": "m", "messages": [{"role": "user", "content": "你好"}]})
+        assert "你好".encode() in raw
+
+    @given(
+        st.dictionaries(
+            st.text(min_size=1).filter(lambda key: key != "stream_options"),
+            st.recursive(
+                st.none() | st.booleans() | st.integers() | st.text(),
+                lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                max_leaves=8,
+            ),
+            max_size=6,
+        )
+    )
+    def test_everything_else_is_preserved(self, original: dict[str, Any]) -> None:
+        """Apart from stream_options, the rewritten body equals the original."""
+        body = json.loads(with_usage_requested(original))
+        assert body.pop("stream_options") == {"include_usage": True}
+        assert body == original

@@ -226,8 +226,10 @@ def parse_value(option: Option, raw: Any) -> Any:
             raise ValueError(f"not a boolean: {raw!r}")
         if option.type is int:
             return int(str(raw).replace("_", "").replace(",", ""))
+        if option.type is float and isinstance(raw, bool):  # float(True) would quietly be 1.0
+            raise ValueError(f"not a number: {raw!r}")
         return option.type(raw)
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # TypeError: a toml list or table where a number belongs
         raise ConfigError(f"{option.name} ({env_name(option.name)}): {exc}") from exc
 
 
@@ -255,5 +257,8 @@ def load_config_file(path: str | os.PathLike[str] | None = None) -> dict[str, An
             if isinstance(raw, dict):
                 continue  # sections (prices, models) belong to other features
             raise ConfigError(f"{candidate}: unknown setting {key!r}")
-        values[name] = parse_value(option, raw)
+        try:
+            values[name] = parse_value(option, raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{candidate}: {exc}") from exc
     return values

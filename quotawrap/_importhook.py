@@ -33,10 +33,7 @@ class _Loader:
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
         for hook in _hooks.get(module.__name__, ()):
-            try:
-                hook(module)
-            except Exception as exc:  # a hook must never break the user's import
-                sys.stderr.write(f"quotawrap: could not instrument {module.__name__}: {exc!r}\n")
+            _run(hook, module)
 
     def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...
         return getattr(self._inner, name)
@@ -60,6 +57,13 @@ class _Finder:
 _finder = _Finder()
 
 
+def _run(hook: Callable[[ModuleType], None], module: ModuleType) -> None:
+    try:
+        hook(module)
+    except Exception as exc:  # a hook must never break the user's import, nor the hooks after it
+        sys.stderr.write(f"quotawrap: could not instrument {module.__name__}: {exc!r}\n")
+
+
 def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:
     """Run ``hook(module)`` once ``name`` is imported (at once if it already is)."""
     _hooks.setdefault(name, []).append(hook)
@@ -67,4 +71,4 @@ def when_imported(name: str, hook: Callable[[ModuleType], None]) -> None:
         sys.meta_path.insert(0, _finder)
     module = sys.modules.get(name)
     if module is not None:
-        hook(module)
+        _run(hook, module)

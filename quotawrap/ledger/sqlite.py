@@ -14,7 +14,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _retry_locked(action: Callable[[], object], attempts: int = 100) -> None:
+    """Switching to WAL and creating the schema can report "locked" at once, without waiting on the
+    busy handler, while another process opens the same new file: try again briefly."""
+    for attempt in range(attempts):
+        try:
+            action()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(0.05)
+
+
 def _private_file(path: Path) -> None:
     """Create the ledger file (and its directory) readable by the owner only."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -107,7 +120,7 @@ class SQLiteLedger:
             raise StoreError(f"cannot create the ledger file: {exc}", store=self.url) from exc
         with self._errors("open"):
             conn = self._conn()
-            conn.executescript(_SCHEMA)
+            _retry_locked(lambda: conn.executescript(_SCHEMA))
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             if row is None:
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
@@ -124,9 +137,9 @@ class SQLiteLedger:
         # A connection inherited through fork() must never be used by the child.
         if conn is None or self._local.pid != os.getpid():
             conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=60000")
+            _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+            conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             self._local.pid = os.getpid()
         return conn

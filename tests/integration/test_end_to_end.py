@@ -72,8 +72,8 @@ class TestConcurrentCap:
             for _ in range(2)
         ]
         for proc in procs:
-            proc.communicate(timeout=120)
-            assert proc.returncode == 0
+            _, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 0, stderr
         billed = sim.billed_total()
         assert billed <= cap
         assert billed >= 0.8 * cap

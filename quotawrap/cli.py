@@ -115,6 +115,7 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     ledger = _open(settings)
     sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
     if sync_loop is not None:
+        sync_loop.tick()  # before the child's first call: until a sync, only the daily cap applies
         sync_loop.start()
     try:
         result = run_child(settings, command, ledger)

@@ -109,7 +109,14 @@ def _private_file(path: Path) -> None:
 class SQLiteLedger:
     """Ledger in one SQLite file; safe across threads (a connection per thread) and processes."""
 
-    def __init__(self, path: str | os.PathLike[str], *, url: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        url: str | None = None,
+        clock: Callable[[], float] = time.time,  # injectable so a simulated day can run in seconds
+    ) -> None:
+        self._clock = clock
         self.path = Path(path).expanduser()
         self.url = url or f"sqlite:///{self.path}"
         self._local = threading.local()
@@ -214,7 +221,7 @@ class SQLiteLedger:
             conn.execute(
                 "INSERT INTO usage_series VALUES (?, ?, ?, ?) ON CONFLICT (model, day, minute) "
                 "DO UPDATE SET cumulative = excluded.cumulative",
-                (model, day, int(time.time() // 60), cumulative),
+                (model, day, int(self._clock() // 60), cumulative),
             )
 
     # -- the Ledger interface ------------------------------------------------------------------
@@ -247,7 +254,7 @@ class SQLiteLedger:
                     request.host,
                     request.key_fingerprint,
                     json.dumps(dict(request.tags)) if request.tags else None,
-                    time.time(),
+                    self._clock(),
                     request.expires_at,
                 ),
             )
@@ -286,7 +293,7 @@ class SQLiteLedger:
                     usage.reasoning_tokens if usage else None,
                     usage.cached_tokens if usage else None,
                     int(usage is not None and actual > reserved),
-                    time.time(),
+                    self._clock(),
                     latency_s,
                     hold_id,
                 ),
@@ -302,7 +309,7 @@ class SQLiteLedger:
             run_id, model, day, reserved = row
             self._charge(conn, (run_id, model, day), 0, -reserved)
             conn.execute(
-                "UPDATE calls SET state = 'released', ended_at = ? WHERE id = ?", (time.time(), hold_id)
+                "UPDATE calls SET state = 'released', ended_at = ? WHERE id = ?", (self._clock(), hold_id)
             )
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
@@ -310,7 +317,7 @@ class SQLiteLedger:
             rows = conn.execute(
                 f"SELECT id, run_id, model, day, reserved FROM calls WHERE state = 'held' AND {where}", params
             ).fetchall()
-            now = time.time()
+            now = self._clock()
             for hold_id, run_id, model, day, reserved in rows:
                 self._charge(conn, (run_id, model, day), reserved, -reserved)
                 conn.execute(

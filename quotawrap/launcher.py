@@ -24,7 +24,7 @@ import quotawrap
 
 from .guard import warn
 from .ledger import Ledger, RunTotals
-from .settings import Settings
+from .settings import OPTIONS, Settings, env_name
 
 __all__ = [
     "HOOK_DIR",
@@ -49,9 +49,18 @@ def child_environment(settings: Settings, base: Mapping[str, str] | None = None)
     """The child's environment: our hook first on PYTHONPATH (once), settings as QUOTAWRAP_*."""
     env = dict(os.environ if base is None else base)
     hook = str(HOOK_DIR)
-    existing = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != hook]
+    # Empty entries stay: Python reads them as the working directory, which the program may rely on.
+    existing = [
+        entry
+        for entry in (env["PYTHONPATH"].split(os.pathsep) if env.get("PYTHONPATH") else [])
+        if not entry or os.path.normpath(entry) != hook
+    ]
     env["PYTHONPATH"] = os.pathsep.join([hook, *existing])
     env["QUOTAWRAP_HOME"] = str(PACKAGE_HOME)
+    # A leftover QUOTAWRAP_CAP_TOKENS="" from the caller's shell must not outlive an unset option.
+    for option in OPTIONS:
+        if option.child:
+            env.pop(env_name(option.name), None)
     env.update(settings.child_env())
     return env
 
@@ -63,16 +72,25 @@ def injection_blockers(command: Sequence[str]) -> list[str]:
     """Interpreter flags that stop PYTHONPATH's sitecustomize from running (-I, -E, -S)."""
     if not command or not _PYTHON.match(Path(command[0]).name):
         return []
-    found = []
-    for arg in command[1:]:
-        if arg == "-" or not arg.startswith("-") or arg.startswith("--"):
-            break
-        if arg in ("-c", "-m"):
-            break
+    found: list[str] = []
+    args = iter(command[1:])
+    for arg in args:
+        if arg == "-" or not arg.startswith("-"):
+            break  # the script: what follows is its own
+        if arg.startswith("--"):
+            if arg == "--check-hash-based-pycs":
+                next(args, None)
+            continue
         letters = arg[1:]
-        found.extend(f"-{flag}" for flag in "IES" if flag in letters)
-        if "c" in letters or "m" in letters:
-            break
+        for index, letter in enumerate(letters):
+            if letter in "cm":
+                return found  # -c CODE / -m MODULE: what follows is the program's
+            if letter in "WX":  # -W ARG, -X ARG: the argument is the rest, or the next word
+                if index == len(letters) - 1:
+                    next(args, None)
+                break
+            if letter in "IES" and f"-{letter}" not in found:
+                found.append(f"-{letter}")
     return found
 
 

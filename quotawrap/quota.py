@@ -47,6 +47,7 @@ __all__ = [
     "beijing_day_start",
     "calibrate_lag",
     "calibrate_lag_days",
+    "cost_limits",
     "days_to_expiry",
     "drain_daily_usage",
     "effective_limit",
@@ -66,7 +67,7 @@ __all__ = [
     "verdict",
 ]
 
-Scope = Literal["run", "model_day"]
+Scope = Literal["run", "model_day", "run_cost"]  # run_cost counts micro-CNY, the others tokens
 LimitKind = Literal["hold", "wall"]
 Binding = Literal["daily_cap", "snapshot"]
 Series = Sequence[tuple[float, int]]
@@ -102,7 +103,9 @@ class Verdict:
         return "evicted" if self.blocking.kind == "wall" else "over_limit"
 
 
-def verdict(limits: Sequence[Limit], counters: Mapping[str, Counters], reserve: int) -> Verdict:
+def verdict(
+    limits: Sequence[Limit], counters: Mapping[str, Counters], reserve: int, *, reserve_cost: int = 0
+) -> Verdict:
     """Decide one call. Walls are checked first: an evicted model is refused whatever it asks.
 
     The seed blocks on ``usage + reserve >= limit``; a hold here fits iff the sum is ``<= cap``,
@@ -116,7 +119,7 @@ def verdict(limits: Sequence[Limit], counters: Mapping[str, Counters], reserve: 
         if limit.kind == "wall":
             if c.settled >= limit.cap:
                 return Verdict(False, limit)
-        elif c.settled + c.in_flight + reserve > limit.cap:
+        elif c.settled + c.in_flight + (reserve_cost if limit.scope == "run_cost" else reserve) > limit.cap:
             return Verdict(False, limit)
     return Verdict(True)
 
@@ -353,6 +356,15 @@ def run_limits(run_cap: int | None) -> list[Limit]:
     if run_cap < 0:
         raise ConfigError(f"cap_tokens must be >= 0, got {run_cap}")
     return [Limit("run_cap", "run", run_cap, "hold", f"run cap {_n(run_cap)}")]
+
+
+def cost_limits(cap_micro_cny: int | None) -> list[Limit]:
+    """The run's money cap (micro-CNY, settled + in flight + this call's pessimistic cost), if any."""
+    if cap_micro_cny is None:
+        return []
+    if cap_micro_cny < 0:
+        raise ConfigError(f"cap_cost must be >= 0, got {cap_micro_cny}")
+    return [Limit("cost_cap", "run_cost", cap_micro_cny, "hold", f"run cost cap ¥{cap_micro_cny / 1e6:,.4f}")]
 
 
 def should_soft_evict(

@@ -1,0 +1,1246 @@
+"""The shared ledger: Redis (single node, TLS, unix socket or Cluster), one Lua script per change.
+
+Same seam and same semantics as :mod:`quotawrap.ledger.sqlite`; ``docs/redis.md`` documents
+the key schema. The shape of the design:
+
+* limits are computed in Python by ``limits_for(snapshot)``, then a Lua script evaluates exactly
+  ``quota.verdict``'s rule on the server and takes the hold in the same step;
+* a hold lives as a small hash in its model-day's slot (``{qw:md:<day>:<model>}``), and is
+  deleted once settled or released, so the per-call state is bounded by the open holds;
+  per-call history goes to a capped stream, totals to per-run hashes;
+* every transition is state based (``held -> settled`` applies ``-reserved`` in flight and
+  ``+actual`` settled once, judged from the stored state), so a retried settle never counts twice;
+* on single-node Redis one script touches the run and the model-day slots at once: fully atomic.
+  On Cluster those are two slots, so a reserve takes the run hold first, then the model-day hold,
+  and gives the run hold back if the model-day refused (never over, at worst briefly over-held);
+* usage recorded by the LiteLLM limiter under ``daily_usage:{date}:{model}:{hash}`` counts towards
+  the model-day's settled usage, and ours is written there under our own hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .._errors import ConfigError, StoreError
+from ..quota import BEIJING, Counters, Limit, Snapshot, Verdict, beijing_day
+from ..usage import Usage
+from .base import Decision, HoldRequest, LimitsFor, ModelTotals, RunTotals
+
+__all__ = ["RedisLedger", "RedisOptions"]
+
+_T = TypeVar("_T")
+
+DAY_S = 86_400
+OWN_DAILY_USAGE_TTL_S = 48 * 3600  # the LiteLLM limiter's TTL for daily_usage keys (seed §6.1)
+THEIR_SNAPSHOT_TTL_S = 24 * 3600  # the LiteLLM sync thread writes its snapshot keys with 24h (seed §7.5)
+OUR_SNAPSHOT_TTL_S = 48 * 3600
+BLOCKED_MARK_TTL_S = 60  # long enough for a retried reserve to find its first answer
+SYNC_HISTORY_MAX = 1000
+ACTIVE_KEEP_S = 3 * DAY_S
+FINAL_STATES = ("settled", "released", "gone")
+
+
+# ------------------------------------------------------------------------------------------- Lua
+
+# Shared functions; every script below is this library plus a short main. Keys are passed as
+# arguments to the functions so the same code runs as one script (single node) or as one
+# script per slot (Cluster).
+_LUA_LIB = r"""
+local function num(v)
+  if not v then return 0 end
+  return tonumber(v) or 0
+end
+
+-- integers as Redis wants them ("-0" or "1e+15" are no integers to HINCRBY)
+local function int(x)
+  return string.format('%d', x)
+end
+
+local function counters(key)
+  local v = redis.call('HMGET', key, 'settled', 'in_flight')
+  return num(v[1]), num(v[2])
+end
+
+-- limits from ARGV[first]: a count, then (scope, kind, cap) each; walls come first already
+local function limits_at(first)
+  local n = tonumber(ARGV[first])
+  local limits = {}
+  for i = 0, n - 1 do
+    local b = first + 1 + 3 * i
+    limits[i + 1] = {ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])}
+  end
+  return limits
+end
+
+-- quota.verdict: index of the first limit that refuses the call, 0 when every limit fits.
+-- only: 'r' to look at the run-scope limits alone (the Cluster run gate), nil for all.
+local function blocking(limits, only, rs, ri, ms, mi, reserve)
+  for i, l in ipairs(limits) do
+    if only == nil or l[1] == only then
+      local s, f = 0, 0
+      if l[1] == 'r' then s, f = rs, ri elseif l[1] == 'm' then s, f = ms, mi end
+      if l[2] == 'w' then
+        if s >= l[3] then return i end
+      elseif s + f + reserve > l[3] then
+        return i
+      end
+    end
+  end
+  return 0
+end
+
+local function sum_keys(first)
+  local total = 0
+  for i = first, #KEYS do total = total + num(redis.call('GET', KEYS[i])) end
+  return total
+end
+
+local function expire_all(keys, at)
+  for _, k in ipairs(keys) do redis.call('EXPIREAT', k, at) end
+end
+
+-- The run slot's copy of a hold: "state \t reserved \t charged \t day \t model".
+local function run_gate(uc, uh, umds, hold_id, reserve, enforce, limits, day, model, ttl)
+  local rs, ri = counters(uc)
+  local mine = redis.call('HGET', uh, hold_id)
+  if mine then  -- a retried reserve: report the counters as they were before it
+    local reserved = tonumber(string.match(mine, '^[^\t]*\t([^\t]*)'))
+    return rs, ri - reserved, 1
+  end
+  local taken = 0
+  if enforce == '0' or blocking(limits, 'r', rs, ri, 0, 0, reserve) == 0 then
+    redis.call('HINCRBY', uc, 'in_flight', int(reserve))
+    redis.call('HSET', uh, hold_id, 'held\t' .. reserve .. '\t0\t' .. day .. '\t' .. model)
+    taken = 1
+  end
+  redis.call('SADD', umds, day .. '\t' .. model)
+  for _, k in ipairs({uc, uh, umds}) do redis.call('EXPIRE', k, ttl) end
+  return rs, ri, taken
+end
+
+local RANK = {held = 0, unresolved = 1, settled = 2, released = 2, gone = 2}
+
+-- Move the run slot's copy of a hold to target (charged: actual). State based, so applying the
+-- same transition twice, or two transitions out of order, converges on the same counters.
+local function run_apply(uc, uh, hold_id, target, actual, ttl)
+  local cur = redis.call('HGET', uh, hold_id)
+  if not cur then return 0 end
+  local state, reserved, charged, day, model =
+    string.match(cur, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  reserved, charged = tonumber(reserved), tonumber(charged)
+  if RANK[target] <= RANK[state] then return 0 end
+  if state == 'held' then redis.call('HINCRBY', uc, 'in_flight', int(-reserved)) end
+  if actual - charged ~= 0 then redis.call('HINCRBY', uc, 'settled', int(actual - charged)) end
+  if target == 'unresolved' then
+    local copy = 'unresolved\t' .. reserved .. '\t' .. actual .. '\t' .. day .. '\t' .. model
+    redis.call('HSET', uh, hold_id, copy)
+  else
+    redis.call('HDEL', uh, hold_id)
+  end
+  redis.call('EXPIRE', uc, ttl)
+  return 1
+end
+
+-- a: hold_id run reserve enforce expires pid host now endpoint kf tags expire_at audit_max limits
+-- k: c open pids hold rt audit. Returns {blocking, settled seen, in flight seen, held}.
+local function md_reserve(k, a, rs, ri, foreign)
+  local ms, mi = counters(k.c)
+  ms = ms + foreign
+  local prior = redis.call('HMGET', k.hold, 'state', 'blocking', 'reserved')
+  if prior[1] then  -- a retried reserve: the same answer again
+    local held = (prior[1] == 'blocked') and 0 or 1
+    return {tonumber(prior[2]), ms, mi - held * num(prior[3]), held}
+  end
+  local blk = blocking(a.limits, nil, rs, ri, ms, mi, a.reserve)
+  local held = (blk == 0 or a.enforce == '0')
+  if held then
+    redis.call('HINCRBY', k.c, 'in_flight', int(a.reserve))
+    redis.call('HSET', k.hold, 'state', 'held', 'run', a.run, 'reserved', a.reserve, 'charged', 0,
+      'pid', a.pid, 'host', a.host, 'expires', a.expires, 'started', a.now, 'endpoint', a.endpoint,
+      'kf', a.kf, 'tags', a.tags, 'blocking', blk)
+    redis.call('EXPIREAT', k.hold, a.expire_at)
+    redis.call('ZADD', k.open, a.expires, a.hold_id)
+    redis.call('HINCRBY', k.pids, a.host .. '|' .. a.pid, 1)
+    redis.call('HINCRBY', k.rt, 'calls', 1)
+    redis.call('HINCRBY', k.rt, 'reserved_open_tokens', int(a.reserve))
+  else
+    redis.call('HSET', k.hold, 'state', 'blocked', 'blocking', blk, 'reserved', a.reserve)
+    redis.call('EXPIRE', k.hold, a.blocked_ttl)
+    redis.call('HINCRBY', k.rt, 'blocked_calls', 1)
+    redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', a.run,
+      'state', 'blocked', 'reserved', a.reserve, 'blocking', blk, 'endpoint', a.endpoint,
+      'pid', a.pid, 'host', a.host, 'at', a.now)
+  end
+  if blk ~= 0 then redis.call('HINCRBY', k.rt, 'would_block_calls', 1) end
+  expire_all({k.c, k.open, k.pids, k.rt, k.audit}, a.expire_at)
+  return {blk, ms, mi, held and 1 or 0}
+end
+
+-- a: hold_id mode(settle|release|resolve) has_usage total prompt completion reasoning cached
+--    latency now minute expire_at audit_max foreign
+-- k: hold c open pids rt series audit. Returns {changed, target, reserved, actual, settled delta, run}.
+local function md_transition(k, a)
+  local f = redis.call('HMGET', k.hold, 'state', 'reserved', 'charged', 'run', 'pid', 'host', 'endpoint',
+    'started')
+  local state = f[1]
+  if not state then return {0} end
+  local reserved, charged = num(f[2]), num(f[3])
+  local usage = a.has_usage == '1'
+  local target, actual, dset, dfl
+  if a.mode == 'settle' then
+    if state == 'held' then
+      if usage then actual = tonumber(a.total) else actual = reserved end
+      dset, dfl = actual, -reserved
+    elseif state == 'unresolved' and usage then
+      -- charged in full when its owner vanished; real usage arrived after all: correct it
+      actual = tonumber(a.total)
+      dset, dfl = actual - charged, 0
+    else
+      return {0}
+    end
+    if usage then target = 'settled' else target = 'unresolved' end
+  elseif state ~= 'held' then
+    return {0}
+  elseif a.mode == 'release' then
+    target, actual, dset, dfl = 'released', 0, 0, -reserved
+  else
+    target, actual, dset, dfl = 'unresolved', reserved, reserved, -reserved
+  end
+  if dset ~= 0 then redis.call('HINCRBY', k.c, 'settled', int(dset)) end
+  if dfl ~= 0 then redis.call('HINCRBY', k.c, 'in_flight', int(dfl)) end
+  if state == 'held' then
+    redis.call('ZREM', k.open, a.hold_id)
+    local pk = f[6] .. '|' .. f[5]
+    if redis.call('HINCRBY', k.pids, pk, -1) <= 0 then redis.call('HDEL', k.pids, pk) end
+    redis.call('HINCRBY', k.rt, 'reserved_open_tokens', int(-reserved))
+  else
+    redis.call('HINCRBY', k.rt, 'unresolved_calls', -1)
+  end
+  redis.call('HINCRBY', k.rt, 'settled_tokens', int(dset))
+  if target == 'unresolved' then
+    redis.call('HINCRBY', k.rt, 'unresolved_calls', 1)
+  elseif target == 'released' then
+    redis.call('HINCRBY', k.rt, 'released_calls', 1)
+  end
+  if usage and target == 'settled' then
+    redis.call('HINCRBY', k.rt, 'prompt_tokens', int(a.prompt))
+    redis.call('HINCRBY', k.rt, 'completion_tokens', int(a.completion))
+    redis.call('HINCRBY', k.rt, 'reasoning_tokens', int(a.reasoning))
+    redis.call('HINCRBY', k.rt, 'cached_tokens', int(a.cached))
+    if actual > reserved then redis.call('HINCRBY', k.rt, 'overshoot_calls', 1) end
+  end
+  if dset ~= 0 then
+    local cumulative = num(redis.call('HGET', k.c, 'settled')) + tonumber(a.foreign)
+    redis.call('HSET', k.series, a.minute, cumulative)
+  end
+  if target == 'unresolved' then
+    redis.call('HSET', k.hold, 'state', 'unresolved', 'charged', actual)
+  else
+    redis.call('DEL', k.hold)
+  end
+  redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', f[4],
+    'state', target, 'reserved', reserved, 'charged', actual, 'prompt', a.prompt,
+    'completion', a.completion, 'reasoning', a.reasoning, 'cached', a.cached, 'latency', a.latency,
+    'endpoint', f[7], 'pid', f[5], 'host', f[6], 'started', f[8], 'at', a.now)
+  expire_all({k.c, k.rt, k.series, k.audit}, a.expire_at)
+  return {1, target, reserved, actual, dset, f[4]}
+end
+
+local function reserve_args(first)
+  return {hold_id = ARGV[first], run = ARGV[first + 1], reserve = tonumber(ARGV[first + 2]),
+    enforce = ARGV[first + 3], day = ARGV[first + 4], model = ARGV[first + 5], expires = ARGV[first + 6],
+    pid = ARGV[first + 7], host = ARGV[first + 8], now = ARGV[first + 9], endpoint = ARGV[first + 10],
+    kf = ARGV[first + 11], tags = ARGV[first + 12], expire_at = ARGV[first + 13],
+    run_ttl = ARGV[first + 14], audit_max = ARGV[first + 15], blocked_ttl = ARGV[first + 16],
+    limits = limits_at(first + 17)}
+end
+
+local function transition_args(first)
+  return {hold_id = ARGV[first], mode = ARGV[first + 1], has_usage = ARGV[first + 2],
+    total = ARGV[first + 3], prompt = ARGV[first + 4], completion = ARGV[first + 5],
+    reasoning = ARGV[first + 6], cached = ARGV[first + 7], latency = ARGV[first + 8],
+    now = ARGV[first + 9], minute = ARGV[first + 10], expire_at = ARGV[first + 11],
+    audit_max = ARGV[first + 12], foreign = ARGV[first + 13], run_ttl = ARGV[first + 14],
+    own_ttl = ARGV[first + 15]}
+end
+"""
+
+# KEYS: 1 meta  2 our snapshot  3 their balance_at_sync  4 their usage_at_sync  5 loc
+#       6 run counters  7 run holds  8 run model-days
+#       9 md counters  10 md open  11 md pids  12 hold  13 md run totals  14 md audit
+#       15.. the LiteLLM limiter's daily_usage keys of this model-day
+# ARGV: 1 epoch  2 snapshot fingerprint  3.. reserve_args
+# Returns {blocking, md settled, md in flight, held, run settled, run in flight, foreign}, or
+# {-1} the snapshot changed since it was read, {-2} the store lost its data, {-3, at} a day marked lost.
+_LUA_RESERVE_ONE = (
+    _LUA_LIB
+    + r"""
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return {-2} end
+local a = reserve_args(3)
+local lost = redis.call('HGET', KEYS[1], 'lost:' .. a.day)
+if lost then return {-3, lost} end
+local fp = (redis.call('HGET', KEYS[2], 'synced_at') or '') .. '|' .. (redis.call('GET', KEYS[3]) or '')
+  .. '|' .. (redis.call('GET', KEYS[4]) or '')
+if fp ~= ARGV[2] then return {-1} end
+local rs, ri, taken = run_gate(KEYS[6], KEYS[7], KEYS[8], a.hold_id, a.reserve, a.enforce, a.limits,
+  a.day, a.model, a.run_ttl)
+local k = {c = KEYS[9], open = KEYS[10], pids = KEYS[11], hold = KEYS[12], rt = KEYS[13], audit = KEYS[14]}
+local foreign = sum_keys(15)
+local r = md_reserve(k, a, rs, ri, foreign)
+if r[4] == 1 then
+  redis.call('SET', KEYS[5], a.day .. '\t' .. a.model .. '\t' .. a.run, 'EXAT', a.expire_at)
+elseif taken == 1 then
+  run_apply(KEYS[6], KEYS[7], a.hold_id, 'gone', 0, a.run_ttl)
+end
+return {r[1], r[2], r[3], r[4], rs, ri, foreign}
+"""
+)
+
+# Cluster, run slot. KEYS: run counters, run holds, run model-days. ARGV: reserve_args.
+# Returns {run settled, run in flight, taken}.
+_LUA_RUN_GATE = (
+    _LUA_LIB
+    + r"""
+local a = reserve_args(1)
+local rs, ri, taken = run_gate(KEYS[1], KEYS[2], KEYS[3], a.hold_id, a.reserve, a.enforce, a.limits,
+  a.day, a.model, a.run_ttl)
+return {rs, ri, taken}
+"""
+)
+
+# Cluster, model-day slot. KEYS: md counters, open, pids, hold, run totals, audit.
+# ARGV: 1 run settled  2 run in flight  3 foreign usage  4.. reserve_args.
+_LUA_MD_RESERVE = (
+    _LUA_LIB
+    + r"""
+local a = reserve_args(4)
+local k = {c = KEYS[1], open = KEYS[2], pids = KEYS[3], hold = KEYS[4], rt = KEYS[5], audit = KEYS[6]}
+return md_reserve(k, a, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+"""
+)
+
+# Cluster, run slot. KEYS: run counters, run holds. ARGV: hold_id, target, actual, ttl.
+_LUA_RUN_APPLY = (
+    _LUA_LIB
+    + r"""
+return run_apply(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4])
+"""
+)
+
+# KEYS: 1 hold 2 md counters 3 open 4 pids 5 md run totals 6 series 7 audit
+#       8 run counters 9 run holds 10 loc 11 our daily_usage key. ARGV: transition_args.
+_LUA_TRANSITION_ONE = (
+    _LUA_LIB
+    + r"""
+local a = transition_args(1)
+local k = {hold = KEYS[1], c = KEYS[2], open = KEYS[3], pids = KEYS[4], rt = KEYS[5], series = KEYS[6],
+  audit = KEYS[7]}
+local r = md_transition(k, a)
+if r[1] == 1 then
+  run_apply(KEYS[8], KEYS[9], a.hold_id, r[2], r[4], a.run_ttl)
+  if r[5] ~= 0 then
+    redis.call('INCRBY', KEYS[11], int(r[5]))
+    redis.call('EXPIRE', KEYS[11], a.own_ttl)
+  end
+  if r[2] ~= 'unresolved' then redis.call('DEL', KEYS[10]) end
+end
+return r
+"""
+)
+
+# Cluster, model-day slot. KEYS 1-7 as above. ARGV: transition_args.
+_LUA_MD_TRANSITION = (
+    _LUA_LIB
+    + r"""
+local a = transition_args(1)
+local k = {hold = KEYS[1], c = KEYS[2], open = KEYS[3], pids = KEYS[4], rt = KEYS[5], series = KEYS[6],
+  audit = KEYS[7]}
+return md_transition(k, a)
+"""
+)
+
+
+# ----------------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class RedisOptions:
+    """Settings of a Redis ledger; each may be given as a query parameter of the store URL."""
+
+    prefix: str = "qw"  # our own keys: {qw:md:...}, {qw:run:...}, qw:meta, ...
+    daily_usage_prefix: str = "daily_usage"  # the LiteLLM limiter's daily counters
+    snapshot_prefix: str = "limit:dynamic:volcengine"  # the LiteLLM limiter's sync snapshot
+    date_format: str = "%Y-%m-%d"  # the Beijing date inside daily_usage keys
+    hash: str = "quotawrap"  # our own {hash} in daily_usage:{date}:{model}:{hash}
+    audit_max: int = 10_000  # per model-day audit stream length (approximate, XADD MAXLEN ~)
+    foreign_refresh_ms: int = 1000  # how often the set of foreign daily_usage keys is re-scanned
+    run_ttl_s: int = 7 * DAY_S  # how long a run's counters and holds survive its last call
+    cluster: bool | None = None  # None: ask the server
+    retries: int = 2  # retries of an idempotent command after a connection error
+    socket_timeout_s: float = 5.0
+    connect_timeout_s: float = 2.0
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+_BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def _parse_option(name: str, raw: str, url: str) -> Any:
+    default = getattr(RedisOptions(), name)
+    try:
+        if name == "cluster":
+            return _BOOL[raw.lower()] if raw.lower() != "auto" else None
+        if isinstance(default, bool):
+            return _BOOL[raw.lower()]
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"store URL {_redact(url)}: bad value {raw!r} for {name}") from exc
+    return raw
+
+
+def split_url(url: str) -> tuple[str, dict[str, Any]]:
+    """(the URL redis-py should see, our options taken out of its query string)."""
+    parts = urlsplit(url)
+    ours: dict[str, Any] = {}
+    theirs: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in RedisOptions.names():
+            ours[key] = _parse_option(key, value, url)
+        else:
+            theirs.append((key, value))
+    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+# ------------------------------------------------------------------------------- small helpers
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _int(value: Any) -> int:
+    text = _text(value)
+    return int(float(text)) if text else 0
+
+
+def _day_end(day: str) -> float:
+    """The Unix time of the Beijing midnight that ends ``day`` (now + 2 days for an unknown format)."""
+    try:
+        start = datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=BEIJING)
+    except ValueError:
+        return time.time() + 2 * DAY_S
+    return (start + timedelta(days=1)).timestamp()
+
+
+def _ordered(limits: Sequence[Limit]) -> list[Limit]:
+    """quota.verdict's order: walls first, otherwise as given (sorted() is stable)."""
+    return sorted(limits, key=lambda limit: limit.kind != "wall")
+
+
+def _limit_args(ordered: Sequence[Limit]) -> list[Any]:
+    args: list[Any] = [len(ordered)]
+    for limit in ordered:
+        scope = {"run": "r", "model_day": "m"}.get(limit.scope, "x")
+        args += [scope, "w" if limit.kind == "wall" else "h", int(limit.cap)]
+    return args
+
+
+@dataclass(frozen=True)
+class _Loc:
+    day: str
+    model: str
+    run_id: str
+
+
+@dataclass
+class _Foreign:
+    names: list[str]
+    scanned_at: float
+    last_sum: int = 0
+
+
+# ----------------------------------------------------------------------------------- the ledger
+
+
+class RedisLedger:
+    """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self.url = url
+        self._store = _redact(url)
+        self._client_url, from_url = split_url(url)
+        unknown = set(options) - set(RedisOptions.names())
+        if unknown:
+            raise ConfigError(f"unknown Redis ledger option(s): {', '.join(sorted(unknown))}")
+        self.options = RedisOptions(**{**from_url, **options})
+        self._host = socket.gethostname()
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._cluster = False
+        self._epoch: str | None = None
+        self._scripts: dict[str, Any] = {}
+        self._locs: dict[str, _Loc] = {}
+        self._foreign: dict[tuple[str, str], _Foreign] = {}
+        self._snapshots: dict[str, tuple[str, Snapshot | None]] = {}
+        self._active_seen: dict[str, float] = {}
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def _md(self, day: str, model: str) -> str:
+        return f"{{{self.options.prefix}:md:{day}:{model}}}"
+
+    def _md_keys(self, day: str, model: str, run_id: str) -> dict[str, str]:
+        tag = self._md(day, model)
+        return {
+            "c": f"{tag}:c",
+            "open": f"{tag}:open",
+            "pids": f"{tag}:pids",
+            "rt": f"{tag}:rt:{run_id}",
+            "series": f"{tag}:series",
+            "audit": f"{tag}:audit",
+            "sync": f"{tag}:sync",
+        }
+
+    def _hold_key(self, day: str, model: str, hold_id: str) -> str:
+        return f"{self._md(day, model)}:h:{hold_id}"
+
+    def _run_keys(self, run_id: str) -> dict[str, str]:
+        tag = f"{{{self.options.prefix}:run:{run_id}}}"
+        return {"c": f"{tag}:c", "h": f"{tag}:h", "mds": f"{tag}:mds"}
+
+    def _meta_key(self) -> str:
+        return f"{self.options.prefix}:meta"
+
+    def _active_key(self) -> str:
+        return f"{self.options.prefix}:active"
+
+    def _loc_key(self, hold_id: str) -> str:
+        return f"{self.options.prefix}:loc:{hold_id}"
+
+    def _snap_key(self, model: str) -> str:
+        return f"{self.options.prefix}:snap:{model}"
+
+    def _their_snapshot_keys(self, model: str) -> tuple[str, str]:
+        prefix = self.options.snapshot_prefix
+        return f"{prefix}:balance_at_sync:{model}", f"{prefix}:usage_at_sync:{model}"
+
+    def _usage_date(self, day: str) -> str:
+        try:
+            return datetime.strptime(day, "%Y-%m-%d").strftime(self.options.date_format)
+        except ValueError:
+            return day
+
+    def own_daily_usage_key(self, model: str, day: str) -> str:
+        """Where our settled usage is mirrored for the LiteLLM limiter."""
+        return f"{self.options.daily_usage_prefix}:{self._usage_date(day)}:{model}:{self.options.hash}"
+
+    def _expire_at(self, day: str, expires_at: float = 0.0) -> int:
+        """Model-day keys live two days past the later of the day's end and now (late settles)."""
+        return int(max(_day_end(day), expires_at, time.time()) + 2 * DAY_S)
+
+    # -- connection and errors -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        import redis
+
+        try:
+            yield
+        except StoreError:
+            raise
+        except redis.exceptions.RedisError as exc:
+            raise StoreError(
+                f"Redis ledger {action} failed: {type(exc).__name__}: {exc}", store=self._store
+            ) from exc
+        except OSError as exc:  # raised by some socket paths before redis-py wraps them
+            raise StoreError(f"Redis ledger {action} failed: {exc}", store=self._store) from exc
+
+    def _retrying(self, action: str, fn: Callable[[], _T]) -> _T:
+        """Run an idempotent step, again after a connection error (redis-py reconnects by itself)."""
+        import redis
+
+        attempt = 0
+        while True:
+            try:
+                with self._errors(action):
+                    return fn()
+            except StoreError as exc:
+                cause = exc.__cause__
+                transient = isinstance(
+                    cause, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+                )
+                if not transient or attempt >= self.options.retries:
+                    raise
+                attempt += 1
+                time.sleep(0.05 * attempt)
+
+    def _connect(self) -> Any:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        common: dict[str, Any] = {
+            "socket_timeout": self.options.socket_timeout_s,
+            "socket_connect_timeout": self.options.connect_timeout_s,
+            # our own retry loop decides what may be repeated
+            "retry": Retry(NoBackoff(), 0),
+        }
+        cluster = self.options.cluster
+        if cluster is None:
+            if self._client_url.startswith("unix://"):
+                cluster = False
+            else:
+                probe = redis.Redis.from_url(self._client_url, **common)
+                try:
+                    cluster = bool(probe.info("cluster").get("cluster_enabled"))
+                finally:
+                    probe.close()
+        if cluster:
+            from redis.cluster import RedisCluster
+
+            return RedisCluster.from_url(self._client_url, **common), True
+        return redis.Redis.from_url(self._client_url, **common), False
+
+    def _redis(self) -> Any:
+        """The client, connected and checked (meta epoch, our hash) on first use."""
+        if self._client is not None and self._epoch is not None:
+            return self._client
+        with self._lock:
+            if self._client is None:
+                with self._errors("connect"):
+                    self._client, self._cluster = self._connect()
+                sources = {
+                    "reserve_one": _LUA_RESERVE_ONE,
+                    "run_gate": _LUA_RUN_GATE,
+                    "md_reserve": _LUA_MD_RESERVE,
+                    "run_apply": _LUA_RUN_APPLY,
+                    "transition_one": _LUA_TRANSITION_ONE,
+                    "md_transition": _LUA_MD_TRANSITION,
+                }
+                self._scripts = {name: self._client.register_script(src) for name, src in sources.items()}
+            if self._epoch is None:
+                self._retrying("open", self._load_meta)
+        return self._client
+
+    def _load_meta(self) -> None:
+        meta = self._meta_key()
+        client = self._client
+        client.hsetnx(meta, "epoch", uuid.uuid4().hex)
+        client.hsetnx(meta, "hash", self.options.hash)
+        client.hsetnx(meta, "created_at", repr(time.time()))
+        values = client.hgetall(meta)
+        stored = {_text(k): _text(v) for k, v in values.items()}
+        if stored.get("hash") != self.options.hash:
+            raise ConfigError(
+                f"store {self._store} is used by quotawrap with daily_usage hash {stored.get('hash')!r}, not"
+                f" {self.options.hash!r}: two hashes under one prefix would count each other's usage twice"
+            )
+        self._epoch = stored["epoch"]
+
+    def _lost(self, day: str) -> StoreError:
+        """The store came back empty (restart without persistence): mark the day, refuse to guess."""
+        meta = self._meta_key()
+        now = time.time()
+
+        def mark() -> None:
+            client = self._client
+            client.hsetnx(meta, "epoch", uuid.uuid4().hex)
+            client.hsetnx(meta, "hash", self.options.hash)
+            client.hsetnx(meta, f"lost:{day}", repr(now))
+            self._epoch = _text(client.hget(meta, "epoch"))
+
+        self._retrying("mark lost", mark)
+        return self._lost_error(day, now)
+
+    def _lost_error(self, day: str, at: float) -> StoreError:
+        when = datetime.fromtimestamp(at, BEIJING).strftime("%H:%M:%S")
+        return StoreError(
+            f"Redis lost quotawrap's counters (restarted without persistence?); detected at {when} Beijing."
+            f" Today's ({day}) usage is unknown, so guarded calls are refused until Beijing midnight."
+            f" Restore the counts, then clear the mark: HDEL {self._meta_key()} lost:{day}",
+            store=self._store,
+        )
+
+    def _script(self, name: str) -> Any:
+        self._redis()
+        return self._scripts[name]
+
+    # -- the LiteLLM limiter's daily_usage keys -------------------------------------------------
+
+    def _foreign_names(self, model: str, day: str) -> list[str]:
+        """The other writers' daily_usage keys of a model-day, re-scanned at most every refresh_ms."""
+        key = (model, day)
+        now = time.monotonic()
+        cached = self._foreign.get(key)
+        if cached is not None and now - cached.scanned_at < self.options.foreign_refresh_ms / 1000:
+            return cached.names
+        own = self.own_daily_usage_key(model, day)
+        base = f"{self.options.daily_usage_prefix}:{self._usage_date(day)}:{model}:"
+        client = self._redis()
+        found = (_text(n) or "" for n in client.scan_iter(match=f"{_glob_escape(base)}*", count=1000))
+        # a model named "m:x" has keys under "m:*" too: the hash is the last part, without a colon
+        names = sorted(name for name in found if name != own and ":" not in name[len(base) :])
+        last = cached.last_sum if cached is not None else 0
+        self._foreign[key] = _Foreign(names, now, last)
+        return names
+
+    def _foreign_sum(self, model: str, day: str) -> int:
+        names = self._foreign_names(model, day)
+        total = 0
+        if names:
+            client = self._redis()
+            values = client.mget_nonatomic(names) if self._cluster else client.mget(names)
+            total = sum(_int(v) for v in values)
+        self._foreign[(model, day)].last_sum = total
+        return total
+
+    def _last_foreign(self, model: str, day: str) -> int:
+        cached = self._foreign.get((model, day))
+        return cached.last_sum if cached is not None else 0
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def _read_snapshot_raw(self, model: str) -> tuple[str, Snapshot | None]:
+        """(fingerprint of the snapshot keys, the snapshot they give)."""
+        client = self._redis()
+        bal_key, usage_key = self._their_snapshot_keys(model)
+        if self._cluster:
+            ours = client.hgetall(self._snap_key(model))
+            bal, usage = client.get(bal_key), client.get(usage_key)
+            ttl = client.pttl(bal_key)
+        else:
+            pipe = client.pipeline(transaction=False)
+            pipe.hgetall(self._snap_key(model))
+            pipe.get(bal_key)
+            pipe.get(usage_key)
+            pipe.pttl(bal_key)
+            ours, bal, usage, ttl = pipe.execute()
+        record = {_text(k): _text(v) for k, v in ours.items()}
+        fingerprint = f"{record.get('synced_at') or ''}|{_text(bal) or ''}|{_text(usage) or ''}"
+        return fingerprint, _pick_snapshot(record, _text(bal), _text(usage), int(ttl or -1))
+
+    def _snapshot_for_reserve(self, model: str, *, fresh: bool) -> tuple[str, Snapshot | None]:
+        cached = self._snapshots.get(model)
+        if cached is None or fresh:
+            cached = self._read_snapshot_raw(model)
+            self._snapshots[model] = cached
+        return cached
+
+    # -- reserve -------------------------------------------------------------------------------
+
+    def _reserve_args(self, request: HoldRequest, ordered: Sequence[Limit], expire_at: int) -> list[Any]:
+        return [
+            request.hold_id,
+            request.run_id,
+            int(request.reserve),
+            "1" if request.enforce else "0",
+            request.day,
+            request.model,
+            repr(float(request.expires_at)),
+            int(request.pid),
+            request.host,
+            repr(time.time()),
+            request.endpoint,
+            request.key_fingerprint or "",
+            json.dumps(dict(request.tags)) if request.tags else "",
+            expire_at,
+            self.options.run_ttl_s,
+            self.options.audit_max,
+            BLOCKED_MARK_TTL_S,
+            *_limit_args(ordered),
+        ]
+
+    def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
+        self._redis()
+        if self._cluster:
+            return self._reserve_cluster(request, limits_for)
+        return self._reserve_one(request, limits_for)
+
+    def _decision(
+        self,
+        request: HoldRequest,
+        ordered: Sequence[Limit],
+        blocking: int,
+        md: Counters,
+        run: Counters,
+        held: bool,
+    ) -> Decision:
+        if held:
+            self._locs[request.hold_id] = _Loc(request.day, request.model, request.run_id)
+        result = Verdict(True) if blocking == 0 else Verdict(False, ordered[blocking - 1])
+        return Decision(request.hold_id, result, held, {"run": run, "model_day": md})
+
+    def _reserve_one(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
+        """Single node: one script checks every limit and takes the hold in both slots."""
+        rk = self._run_keys(request.run_id)
+        mk = self._md_keys(request.day, request.model, request.run_id)
+        bal_key, usage_key = self._their_snapshot_keys(request.model)
+        expire_at = self._expire_at(request.day, request.expires_at)
+        script = self._script("reserve_one")
+        fresh = False
+        for _ in range(5):
+            fingerprint, snapshot = self._retrying(
+                "read", lambda f=fresh: self._snapshot_for_reserve(request.model, fresh=f)
+            )
+            ordered = _ordered(limits_for(snapshot))
+            foreign = self._retrying("scan", lambda: self._foreign_names(request.model, request.day))
+            keys = [
+                self._meta_key(),
+                self._snap_key(request.model),
+                bal_key,
+                usage_key,
+                self._loc_key(request.hold_id),
+                rk["c"],
+                rk["h"],
+                rk["mds"],
+                mk["c"],
+                mk["open"],
+                mk["pids"],
+                self._hold_key(request.day, request.model, request.hold_id),
+                mk["rt"],
+                mk["audit"],
+                *foreign,
+            ]
+            args = [self._epoch, fingerprint, *self._reserve_args(request, ordered, expire_at)]
+            result = self._retrying("reserve", lambda k=keys, a=args: script(keys=k, args=a))
+            code = int(result[0])
+            if code == -1:  # the snapshot changed since it was read: read it again
+                fresh = True
+                continue
+            if code == -2:
+                raise self._lost(request.day)
+            if code == -3:
+                raise self._lost_error(request.day, float(_text(result[1]) or 0))
+            self._touch_active(request.day, request.model, inline=True)
+            md = Counters(int(result[1]), int(result[2]))
+            run = Counters(int(result[4]), int(result[5]))
+            cached = self._foreign.get((request.model, request.day))
+            if cached is not None:  # the usage series adds it to our own settled
+                cached.last_sum = int(result[6])
+            return self._decision(request, ordered, int(result[0]), md, run, bool(int(result[3])))
+        raise StoreError("the balance snapshot kept changing while reserving; try again", store=self._store)
+
+    def _check_meta(self, day: str) -> None:
+        client = self._redis()
+        epoch, lost = client.hmget(self._meta_key(), ["epoch", f"lost:{day}"])
+        if _text(epoch) != self._epoch:
+            raise self._lost(day)
+        if lost is not None:
+            raise self._lost_error(day, float(_text(lost) or 0))
+
+    def _reserve_cluster(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
+        """Cluster: run slot first (check the run limits, take the run hold), then the model-day slot.
+
+        The model-day script re-evaluates the whole verdict on the run counters the gate saw, so
+        the answer is quota.verdict's; if it refuses, the run hold is given back. Between the two
+        steps the run hold is held but not yet used: other calls of the same run may be refused
+        for it, never let through beyond the cap.
+        """
+        client = self._redis()
+        rk = self._run_keys(request.run_id)
+        mk = self._md_keys(request.day, request.model, request.run_id)
+        expire_at = self._expire_at(request.day, request.expires_at)
+        self._retrying("read", lambda: self._check_meta(request.day))
+        _, snapshot = self._retrying("read", lambda: self._snapshot_for_reserve(request.model, fresh=True))
+        ordered = _ordered(limits_for(snapshot))
+        foreign = self._retrying("read", lambda: self._foreign_sum(request.model, request.day))
+        args = self._reserve_args(request, ordered, expire_at)
+        self._retrying(
+            "reserve",
+            lambda: client.set(
+                self._loc_key(request.hold_id),
+                f"{request.day}\t{request.model}\t{request.run_id}",
+                exat=expire_at,
+            ),
+        )
+        self._touch_active(request.day, request.model, inline=False)
+        gate = self._retrying(
+            "reserve", lambda: self._scripts["run_gate"](keys=[rk["c"], rk["h"], rk["mds"]], args=args)
+        )
+        rs, ri, taken = (int(v) for v in gate)
+        md_keys = [
+            mk["c"],
+            mk["open"],
+            mk["pids"],
+            self._hold_key(request.day, request.model, request.hold_id),
+            mk["rt"],
+            mk["audit"],
+        ]
+        try:
+            result = self._retrying(
+                "reserve", lambda: self._scripts["md_reserve"](keys=md_keys, args=[rs, ri, foreign, *args])
+            )
+        except StoreError:
+            if taken:
+                with contextlib.suppress(StoreError):
+                    self._run_apply(request.run_id, request.hold_id, "gone", 0)
+            raise
+        held = bool(int(result[3]))
+        if not held:
+            if taken:
+                self._run_apply(request.run_id, request.hold_id, "gone", 0)
+            self._retrying("reserve", lambda: client.delete(self._loc_key(request.hold_id)))
+        md = Counters(int(result[1]), int(result[2]))
+        return self._decision(request, ordered, int(result[0]), md, Counters(rs, ri), held)
+
+    def _run_apply(self, run_id: str, hold_id: str, target: str, actual: int) -> None:
+        rk = self._run_keys(run_id)
+        self._retrying(
+            "settle",
+            lambda: self._scripts["run_apply"](
+                keys=[rk["c"], rk["h"]], args=[hold_id, target, actual, self.options.run_ttl_s]
+            ),
+        )
+
+    def _touch_active(self, day: str, model: str, *, inline: bool) -> None:
+        """Index the model-day so reclaim_orphans finds its holds (refreshed once a minute per process)."""
+        member = f"{day}\t{model}"
+        now = time.time()
+        if now - self._active_seen.get(member, 0.0) < 60:
+            return
+        client = self._redis()
+        self._retrying("index", lambda: client.zadd(self._active_key(), {member: now}))
+        self._active_seen[member] = now
+
+    # -- transitions ---------------------------------------------------------------------------
+
+    def _locate(self, hold_id: str) -> _Loc | None:
+        loc = self._locs.pop(hold_id, None)
+        if loc is not None:
+            return loc
+        client = self._redis()
+        raw = _text(self._retrying("read", lambda: client.get(self._loc_key(hold_id))))
+        if raw is None:
+            return None
+        day, model, run_id = raw.split("\t", 2)
+        return _Loc(day, model, run_id)
+
+    def _transition(
+        self, loc: _Loc, hold_id: str, mode: str, usage: Usage | None, latency_s: float | None
+    ) -> tuple[bool, str]:
+        """Apply settle/release/resolve to one hold. (changed, new state)."""
+        mk = self._md_keys(loc.day, loc.model, loc.run_id)
+        rk = self._run_keys(loc.run_id)
+        now = time.time()
+        md_keys = [
+            self._hold_key(loc.day, loc.model, hold_id),
+            mk["c"],
+            mk["open"],
+            mk["pids"],
+            mk["rt"],
+            mk["series"],
+            mk["audit"],
+        ]
+        args = [
+            hold_id,
+            mode,
+            "1" if usage is not None else "0",
+            usage.total_tokens if usage else 0,
+            usage.prompt_tokens if usage else 0,
+            usage.completion_tokens if usage else 0,
+            usage.reasoning_tokens if usage else 0,
+            usage.cached_tokens if usage else 0,
+            "" if latency_s is None else repr(float(latency_s)),
+            repr(now),
+            int(now // 60),
+            self._expire_at(loc.day),
+            self.options.audit_max,
+            self._last_foreign(loc.model, loc.day),
+            self.options.run_ttl_s,
+            OWN_DAILY_USAGE_TTL_S,
+        ]
+        own_key = self.own_daily_usage_key(loc.model, loc.day)
+        if not self._cluster:
+            keys = [*md_keys, rk["c"], rk["h"], self._loc_key(hold_id), own_key]
+            script = self._script("transition_one")
+            result = self._retrying(mode, lambda: script(keys=keys, args=args))
+            if not int(result[0]):
+                return False, ""
+            return True, _text(result[1]) or ""
+        result = self._retrying(mode, lambda: self._scripts["md_transition"](keys=md_keys, args=args))
+        if not int(result[0]):
+            return False, ""
+        target, actual, delta = _text(result[1]) or "", int(result[3]), int(result[4])
+        # Not atomic with the model-day step on Cluster: each is idempotent, and a lost step only
+        # leaves the run's or the LiteLLM limiter's view short (docs/redis.md).
+        self._run_apply(loc.run_id, hold_id, target, actual)
+        client = self._client
+        if delta:
+            with self._errors(mode):
+                pipe = client.pipeline(transaction=False)
+                pipe.incrby(own_key, delta)
+                pipe.expire(own_key, OWN_DAILY_USAGE_TTL_S)
+                pipe.execute()
+        if target != "unresolved":
+            with contextlib.suppress(StoreError), self._errors(mode):
+                client.delete(self._loc_key(hold_id))
+        return True, target
+
+    def settle(self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None) -> None:
+        loc = self._locate(hold_id)
+        if loc is not None:
+            self._transition(loc, hold_id, "settle", usage, latency_s)
+
+    def release(self, hold_id: str) -> None:
+        loc = self._locate(hold_id)
+        if loc is not None:
+            self._transition(loc, hold_id, "release", None, None)
+
+    def resolve_run(self, run_id: str) -> int:
+        client = self._redis()
+        rk = self._run_keys(run_id)
+        entries = self._retrying("read", lambda: client.hgetall(rk["h"]))
+        resolved = 0
+        for raw_id, raw in entries.items():
+            hold_id = _text(raw_id) or ""
+            state, _, _, day, model = (_text(raw) or "").split("\t", 4)
+            if state != "held":
+                continue
+            loc = _Loc(day, model, run_id)
+            self._locs.pop(hold_id, None)
+            changed, _ = self._transition(loc, hold_id, "resolve", None, None)
+            if changed:
+                resolved += 1
+            elif not self._retrying(
+                "read", lambda h=hold_id, d=day, m=model: client.exists(self._hold_key(d, m, h))
+            ):
+                # the model-day never took it (a Cluster reserve cut short): nothing was sent
+                self._run_apply(run_id, hold_id, "gone", 0)
+        return resolved
+
+    def reclaim_orphans(self, now: float) -> int:
+        client = self._redis()
+        active_key = self._active_key()
+        self._retrying("scan", lambda: client.zremrangebyscore(active_key, "-inf", now - ACTIVE_KEEP_S))
+        members = [_text(m) or "" for m in self._retrying("scan", lambda: client.zrange(active_key, 0, -1))]
+        reclaimed = 0
+        for member in members:
+            day, _, model = member.partition("\t")
+            reclaimed += self._reclaim_model_day(day, model, now)
+        return reclaimed
+
+    def _reclaim_model_day(self, day: str, model: str, now: float) -> int:
+        client = self._redis()
+        tag = self._md(day, model)
+        open_key, pids_key = f"{tag}:open", f"{tag}:pids"
+        expired = [
+            _text(h) or ""
+            for h in self._retrying("scan", lambda: client.zrangebyscore(open_key, "-inf", f"({now!r}"))
+        ]
+        reclaimed = self._resolve_holds(day, model, expired)
+        pids = self._retrying("scan", lambda: client.hgetall(pids_key))
+        dead = set()
+        for raw in pids:
+            host, _, pid = (_text(raw) or "").rpartition("|")
+            if host == self._host and pid.isdigit() and not _pid_alive(int(pid)):
+                dead.add(pid)
+        if dead:
+            open_ids = [
+                _text(h) or "" for h in self._retrying("scan", lambda: client.zrange(open_key, 0, -1))
+            ]
+            owners = self._hold_fields(day, model, open_ids, "host", "pid")
+            mine = [
+                h
+                for h, (host, pid) in zip(open_ids, owners, strict=True)
+                if host == self._host and pid in dead
+            ]
+            reclaimed += self._resolve_holds(day, model, mine)
+        return reclaimed
+
+    def _hold_fields(
+        self, day: str, model: str, hold_ids: Sequence[str], *names: str
+    ) -> list[tuple[str, ...]]:
+        client = self._redis()
+
+        def read() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for hold_id in hold_ids:
+                pipe.hmget(self._hold_key(day, model, hold_id), list(names))
+            return pipe.execute()
+
+        rows = self._retrying("scan", read) if hold_ids else []
+        return [tuple(_text(v) or "" for v in row) for row in rows]
+
+    def _resolve_holds(self, day: str, model: str, hold_ids: Sequence[str]) -> int:
+        count = 0
+        for hold_id, (run_id,) in zip(hold_ids, self._hold_fields(day, model, hold_ids, "run"), strict=True):
+            if not run_id:
+                continue
+            changed, _ = self._transition(_Loc(day, model, run_id), hold_id, "resolve", None, None)
+            count += changed
+        return count
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def counters(self, keys: Sequence[str]) -> dict[str, Counters]:
+        """Counters by base.run_key / base.model_day_key; a model-day's settled includes the
+        LiteLLM limiter's daily_usage of that model-day (what the verdict sees)."""
+        client = self._redis()
+        found: dict[str, Counters] = {}
+        for key in keys:
+            if key.startswith("run:"):
+                values = self._retrying(
+                    "read", lambda k=key: client.hmget(self._run_keys(k[4:])["c"], ["settled", "in_flight"])
+                )
+                found[key] = Counters(_int(values[0]), _int(values[1]))
+            elif key.startswith("md:") and ":" in key[3:]:
+                day, _, model = key[3:].partition(":")
+                values = self._retrying(
+                    "read",
+                    lambda d=day, m=model: client.hmget(f"{self._md(d, m)}:c", ["settled", "in_flight"]),
+                )
+                foreign = self._retrying("read", lambda d=day, m=model: self._foreign_sum(m, d))
+                found[key] = Counters(_int(values[0]) + foreign, _int(values[1]))
+            else:
+                found[key] = Counters()
+        return found
+
+    def snapshot(self, model: str) -> Snapshot | None:
+        self._redis()
+        _, snapshot = self._retrying("read", lambda: self._read_snapshot_raw(model))
+        return snapshot
+
+    def put_snapshot(self, model: str, snapshot: Snapshot) -> None:
+        """Our record, the sync history, and the LiteLLM limiter's two snapshot keys (TTL 24h)."""
+        client = self._redis()
+        record = {
+            "balance": snapshot.balance,
+            "usage_at_sync": snapshot.usage_at_sync,
+            "lagged_usage": snapshot.lagged_usage,
+            "synced_at": repr(float(snapshot.synced_at)),
+            "day": snapshot.day,
+            "source": snapshot.source,
+        }
+        bal_key, usage_key = self._their_snapshot_keys(model)
+        sync_key = f"{self._md(snapshot.day, model)}:sync"
+        entry = f"{snapshot.synced_at!r}\t{snapshot.balance}\t{snapshot.usage_at_sync}\t{snapshot.source}"
+
+        def write() -> None:
+            # their keys first: if we stop half-way the next read sees theirs newer, never a mix
+            client.set(bal_key, snapshot.balance, ex=THEIR_SNAPSHOT_TTL_S)
+            client.set(usage_key, snapshot.usage_at_sync, ex=THEIR_SNAPSHOT_TTL_S)
+            pipe = client.pipeline(transaction=not self._cluster)
+            pipe.delete(self._snap_key(model))
+            pipe.hset(self._snap_key(model), mapping=record)
+            pipe.expire(self._snap_key(model), OUR_SNAPSHOT_TTL_S)
+            pipe.execute()
+            pipe = client.pipeline(transaction=not self._cluster)
+            pipe.rpush(sync_key, entry)
+            pipe.ltrim(sync_key, -SYNC_HISTORY_MAX, -1)
+            pipe.expireat(sync_key, self._expire_at(snapshot.day))
+            pipe.execute()
+
+        self._retrying("sync", write)
+        self._snapshots.pop(model, None)
+
+    def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
+        client = self._redis()
+        raw = self._retrying("read", lambda: client.hgetall(f"{self._md(day, model)}:series"))
+        return sorted((int(_text(m) or 0) * 60.0, _int(v)) for m, v in raw.items())
+
+    def sync_history(self, model: str, day: str) -> list[tuple[float, int]]:
+        client = self._redis()
+        raw = self._retrying("read", lambda: client.lrange(f"{self._md(day, model)}:sync", 0, -1))
+        points = []
+        for item in raw:
+            synced_at, balance, _ = (_text(item) or "").split("\t", 2)
+            points.append((float(synced_at), int(balance)))
+        return sorted(points)
+
+    def run_totals(self, run_id: str) -> RunTotals:
+        client = self._redis()
+        members = self._retrying("read", lambda: client.smembers(self._run_keys(run_id)["mds"]))
+        models: dict[str, ModelTotals] = {}
+        for member in sorted(_text(m) or "" for m in members):
+            day, _, model = member.partition("\t")
+            raw = self._retrying(
+                "read", lambda d=day, m=model: client.hgetall(f"{self._md(d, m)}:rt:{run_id}")
+            )
+            if not raw:
+                continue
+            values = {_text(k): _int(v) for k, v in raw.items()}
+            totals = ModelTotals(**{name: values.get(name, 0) for name in ModelTotals.__dataclass_fields__})
+            models.setdefault(model, ModelTotals()).add(totals)
+        return RunTotals(run_id, dict(sorted(models.items())))
+
+    def audit(self, model: str, day: str, count: int = 100) -> list[dict[str, str]]:
+        """The newest per-call records of a model-day (capped stream, newest first)."""
+        client = self._redis()
+        raw = self._retrying("read", lambda: client.xrevrange(f"{self._md(day, model)}:audit", count=count))
+        return [{_text(k) or "": _text(v) or "" for k, v in entry.items()} for _, entry in raw]
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client, self._epoch = self._client, None, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+
+def _glob_escape(text: str) -> str:
+    """Redis MATCH patterns take a backslash before a special character."""
+    return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)
+
+
+def _pick_snapshot(
+    record: Mapping[str | None, str | None], bal: str | None, usage: str | None, ttl_ms: int
+) -> Snapshot | None:
+    """Ours, unless the LiteLLM sync thread wrote a newer one (its age is told by its 24h TTL)."""
+    ours = None
+    if record.get("synced_at"):
+        ours = Snapshot(
+            balance=int(record.get("balance") or 0),
+            usage_at_sync=int(record.get("usage_at_sync") or 0),
+            lagged_usage=int(record.get("lagged_usage") or 0),
+            synced_at=float(record["synced_at"] or 0),
+            day=record.get("day") or "",
+            source=record.get("source") or "manual",
+        )
+    if bal is None or usage is None:
+        return ours
+    now = time.time()
+    synced_at = now - max(0.0, THEIR_SNAPSHOT_TTL_S - ttl_ms / 1000) if ttl_ms > 0 else now
+    balance, at_sync = max(0, int(float(bal))), max(0, int(float(usage)))
+    if ours is not None and (
+        synced_at <= ours.synced_at + 5 or (balance, at_sync) == (ours.balance, ours.usage_at_sync)
+    ):
+        return ours
+    # The LiteLLM record has no lag information: taken at face value, as that limiter does (v6).
+    return Snapshot(balance, at_sync, at_sync, synced_at, beijing_day(synced_at), "litellm")

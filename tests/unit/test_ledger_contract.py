@@ -1,0 +1,741 @@
+"""One contract for every ledger: SQLite (a temp file) and Redis (a private redis-server).
+
+The Redis-only classes at the end cover what SQLite has no equivalent for: script reload,
+a server restart, data loss, the LiteLLM limiter's keys, bounded memory and Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quotawrap._errors import StoreError
+from quotawrap.ledger import Ledger, open_ledger
+from quotawrap.ledger.base import HoldRequest, model_day_key, run_key
+from quotawrap.ledger.redis import RedisLedger
+from quotawrap.quota import Counters, Limit, Snapshot, beijing_day, verdict
+from quotawrap.usage import Usage
+from tests.redis_server import (
+    RedisCluster3,
+    RedisServer,
+    cluster_unavailable_reason,
+    flushed,
+    free_port,
+    private_server,
+    redis_binary,
+    session_url,
+)
+
+pytestmark = pytest.mark.redis
+
+DAY = beijing_day(time.time())
+MODEL = "doubao-seed-1-6"
+HOST = socket.gethostname()
+
+
+@pytest.fixture(scope="session")
+def shared_redis() -> Iterator[str]:
+    with session_url() as url:
+        yield url
+
+
+@pytest.fixture
+def redis_url(shared_redis: str) -> str:
+    """An empty database on the session's private server (or on REDIS_URL)."""
+    return flushed(shared_redis)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    with private_server(appendonly=True) as server:
+        yield server
+
+
+def request(
+    reserve: int,
+    *,
+    run: str = "run-a",
+    model: str = MODEL,
+    day: str = DAY,
+    enforce: bool = True,
+    expires_in: float = 600.0,
+    pid: int | None = None,
+    host: str = HOST,
+) -> HoldRequest:
+    return HoldRequest(
+        run_id=run,
+        model=model,
+        day=day,
+        reserve=reserve,
+        endpoint="/api/v3/chat/completions",
+        pid=os.getpid() if pid is None else pid,
+        host=host,
+        expires_at=time.time() + expires_in,
+        enforce=enforce,
+    )
+
+
+def limits(run_cap: int | None = None, daily: int | None = None, wall: int | None = None) -> Any:
+    chosen = []
+    if run_cap is not None:
+        chosen.append(Limit("run_cap", "run", run_cap))
+    if daily is not None:
+        chosen.append(Limit("daily_cap", "model_day", daily))
+    if wall is not None:
+        chosen.append(Limit("usage_wall", "model_day", wall, "wall"))
+    return lambda snapshot: chosen
+
+
+def usage(total: int, prompt: int | None = None) -> Usage:
+    prompt = total // 3 if prompt is None else prompt
+    return Usage(prompt_tokens=prompt, completion_tokens=total - prompt, total_tokens=total)
+
+
+def md(ledger: Ledger, model: str = MODEL, day: str = DAY) -> Counters:
+    return ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]
+
+
+def rc(ledger: Ledger, run: str = "run-a") -> Counters:
+    return ledger.counters([run_key(run)])[run_key(run)]
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    return str(request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    opened = open_ledger(ledger_url)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+# -- reserve --------------------------------------------------------------------------------------
+
+
+class TestReserve:
+    def test_fits_and_holds(self, ledger: Ledger) -> None:
+        """A call that fits is held: in flight grows on both scopes, the counters seen are pre-hold."""
+        decision = ledger.reserve(request(300), limits(run_cap=1000, daily=1000))
+        assert decision.verdict.allowed and decision.held
+        assert decision.counters["run"] == Counters(0, 0)
+        assert rc(ledger) == Counters(0, 300) and md(ledger) == Counters(0, 300)
+
+    def test_exact_fit_then_one_over(self, ledger: Ledger) -> None:
+        """settled + in flight + reserve == cap fits; one token more is refused."""
+        assert ledger.reserve(request(600), limits(daily=1000)).held
+        assert ledger.reserve(request(400), limits(daily=1000)).held
+        refused = ledger.reserve(request(1), limits(daily=1000))
+        assert not refused.held and refused.verdict.blocking is not None
+        assert refused.verdict.blocking.name == "daily_cap"
+
+    def test_run_scope_blocks(self, ledger: Ledger) -> None:
+        """The run cap blocks one run and not another on the same model-day."""
+        ledger.reserve(request(800), limits(run_cap=1000, daily=10_000))
+        blocked = ledger.reserve(request(300), limits(run_cap=1000, daily=10_000))
+        other = ledger.reserve(request(300, run="run-b"), limits(run_cap=1000, daily=10_000))
+        assert not blocked.held and blocked.verdict.blocking is not None
+        assert blocked.verdict.blocking.scope == "run"
+        assert other.held
+
+    def test_blocked_takes_nothing(self, ledger: Ledger) -> None:
+        """A refused call leaves every counter as it was and is counted as blocked."""
+        ledger.reserve(request(900), limits(daily=1000))
+        before = (rc(ledger), md(ledger))
+        ledger.reserve(request(200), limits(daily=1000))
+        assert (rc(ledger), md(ledger)) == before
+        totals = ledger.run_totals("run-a").models[MODEL]
+        assert (totals.calls, totals.blocked_calls, totals.would_block_calls) == (1, 1, 1)
+
+    def test_wall_blocks_on_settled_only(self, ledger: Ledger) -> None:
+        """A wall refuses once settled >= cap, whatever the reserve; in flight alone does not trip it."""
+        held = ledger.reserve(request(500), limits(wall=500, daily=10_000))
+        assert ledger.reserve(request(1), limits(wall=500, daily=10_000)).held  # only in flight so far
+        ledger.settle(held.hold_id, usage(500))
+        evicted = ledger.reserve(request(0), limits(wall=500, daily=10_000))
+        assert not evicted.held and evicted.verdict.reason == "evicted"
+
+    def test_walls_are_checked_first(self, ledger: Ledger) -> None:
+        """When a hold and a wall both refuse, the wall is named (quota.verdict's order)."""
+        first = ledger.reserve(request(100), limits(daily=10_000))
+        ledger.settle(first.hold_id, usage(100))
+        refused = ledger.reserve(request(500), limits(run_cap=50, wall=100))
+        assert refused.verdict.blocking is not None and refused.verdict.blocking.name == "usage_wall"
+
+    def test_watch_mode_holds_anyway(self, ledger: Ledger) -> None:
+        """enforce=False takes the hold and records that the call would have been blocked."""
+        ledger.reserve(request(900), limits(daily=1000))
+        watched = ledger.reserve(request(500, enforce=False), limits(daily=1000))
+        assert watched.held and not watched.verdict.allowed
+        assert md(ledger).in_flight == 1400
+        totals = ledger.run_totals("run-a").models[MODEL]
+        assert (totals.calls, totals.blocked_calls, totals.would_block_calls) == (2, 0, 1)
+
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(
+        steps=st.lists(
+            st.tuples(
+                st.integers(0, 400),
+                st.sampled_from(["settle", "release", "keep", "none"]),
+                st.integers(0, 500),
+            ),
+            min_size=1,
+            max_size=12,
+        ),
+        run_cap=st.one_of(st.none(), st.integers(0, 2000)),
+        daily=st.integers(0, 2000),
+        wall=st.one_of(st.none(), st.integers(0, 1500)),
+    )
+    def test_decision_is_quota_verdict(
+        self,
+        ledger: Ledger,
+        steps: list[tuple[int, str, int]],
+        run_cap: int | None,
+        daily: int,
+        wall: int | None,
+    ) -> None:
+        """Every decision equals quota.verdict on the counters the ledger held just before it."""
+        run = f"prop-{random.getrandbits(64):x}"
+        model = f"m-{random.getrandbits(64):x}"
+        chosen = limits(run_cap=run_cap, daily=daily, wall=wall)
+        for reserve, then, actual in steps:
+            before = {"run": rc(ledger, run), "model_day": md(ledger, model)}
+            decision = ledger.reserve(request(reserve, run=run, model=model), chosen)
+            assert dict(decision.counters) == before
+            assert decision.verdict == verdict(chosen(None), before, reserve)
+            if decision.held and then == "settle":
+                ledger.settle(decision.hold_id, usage(actual))
+            elif decision.held and then == "release":
+                ledger.release(decision.hold_id)
+            elif decision.held and then == "none":
+                ledger.settle(decision.hold_id, None)
+
+
+# -- settle, release, resolve ---------------------------------------------------------------------
+
+
+class TestSettle:
+    def test_charges_actual_and_frees(self, ledger: Ledger) -> None:
+        """Settle moves the hold out of flight and charges the actual usage on both scopes."""
+        held = ledger.reserve(request(500), limits(daily=1000))
+        ledger.settle(held.hold_id, usage(320), latency_s=0.25)
+        assert md(ledger) == Counters(320, 0) and rc(ledger) == Counters(320, 0)
+        totals = ledger.run_totals("run-a").models[MODEL]
+        assert (totals.settled_tokens, totals.prompt_tokens, totals.completion_tokens) == (320, 106, 214)
+
+    def test_idempotent(self, ledger: Ledger) -> None:
+        """A retried settle never counts twice."""
+        held = ledger.reserve(request(500), limits(daily=1000))
+        for _ in range(3):
+            ledger.settle(held.hold_id, usage(320))
+        assert md(ledger) == Counters(320, 0)
+        assert ledger.run_totals("run-a").models[MODEL].settled_tokens == 320
+
+    def test_unknown_usage_charges_hold(self, ledger: Ledger) -> None:
+        """No usage: the whole hold is charged and the call is unresolved."""
+        held = ledger.reserve(request(500), limits(daily=1000))
+        ledger.settle(held.hold_id, None)
+        assert md(ledger) == Counters(500, 0)
+        assert ledger.run_totals("run-a").models[MODEL].unresolved_calls == 1
+
+    def test_late_settle_corrects_unresolved(self, ledger: Ledger) -> None:
+        """Real usage arriving after an unresolved charge corrects it to the actual, once."""
+        held = ledger.reserve(request(500), limits(daily=1000))
+        ledger.settle(held.hold_id, None)
+        ledger.settle(held.hold_id, usage(120))
+        ledger.settle(held.hold_id, usage(999))
+        assert md(ledger) == Counters(120, 0) and rc(ledger) == Counters(120, 0)
+        totals = ledger.run_totals("run-a").models[MODEL]
+        assert (totals.unresolved_calls, totals.settled_tokens) == (0, 120)
+
+    def test_overshoot_flag(self, ledger: Ledger) -> None:
+        """Usage above the hold is charged in full and flagged as an overshoot."""
+        held = ledger.reserve(request(100), limits(daily=1000))
+        ledger.settle(held.hold_id, usage(180))
+        assert md(ledger).settled == 180
+        assert ledger.run_totals("run-a").models[MODEL].overshoot_calls == 1
+
+    def test_unknown_and_blocked_ids_are_ignored(self, ledger: Ledger) -> None:
+        """Settling an id the ledger never held changes nothing."""
+        refused = ledger.reserve(request(2000), limits(daily=1000))
+        ledger.settle(refused.hold_id, usage(50))
+        ledger.settle("no-such-hold", usage(50))
+        assert md(ledger) == Counters(0, 0)
+
+
+class TestRelease:
+    def test_frees_without_charge(self, ledger: Ledger) -> None:
+        """Release frees the hold, charges nothing, and a second release does nothing."""
+        held = ledger.reserve(request(500), limits(daily=1000))
+        ledger.release(held.hold_id)
+        ledger.release(held.hold_id)
+        assert md(ledger) == Counters(0, 0) and rc(ledger) == Counters(0, 0)
+        assert ledger.run_totals("run-a").models[MODEL].released_calls == 1
+
+    def test_release_after_settle_is_ignored(self, ledger: Ledger) -> None:
+        """A settled call stays charged."""
+        held = ledger.reserve(request(500), limits(daily=1000))
+        ledger.settle(held.hold_id, usage(200))
+        ledger.release(held.hold_id)
+        assert md(ledger) == Counters(200, 0)
+
+
+class TestResolveRun:
+    def test_charges_open_holds_of_the_run(self, ledger: Ledger) -> None:
+        """Open holds of the run are charged as unresolved; other runs' holds stay open."""
+        for _ in range(3):
+            ledger.reserve(request(100), limits(daily=10_000))
+        settled = ledger.reserve(request(100), limits(daily=10_000))
+        ledger.settle(settled.hold_id, usage(40))
+        ledger.reserve(request(100, run="run-b"), limits(daily=10_000))
+        assert ledger.resolve_run("run-a") == 3
+        assert ledger.resolve_run("run-a") == 0
+        assert rc(ledger) == Counters(340, 0)
+        assert md(ledger) == Counters(340, 100)
+        assert ledger.run_totals("run-a").models[MODEL].unresolved_calls == 3
+
+
+class TestReclaimOrphans:
+    def test_expired_hold_is_charged(self, ledger: Ledger) -> None:
+        """A hold past its validity is charged at its reserved amount, never dropped."""
+        ledger.reserve(request(300, expires_in=-1), limits(daily=10_000))
+        ledger.reserve(request(200), limits(daily=10_000))
+        assert ledger.reclaim_orphans(time.time()) == 1
+        assert md(ledger) == Counters(300, 200)
+        assert ledger.reclaim_orphans(time.time()) == 0
+
+    def test_dead_pid_on_this_host(self, ledger: Ledger) -> None:
+        """A hold of a dead process on this host is charged; a foreign host's pid is not judged."""
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        child.wait()
+        ledger.reserve(request(300, pid=child.pid), limits(daily=10_000))
+        ledger.reserve(request(200, pid=child.pid, host="some-other-host"), limits(daily=10_000))
+        ledger.reserve(request(100), limits(daily=10_000))
+        assert ledger.reclaim_orphans(time.time()) == 1
+        assert md(ledger) == Counters(300, 300)
+        assert ledger.run_totals("run-a").models[MODEL].unresolved_calls == 1
+
+
+class TestCountersAndTotals:
+    def test_numbers(self, ledger: Ledger) -> None:
+        """Counters and run totals add up over a mix of outcomes."""
+        a = ledger.reserve(request(100), limits(daily=10_000))
+        b = ledger.reserve(request(200), limits(daily=10_000))
+        c = ledger.reserve(request(300), limits(daily=10_000))
+        ledger.reserve(request(400, model="other-model"), limits(daily=10_000))
+        ledger.settle(a.hold_id, Usage(10, 20, 50, reasoning_tokens=20, cached_tokens=5))
+        ledger.release(b.hold_id)
+        assert c.held
+        assert rc(ledger) == Counters(50, 700)
+        totals = ledger.run_totals("run-a")
+        assert set(totals.models) == {MODEL, "other-model"}
+        mine = totals.models[MODEL]
+        assert (mine.calls, mine.settled_tokens, mine.reserved_open_tokens, mine.released_calls) == (
+            3,
+            50,
+            300,
+            1,
+        )
+        assert (mine.reasoning_tokens, mine.cached_tokens) == (20, 5)
+        assert totals.totals.reserved_open_tokens == 700
+
+    def test_unknown_keys_are_zero(self, ledger: Ledger) -> None:
+        """Counters of keys never written are zero."""
+        assert ledger.counters([run_key("nobody"), "md:2000-01-01:x"]) == {
+            run_key("nobody"): Counters(),
+            "md:2000-01-01:x": Counters(),
+        }
+
+
+class TestSnapshots:
+    def test_round_trip_and_history(self, ledger: Ledger) -> None:
+        """A stored snapshot reads back equal; each sync joins the day's history."""
+        assert ledger.snapshot(MODEL) is None
+        now = time.time()
+        first = Snapshot(1_500_000, 200_000, 150_000, now - 60, DAY, "billing-api")
+        second = Snapshot(1_400_000, 300_000, 250_000, now, DAY, "billing-api")
+        ledger.put_snapshot(MODEL, first)
+        ledger.put_snapshot(MODEL, second)
+        assert ledger.snapshot(MODEL) == second
+        assert [balance for _, balance in ledger.sync_history(MODEL, DAY)] == [1_500_000, 1_400_000]
+
+    def test_limits_see_the_snapshot(self, ledger: Ledger) -> None:
+        """limits_for receives the snapshot stored just before the reserve."""
+        seen: list[Snapshot | None] = []
+        snap = Snapshot(1_000, 10, 10, time.time(), DAY)
+        ledger.put_snapshot(MODEL, snap)
+        ledger.reserve(request(1), lambda s: seen.append(s) or [])
+        newer = Snapshot(2_000, 20, 20, time.time() + 1, DAY)
+        ledger.put_snapshot(MODEL, newer)
+        ledger.reserve(request(1), lambda s: seen.append(s) or [])
+        assert seen[0] == snap and seen[-1] == newer
+
+
+class TestUsageSeries:
+    def test_grows_with_settles(self, ledger: Ledger) -> None:
+        """Each charge stamps the cumulative model-day usage at its minute."""
+        for actual in (100, 250):
+            held = ledger.reserve(request(500), limits(daily=10_000))
+            ledger.settle(held.hold_id, usage(actual))
+        series = ledger.usage_series(MODEL, DAY)
+        assert series and series[-1][1] == 350
+        assert abs(series[-1][0] - time.time()) < 120
+
+
+# -- concurrency ----------------------------------------------------------------------------------
+
+WORKERS, THREADS, CALLS, CAP = 8, 4, 30, 40_000
+
+
+def _hammer(url: str, worker: int, seed: int, out: Any) -> None:
+    """One process: THREADS threads, each reserving and settling CALLS random calls."""
+    ledger = open_ledger(url)
+    records: list[tuple[int, int, int, int, int]] = []
+    lock = threading.Lock()
+
+    def thread(index: int) -> None:
+        rng = random.Random(seed * 1000 + worker * 10 + index)
+        # two runs, as two hosts would be, against one model-day cap
+        run, host = ("host-a-run", "host-a") if worker % 2 else ("host-b-run", "host-b")
+        for _ in range(CALLS):
+            reserve = rng.randint(1, 2_000)
+            hold = request(reserve, run=run, host=host)
+            decision = ledger.reserve(hold, limits(daily=CAP))
+            seen = decision.counters["model_day"]
+            actual = 0
+            if decision.held:
+                if rng.random() < 0.1:
+                    ledger.release(decision.hold_id)
+                else:
+                    actual = rng.randint(0, reserve)
+                    ledger.settle(decision.hold_id, usage(actual))
+            with lock:
+                records.append((int(decision.held), reserve, actual, seen.settled, seen.in_flight))
+
+    threads = [threading.Thread(target=thread, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ledger.close()
+    out.put(records)
+
+
+def hammer(url: str) -> list[tuple[int, int, int, int, int]]:
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    processes = [context.Process(target=_hammer, args=(url, w, 7, queue)) for w in range(WORKERS)]
+    for p in processes:
+        p.start()
+    records = [record for _ in processes for record in queue.get(timeout=300)]
+    for p in processes:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return records
+
+
+class TestConcurrency:
+    def test_no_overspend_and_exact_counters(self, ledger_url: str) -> None:
+        """8 processes x 4 threads, two runs, one cap: holds never pass the cap and counters add up."""
+        records = hammer(ledger_url)
+        ledger = open_ledger(ledger_url)
+        assert len(records) == WORKERS * THREADS * CALLS
+        held = [r for r in records if r[0]]
+        assert held and len(held) < len(records)  # the cap was reached, so the test tested something
+        assert all(settled + in_flight + reserve <= CAP for _, reserve, _, settled, in_flight in held)
+        charged = sum(actual for _, _, actual, _, _ in records)
+        assert charged <= CAP
+        assert md(ledger) == Counters(charged, 0)
+        runs = ledger.counters([run_key("host-a-run"), run_key("host-b-run")])
+        assert sum(c.settled for c in runs.values()) == charged
+        totals = [ledger.run_totals(r).totals for r in ("host-a-run", "host-b-run")]
+        assert sum(t.settled_tokens for t in totals) == charged
+        assert sum(t.calls + t.blocked_calls for t in totals) == len(records)
+
+
+# -- Redis only -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_ledger(redis_url: str) -> Iterator[RedisLedger]:
+    opened = RedisLedger(redis_url)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def _client(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url, decode_responses=True)
+
+
+class TestScriptReload:
+    def test_works_after_script_flush(self, redis_ledger: RedisLedger, redis_url: str) -> None:
+        """After SCRIPT FLUSH the scripts are loaded again and the call goes through."""
+        first = redis_ledger.reserve(request(100), limits(daily=1000))
+        client = _client(redis_url)
+        client.script_flush()
+        script = redis_ledger._scripts["reserve_one"]
+        assert client.script_exists(script.sha) == [False]
+        second = redis_ledger.reserve(request(100), limits(daily=1000))
+        redis_ledger.settle(first.hold_id, usage(60))
+        assert second.held and client.script_exists(script.sha) == [True]
+        assert md(redis_ledger) == Counters(60, 100)
+
+
+class TestFailClosed:
+    def test_unreachable_store_raises_store_error(self) -> None:
+        """A dead Redis gives a StoreError naming the store, never a bare redis exception."""
+        url = f"redis://127.0.0.1:{free_port()}/0"
+        ledger = RedisLedger(url, connect_timeout_s=0.5, retries=0)
+        with pytest.raises(StoreError) as caught:
+            ledger.reserve(request(100), limits(daily=1000))
+        assert caught.value.store == url and url in str(caught.value)
+
+    def test_password_is_not_shown(self) -> None:
+        """The store named in errors hides the password of the URL."""
+        url = f"redis://:s3cret@127.0.0.1:{free_port()}/0"
+        with pytest.raises(StoreError) as caught:
+            RedisLedger(url, connect_timeout_s=0.5, retries=0).snapshot(MODEL)
+        assert "s3cret" not in str(caught.value) and "***" in caught.value.store
+
+
+class TestRestart:
+    def test_restart_mid_run(self, redis_server: RedisServer) -> None:
+        """Threads keep calling through a restart: refused while down, nothing counted twice or lost."""
+        ledger = RedisLedger(redis_server.url, retries=0)
+        stop = threading.Event()
+        outcomes: list[tuple[str, int]] = []
+        errors: list[StoreError] = []
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while not stop.is_set():
+                try:
+                    decision = ledger.reserve(request(100), limits(daily=10_000_000))
+                except StoreError as exc:
+                    with lock:
+                        errors.append(exc)
+                    time.sleep(0.01)
+                    continue
+                while True:  # settle is idempotent: retry until the store confirms it
+                    try:
+                        ledger.settle(decision.hold_id, usage(60))
+                        break
+                    except StoreError:
+                        time.sleep(0.02)
+                with lock:
+                    outcomes.append(("settled", 60))
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        redis_server.stop()
+        time.sleep(0.5)
+        down = RedisLedger(redis_server.url, retries=0)
+        with pytest.raises(StoreError) as caught:
+            down.reserve(request(1), limits(daily=10))
+        redis_server.start()
+        time.sleep(0.5)
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        assert str(redis_server.port) in str(caught.value)
+        assert errors and len(outcomes) > 20
+        # a reserve whose reply was lost in the restart left a hold the thread never knew: charge it
+        orphans = ledger.resolve_run("run-a")
+        assert md(ledger) == Counters(60 * len(outcomes) + 100 * orphans, 0)
+        assert ledger.run_totals("run-a").models[MODEL].settled_tokens == md(ledger).settled
+        assert rc(ledger) == md(ledger)
+
+    def test_restart_without_persistence_is_detected(self) -> None:
+        """An empty store after a restart is not taken for a quiet day: the day is refused, for everyone."""
+        binary = redis_binary()
+        if binary is None:
+            pytest.fail("redis-server is not installed")
+        server = RedisServer(binary, appendonly=False).start()
+        try:
+            ledger = RedisLedger(server.url)
+            held = ledger.reserve(request(100), limits(daily=1000))
+            ledger.settle(held.hold_id, usage(100))
+            server.restart()
+            with pytest.raises(StoreError, match="lost"):
+                ledger.reserve(request(100), limits(daily=1000))
+            with pytest.raises(StoreError, match="lost"):
+                RedisLedger(server.url).reserve(request(100), limits(daily=1000))
+            other_day = RedisLedger(server.url).reserve(request(100, day="2030-01-02"), limits(daily=1000))
+            assert other_day.held
+        finally:
+            server.cleanup()
+
+
+def _litellm_incr(url: str, key: str, times: int, amount: int) -> None:
+    """What the LiteLLM success callback does: INCR the day's key for its own hash, TTL 48h."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    for _ in range(times):
+        client.incrby(key, amount)
+        client.expire(key, 48 * 3600)
+    client.close()
+
+
+class TestLiteLLMInterop:
+    def test_foreign_daily_usage_counts(self, redis_ledger: RedisLedger, redis_url: str) -> None:
+        """Usage the LiteLLM limiter INCRs under its own hash is part of the model-day's settled."""
+        key = f"daily_usage:{DAY}:{MODEL}:abcd1234"
+        other = multiprocessing.get_context("fork").Process(
+            target=_litellm_incr, args=(redis_url, key, 10, 70)
+        )
+        other.start()
+        other.join(timeout=30)
+        assert md(redis_ledger).settled == 700
+        refused = redis_ledger.reserve(request(400), limits(daily=1000))
+        assert not refused.held and refused.counters["model_day"].settled == 700
+        assert redis_ledger.reserve(request(300), limits(daily=1000)).held
+
+    def test_own_usage_written_under_own_hash(self, redis_ledger: RedisLedger, redis_url: str) -> None:
+        """Our settled usage goes to daily_usage:{date}:{model}:quotawrap (TTL 48h), counted once."""
+        client = _client(redis_url)
+        client.set(f"daily_usage:{DAY}:{MODEL}:abcd1234", 500)
+        held = redis_ledger.reserve(request(300), limits(daily=10_000))
+        redis_ledger.settle(held.hold_id, usage(250))
+        own = f"daily_usage:{DAY}:{MODEL}:quotawrap"
+        assert client.get(own) == "250"
+        assert 47 * 3600 < client.ttl(own) <= 48 * 3600
+        assert md(redis_ledger).settled == 750
+
+    def test_custom_prefixes_and_date_format(self, redis_url: str) -> None:
+        """Prefixes, date format and hash come from the URL's query string."""
+        url = f"{redis_url}?daily_usage_prefix=du&snapshot_prefix=lim:v&date_format=%25Y%25m%25d&hash=qwx"
+        ledger = RedisLedger(url)
+        client = _client(redis_url)
+        compact = DAY.replace("-", "")
+        client.set(f"du:{compact}:{MODEL}:abcd1234", 900)
+        refused = ledger.reserve(request(200), limits(daily=1000))
+        assert not refused.held
+        held = ledger.reserve(request(100), limits(daily=1000))
+        ledger.settle(held.hold_id, usage(80))
+        assert client.get(f"du:{compact}:{MODEL}:qwx") == "80"
+        ledger.put_snapshot(MODEL, Snapshot(5_000, 980, 980, time.time(), DAY))
+        assert client.get(f"lim:v:balance_at_sync:{MODEL}") == "5000"
+
+    def test_snapshot_keys_both_ways(self, redis_ledger: RedisLedger, redis_url: str) -> None:
+        """We write the limiter's two snapshot keys (TTL 24h) and read theirs when we have none."""
+        client = _client(redis_url)
+        client.set(f"limit:dynamic:volcengine:balance_at_sync:{MODEL}", 1_234_567, ex=24 * 3600)
+        client.set(f"limit:dynamic:volcengine:usage_at_sync:{MODEL}", 345_678, ex=24 * 3600)
+        theirs = redis_ledger.snapshot(MODEL)
+        assert theirs is not None and theirs.source == "litellm"
+        assert (theirs.balance, theirs.usage_at_sync, theirs.day) == (1_234_567, 345_678, DAY)
+        redis_ledger.put_snapshot(MODEL, Snapshot(999_000, 1_000, 900, time.time(), DAY, "billing-api"))
+        assert client.get(f"limit:dynamic:volcengine:balance_at_sync:{MODEL}") == "999000"
+        assert client.get(f"limit:dynamic:volcengine:usage_at_sync:{MODEL}") == "1000"
+        assert 23 * 3600 < client.ttl(f"limit:dynamic:volcengine:usage_at_sync:{MODEL}") <= 24 * 3600
+        ours = redis_ledger.snapshot(MODEL)
+        assert ours is not None and (ours.source, ours.lagged_usage) == ("billing-api", 900)
+
+    def test_shared_with_a_limiter_process(self, redis_url: str) -> None:
+        """Our processes beside a limiter INCRing daily_usage: every hold counts its usage seen so far."""
+        key = f"daily_usage:{DAY}:{MODEL}:abcd1234"
+        _client(redis_url).set(
+            key, 1
+        )  # the limiter's key exists before the run (names are re-scanned each second)
+        context = multiprocessing.get_context("fork")
+        other = context.Process(target=_litellm_incr, args=(redis_url, key, 400, 25))
+        other.start()
+        records = hammer(redis_url)
+        other.join(timeout=60)
+        ledger = RedisLedger(redis_url)
+        foreign = int(_client(redis_url).get(key) or 0)
+        charged = sum(actual for _, _, actual, _, _ in records)
+        assert foreign == 1 + 400 * 25
+        assert md(ledger) == Counters(charged + foreign, 0)
+        assert all(s + f + r <= CAP for held, r, _, s, f in records if held)
+        # the limiter's usage pushed ours down: we only spent what its usage left
+        assert charged <= CAP - 1
+
+
+class TestMemoryBounded:
+    def test_keys_do_not_grow_with_calls(self, redis_url: str) -> None:
+        """5,000 settled calls leave O(1) keys, each with a TTL, and a capped audit stream."""
+        ledger = RedisLedger(f"{redis_url}?audit_max=500")
+        client = _client(redis_url)
+
+        def calls(n: int) -> None:
+            for i in range(n):
+                held = ledger.reserve(request(50), limits(daily=10**9))
+                ledger.settle(held.hold_id, usage(i % 50))
+
+        calls(500)
+        after_500 = client.dbsize()
+        calls(4500)
+        assert client.dbsize() == after_500 <= 15
+        persistent = [k for k in client.keys("*") if client.ttl(k) == -1]
+        assert persistent == ["qw:meta", "qw:active"] or sorted(persistent) == ["qw:active", "qw:meta"]
+        assert client.xlen(f"{{qw:md:{DAY}:{MODEL}}}:audit") <= 700
+        assert md(ledger).settled == sum(i % 50 for i in range(500)) + sum(i % 50 for i in range(4500))
+
+
+class TestCluster:
+    @pytest.fixture
+    def cluster_url(self) -> Iterator[str]:
+        reason = cluster_unavailable_reason()
+        if reason is not None:
+            pytest.skip(reason)
+        binary = redis_binary()
+        assert binary is not None
+        cluster = RedisCluster3(binary).start()
+        try:
+            yield cluster.url
+        finally:
+            cluster.cleanup()
+
+    def test_contract_on_cluster(self, cluster_url: str) -> None:
+        """On a three-master Cluster the same calls give the same answers, in two-slot mode."""
+        ledger = RedisLedger(cluster_url)
+        a = ledger.reserve(request(600), limits(run_cap=1000, daily=5000))
+        blocked = ledger.reserve(request(500), limits(run_cap=1000, daily=5000))
+        assert ledger._cluster and a.held and not blocked.held
+        assert blocked.verdict.blocking is not None and blocked.verdict.blocking.name == "run_cap"
+        assert rc(ledger) == Counters(0, 600)  # the refused call's run hold was given back
+        ledger.settle(a.hold_id, usage(400))
+        ledger.settle(a.hold_id, usage(400))
+        ledger.reserve(request(100, expires_in=-1), limits(daily=5000))
+        assert ledger.reclaim_orphans(time.time()) == 1
+        ledger.reserve(request(50), limits(daily=5000))
+        assert ledger.resolve_run("run-a") == 1
+        assert md(ledger) == rc(ledger) == Counters(550, 0)
+        assert ledger.run_totals("run-a").models[MODEL].settled_tokens == 550
+
+    def test_concurrency_on_cluster(self, cluster_url: str) -> None:
+        """The 8-process hammer against one cap on Cluster: no overspend, counters add up."""
+        records = hammer(cluster_url)
+        ledger = RedisLedger(cluster_url)
+        charged = sum(actual for _, _, actual, _, _ in records)
+        assert charged <= CAP
+        assert all(s + f + r <= CAP for held, r, _, s, f in records if held)
+        assert md(ledger) == Counters(charged, 0)
+        runs = ledger.counters([run_key("host-a-run"), run_key("host-b-run")])
+        assert sum(c.settled for c in runs.values()) == charged

@@ -24,15 +24,18 @@ from ..quota import Counters, Limit, Snapshot, Verdict
 from ..usage import Usage
 
 __all__ = [
+    "CallRecord",
     "CallState",
     "Decision",
     "HoldRequest",
     "Ledger",
     "LimitsFor",
     "ModelTotals",
+    "RunRecord",
     "RunTotals",
     "model_day_key",
     "new_hold_id",
+    "run_cost_key",
     "run_key",
 ]
 
@@ -52,6 +55,10 @@ def model_day_key(model: str, day: str) -> str:
     return f"md:{day}:{model}"
 
 
+def run_cost_key(run_id: str) -> str:
+    return f"cost:{run_id}"  # micro-CNY
+
+
 @dataclass(frozen=True)
 class HoldRequest:
     run_id: str
@@ -63,6 +70,7 @@ class HoldRequest:
     host: str
     expires_at: float
     enforce: bool = True  # False in --watch: record the verdict, hold anyway
+    reserve_cost: int = 0  # micro-CNY, the pessimistic price of ``reserve``
     key_fingerprint: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     hold_id: str = field(default_factory=new_hold_id)
@@ -90,6 +98,7 @@ class ModelTotals:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    settled_cost: int = 0  # micro-CNY
 
     def add(self, other: ModelTotals) -> None:
         for name in self.__dataclass_fields__:
@@ -109,6 +118,53 @@ class RunTotals:
         return total
 
 
+@dataclass(frozen=True)
+class CallRecord:
+    """One guarded call as the audit trail keeps it (never the API key: only its fingerprint)."""
+
+    id: str
+    run_id: str
+    model: str
+    day: str
+    endpoint: str
+    state: CallState
+    reserved: int
+    charged: int
+    reserved_cost: int
+    charged_cost: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    reasoning_tokens: int | None
+    cached_tokens: int | None
+    overshoot: bool
+    would_block: bool
+    blocked_by: str | None
+    key_fingerprint: str | None
+    tags: Mapping[str, str]
+    started_at: float
+    ended_at: float | None
+    latency_s: float | None
+    pid: int
+    host: str
+
+    @property
+    def outcome(self) -> str:
+        """settled, overshoot, unresolved, released, blocked, or held (still open)."""
+        if self.state == "settled" and self.overshoot:
+            return "overshoot"
+        return self.state
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    started_at: float
+    ended_at: float | None = None
+    command: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    exit_code: int | None = None
+
+
 class Ledger(Protocol):
     """A shared, atomic store of holds and counters. Every method is safe across threads and processes."""
 
@@ -118,8 +174,10 @@ class Ledger(Protocol):
         """Check every limit and take the hold in one atomic step."""
         ...
 
-    def settle(self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None) -> None:
-        """Charge actual usage (None: outcome unknown, charge the whole hold). Idempotent."""
+    def settle(
+        self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None, cost: int | None = None
+    ) -> None:
+        """Charge actual usage and cost (None: outcome unknown, charge the whole hold). Idempotent."""
         ...
 
     def release(self, hold_id: str) -> None:
@@ -141,5 +199,15 @@ class Ledger(Protocol):
     def put_snapshot(self, model: str, snapshot: Snapshot) -> None: ...
 
     def run_totals(self, run_id: str) -> RunTotals: ...
+
+    def call_records(
+        self, *, since: float | None = None, until: float | None = None, run_id: str | None = None
+    ) -> list[CallRecord]: ...
+
+    def start_run(self, run: RunRecord) -> None: ...
+
+    def end_run(self, run_id: str, exit_code: int, ended_at: float) -> None: ...
+
+    def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]: ...
 
     def close(self) -> None: ...

@@ -21,11 +21,22 @@ from typing import Any
 from .._errors import StoreCorrupt, StoreError
 from ..quota import Counters, Package, Snapshot, verdict
 from ..usage import Usage
-from .base import Decision, HoldRequest, LimitsFor, ModelTotals, RunTotals, model_day_key, run_key
+from .base import (
+    CallRecord,
+    Decision,
+    HoldRequest,
+    LimitsFor,
+    ModelTotals,
+    RunRecord,
+    RunTotals,
+    model_day_key,
+    run_cost_key,
+    run_key,
+)
 
 __all__ = ["SQLiteLedger"]
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -41,6 +52,8 @@ CREATE TABLE IF NOT EXISTS calls (
     state TEXT NOT NULL,
     reserved INTEGER NOT NULL,
     charged INTEGER NOT NULL DEFAULT 0,
+    reserved_cost INTEGER NOT NULL DEFAULT 0,
+    charged_cost INTEGER NOT NULL DEFAULT 0,
     prompt_tokens INTEGER, completion_tokens INTEGER, reasoning_tokens INTEGER, cached_tokens INTEGER,
     overshoot INTEGER NOT NULL DEFAULT 0,
     would_block INTEGER NOT NULL DEFAULT 0,
@@ -55,6 +68,10 @@ CREATE TABLE IF NOT EXISTS calls (
     expires_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS calls_run ON calls (run_id);
+CREATE INDEX IF NOT EXISTS calls_started ON calls (started_at);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, started_at REAL NOT NULL, ended_at REAL, command TEXT, tags TEXT, exit_code INTEGER
+);
 CREATE INDEX IF NOT EXISTS calls_open ON calls (state, expires_at) WHERE state = 'held';
 CREATE TABLE IF NOT EXISTS snapshots (
     model TEXT PRIMARY KEY, day TEXT NOT NULL, balance INTEGER NOT NULL, usage_at_sync INTEGER NOT NULL,
@@ -160,9 +177,7 @@ class SQLiteLedger:
         except sqlite3.DatabaseError as exc:
             text = str(exc)
             if "not a database" in text or "malformed" in text:
-                raise StoreCorrupt(
-                    f"ledger is damaged ({text}); it was left untouched", store=self.url
-                ) from exc
+                raise StoreCorrupt(f"ledger is damaged ({text}); it was left untouched", store=self.url) from exc
             raise StoreError(f"ledger {action} failed: {text}", store=self.url) from exc
 
     @contextlib.contextmanager
@@ -201,8 +216,7 @@ class SQLiteLedger:
     @staticmethod
     def _read_snapshot(conn: sqlite3.Connection, model: str) -> Snapshot | None:
         row = conn.execute(
-            "SELECT balance, usage_at_sync, lagged_usage, synced_at, day, source"
-            " FROM snapshots WHERE model = ?",
+            "SELECT balance, usage_at_sync, lagged_usage, synced_at, day, source FROM snapshots WHERE model = ?",
             (model,),
         ).fetchone()
         if row is None:
@@ -210,11 +224,22 @@ class SQLiteLedger:
         balance, usage_at_sync, lagged, synced_at, day, source = row
         return Snapshot(balance, usage_at_sync, lagged, synced_at, day, source)
 
-    def _charge(self, conn: sqlite3.Connection, row: tuple[Any, ...], charged: int, in_flight: int) -> None:
-        run_id, model, day = row
+    def _charge(
+        self,
+        conn: sqlite3.Connection,
+        call: tuple[Any, ...],
+        tokens: int,
+        tokens_held: int,
+        cost: int,
+        cost_held: int,
+    ) -> None:
+        """Move a call's amounts between in flight and settled on every counter it belongs to."""
+        run_id, model, day = call
         for key in (run_key(run_id), model_day_key(model, day)):
-            self._bump(conn, key, charged, in_flight)
-        if charged:
+            self._bump(conn, key, tokens, tokens_held)
+        if cost or cost_held:
+            self._bump(conn, run_cost_key(run_id), cost, cost_held)
+        if tokens:
             cumulative = conn.execute(
                 "SELECT settled FROM counters WHERE key = ?", (model_day_key(model, day),)
             ).fetchone()[0]
@@ -227,19 +252,22 @@ class SQLiteLedger:
     # -- the Ledger interface ------------------------------------------------------------------
 
     def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
-        keys = (run_key(request.run_id), model_day_key(request.model, request.day))
+        keys = (
+            run_key(request.run_id),
+            model_day_key(request.model, request.day),
+            run_cost_key(request.run_id),
+        )
         with self._write("reserve") as conn:
             counters = self._read_counters(conn, keys)
             snapshot = self._read_snapshot(conn, request.model)
             limits = limits_for(snapshot)
-            scoped = {"run": counters[keys[0]], "model_day": counters[keys[1]]}
-            result = verdict(limits, scoped, request.reserve)
+            scoped = dict(zip(("run", "model_day", "run_cost"), (counters[key] for key in keys), strict=True))
+            result = verdict(limits, scoped, request.reserve, reserve_cost=request.reserve_cost)
             held = result.allowed or not request.enforce
             conn.execute(
-                "INSERT INTO calls (id, run_id, model, day, endpoint, state, reserved, would_block,"
-                " blocked_by,"
-                " pid, host, key_fingerprint, tags, started_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO calls (id, run_id, model, day, endpoint, state, reserved, reserved_cost,"
+                " would_block, blocked_by, pid, host, key_fingerprint, tags, started_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     request.hold_id,
                     request.run_id,
@@ -248,6 +276,7 @@ class SQLiteLedger:
                     request.endpoint,
                     "held" if held else "blocked",
                     request.reserve,
+                    request.reserve_cost,
                     int(not result.allowed),
                     result.blocking.name if result.blocking else None,
                     request.pid,
@@ -259,35 +288,48 @@ class SQLiteLedger:
                 ),
             )
             if held:
-                for key in keys:
-                    self._bump(conn, key, 0, request.reserve)
+                self._charge(
+                    conn,
+                    (request.run_id, request.model, request.day),
+                    0,
+                    request.reserve,
+                    0,
+                    request.reserve_cost,
+                )
         return Decision(request.hold_id, result, held, scoped)
 
-    def settle(self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None) -> None:
+    def settle(
+        self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None, cost: int | None = None
+    ) -> None:
         with self._write("settle") as conn:
             row = conn.execute(
-                "SELECT run_id, model, day, state, reserved, charged FROM calls WHERE id = ?", (hold_id,)
+                "SELECT run_id, model, day, state, reserved, charged, reserved_cost, charged_cost"
+                " FROM calls WHERE id = ?",
+                (hold_id,),
             ).fetchone()
             if row is None:
                 return
-            run_id, model, day, state, reserved, charged = row
+            run_id, model, day, state, reserved, charged, reserved_cost, charged_cost = row
+            call = (run_id, model, day)
+            actual_cost = reserved_cost if usage is None or cost is None else cost
             if state == "held":
                 actual = reserved if usage is None else usage.total_tokens
-                self._charge(conn, (run_id, model, day), actual, -reserved)
+                self._charge(conn, call, actual, -reserved, actual_cost, -reserved_cost)
             elif state == "unresolved" and usage is not None:
                 # Charged in full when its owner vanished; real usage arrived after all: correct it.
                 actual = usage.total_tokens
-                self._charge(conn, (run_id, model, day), actual - charged, 0)
+                self._charge(conn, call, actual - charged, 0, actual_cost - charged_cost, 0)
             else:
                 return
             new_state = "unresolved" if usage is None else "settled"
             conn.execute(
-                "UPDATE calls SET state = ?, charged = ?, prompt_tokens = ?, completion_tokens = ?,"
-                " reasoning_tokens = ?, cached_tokens = ?, overshoot = ?, ended_at = ?, latency_s = ?"
-                " WHERE id = ?",
+                "UPDATE calls SET state = ?, charged = ?, charged_cost = ?, prompt_tokens = ?,"
+                " completion_tokens = ?, reasoning_tokens = ?, cached_tokens = ?, overshoot = ?, ended_at = ?,"
+                " latency_s = ? WHERE id = ?",
                 (
                     new_state,
                     actual,
+                    actual_cost,
                     usage.prompt_tokens if usage else None,
                     usage.completion_tokens if usage else None,
                     usage.reasoning_tokens if usage else None,
@@ -302,26 +344,27 @@ class SQLiteLedger:
     def release(self, hold_id: str) -> None:
         with self._write("release") as conn:
             row = conn.execute(
-                "SELECT run_id, model, day, reserved FROM calls WHERE id = ? AND state = 'held'", (hold_id,)
+                "SELECT run_id, model, day, reserved, reserved_cost FROM calls WHERE id = ? AND state = 'held'",
+                (hold_id,),
             ).fetchone()
             if row is None:
                 return
-            run_id, model, day, reserved = row
-            self._charge(conn, (run_id, model, day), 0, -reserved)
-            conn.execute(
-                "UPDATE calls SET state = 'released', ended_at = ? WHERE id = ?", (self._clock(), hold_id)
-            )
+            run_id, model, day, reserved, reserved_cost = row
+            self._charge(conn, (run_id, model, day), 0, -reserved, 0, -reserved_cost)
+            conn.execute("UPDATE calls SET state = 'released', ended_at = ? WHERE id = ?", (self._clock(), hold_id))
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:
             rows = conn.execute(
-                f"SELECT id, run_id, model, day, reserved FROM calls WHERE state = 'held' AND {where}", params
+                f"SELECT id, run_id, model, day, reserved, reserved_cost FROM calls WHERE state = 'held' AND {where}",
+                params,
             ).fetchall()
             now = self._clock()
-            for hold_id, run_id, model, day, reserved in rows:
-                self._charge(conn, (run_id, model, day), reserved, -reserved)
+            for hold_id, run_id, model, day, reserved, reserved_cost in rows:
+                self._charge(conn, (run_id, model, day), reserved, -reserved, reserved_cost, -reserved_cost)
                 conn.execute(
-                    "UPDATE calls SET state = 'unresolved', charged = reserved, ended_at = ? WHERE id = ?",
+                    "UPDATE calls SET state = 'unresolved', charged = reserved, charged_cost = reserved_cost,"
+                    " ended_at = ? WHERE id = ?",
                     (now, hold_id),
                 )
         return len(rows)
@@ -394,8 +437,7 @@ class SQLiteLedger:
             rows = (
                 self._conn()
                 .execute(
-                    "SELECT synced_at, balance FROM sync_history"
-                    " WHERE model = ? AND day = ? ORDER BY synced_at",
+                    "SELECT synced_at, balance FROM sync_history WHERE model = ? AND day = ? ORDER BY synced_at",
                     (model, day),
                 )
                 .fetchall()
@@ -405,17 +447,13 @@ class SQLiteLedger:
     def put_packages(self, model: str, packages: Sequence[Package], synced_at: float) -> None:
         rows = [[p.available, p.expires_at] for p in packages]
         with self._write("sync") as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO packages VALUES (?, ?, ?)", (model, synced_at, json.dumps(rows))
-            )
+            conn.execute("INSERT OR REPLACE INTO packages VALUES (?, ?, ?)", (model, synced_at, json.dumps(rows)))
 
     def packages(self, model: str) -> list[Package]:
         with self._errors("read"):
             row = self._conn().execute("SELECT packages FROM packages WHERE model = ?", (model,)).fetchone()
         return (
-            [Package(model, int(available), float(expires)) for available, expires in json.loads(row[0])]
-            if row
-            else []
+            [Package(model, int(available), float(expires)) for available, expires in json.loads(row[0])] if row else []
         )
 
     def known_models(self) -> list[str]:
@@ -456,13 +494,78 @@ class SQLiteLedger:
                      COUNT(*) FILTER (WHERE state = 'unresolved'),
                      COUNT(*) FILTER (WHERE state = 'released'),
                      SUM(COALESCE(prompt_tokens, 0)), SUM(COALESCE(completion_tokens, 0)),
-                     SUM(COALESCE(reasoning_tokens, 0)), SUM(COALESCE(cached_tokens, 0))
+                     SUM(COALESCE(reasoning_tokens, 0)), SUM(COALESCE(cached_tokens, 0)),
+                     SUM(charged_cost)
                    FROM calls WHERE run_id = ? GROUP BY model ORDER BY model""",
                     (run_id,),
                 )
                 .fetchall()
             )
         return RunTotals(run_id, {row[0]: ModelTotals(*(int(v or 0) for v in row[1:])) for row in rows})
+
+    _RECORD_COLUMNS = (
+        "id, run_id, model, day, endpoint, state, reserved, charged, reserved_cost, charged_cost, prompt_tokens,"
+        " completion_tokens, reasoning_tokens, cached_tokens, overshoot, would_block, blocked_by, key_fingerprint,"
+        " tags, started_at, ended_at, latency_s, pid, host"
+    )
+
+    def call_records(
+        self, *, since: float | None = None, until: float | None = None, run_id: str | None = None
+    ) -> list[CallRecord]:
+        where, params = ["1 = 1"], []
+        for clause, value in (("started_at >= ?", since), ("started_at < ?", until), ("run_id = ?", run_id)):
+            if value is not None:
+                where.append(clause)
+                params.append(value)
+        with self._errors("read"):
+            rows = (
+                self._conn()
+                .execute(
+                    f"SELECT {self._RECORD_COLUMNS} FROM calls WHERE {' AND '.join(where)} ORDER BY started_at",
+                    params,
+                )
+                .fetchall()
+            )
+        return [
+            CallRecord(
+                *row[:14],
+                overshoot=bool(row[14]),
+                would_block=bool(row[15]),
+                blocked_by=row[16],
+                key_fingerprint=row[17],
+                tags=json.loads(row[18]) if row[18] else {},
+                started_at=row[19],
+                ended_at=row[20],
+                latency_s=row[21],
+                pid=row[22],
+                host=row[23],
+            )
+            for row in rows
+        ]
+
+    def start_run(self, run: RunRecord) -> None:
+        with self._write("run") as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?)",
+                (run.run_id, run.started_at, run.ended_at, run.command, json.dumps(dict(run.tags)), run.exit_code),
+            )
+
+    def end_run(self, run_id: str, exit_code: int, ended_at: float) -> None:
+        with self._write("run") as conn:
+            conn.execute("UPDATE runs SET exit_code = ?, ended_at = ? WHERE run_id = ?", (exit_code, ended_at, run_id))
+
+    def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]:
+        with self._errors("read"):
+            rows = (
+                self._conn()
+                .execute(
+                    "SELECT run_id, started_at, ended_at, command, tags, exit_code FROM runs"
+                    " WHERE started_at >= ? AND started_at < ? ORDER BY started_at",
+                    (since if since is not None else float("-inf"), until if until is not None else float("inf")),
+                )
+                .fetchall()
+            )
+        return [RunRecord(r[0], r[1], r[2], r[3] or "", json.loads(r[4]) if r[4] else {}, r[5]) for r in rows]
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

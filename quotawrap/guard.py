@@ -253,6 +253,19 @@ class Guard:
                     f"quotawrap cannot estimate this request to {model}: {exc}",
                 )
             )
+        # Decided before the hold is taken: nothing may raise between reserving and handing back the call.
+        new_body = None
+        hide = False
+        if (
+            self.settings.inject_usage
+            and kind in ("chat", "completions")
+            and endpoints.stream_requested(request)
+            and not endpoints.wants_usage(request)
+            # stream_options that is not an object is the provider's to refuse, not ours to rewrite
+            and isinstance(request.get("stream_options"), (Mapping, type(None)))
+        ):
+            new_body = endpoints.with_usage_requested(request)
+            hide = True
         hold = HoldRequest(
             run_id=self._run_id,
             model=model,
@@ -270,16 +283,6 @@ class Guard:
             return GuardedCall.refused(
                 self._blocked(model, decision.verdict, decision.counters, estimate.total)
             )
-        new_body = None
-        hide = False
-        if (
-            self.settings.inject_usage
-            and kind in ("chat", "completions")
-            and endpoints.stream_requested(request)
-            and not endpoints.wants_usage(request)
-        ):
-            new_body = endpoints.with_usage_requested(request)
-            hide = True
         return GuardedCall(self.ledger, decision.hold_id, model, new_body=new_body, hide_usage_chunk=hide)
 
     def _estimate(self, kind: str, request: dict[str, Any]) -> Estimate:

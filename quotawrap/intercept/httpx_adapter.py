@@ -111,6 +111,18 @@ def _tee_classes(module: ModuleType) -> tuple[type, type]:
     return TeeSyncStream, TeeAsyncStream
 
 
+def _observe(response: Any, call: GuardedCall, tee: type) -> None:
+    """Tee the body on its way to the caller, or read it now if the transport already did."""
+    # A transport may hand back a body it has read (MockTransport, ``Response(content=...)``):
+    # no byte will pass the stream again, and ``_content`` holds it decoded.
+    loaded = hasattr(response, "_content")
+    call.response_started(response.status_code, response.headers, decoded=loaded)
+    if loaded:
+        response._content = call.feed(response._content) + call.finish()
+    else:
+        response.stream = tee(response.stream, call)
+
+
 def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type) -> Callable[..., Any]:
     from . import get_guard
 
@@ -135,8 +147,7 @@ def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type) -> C
         except BaseException as exc:
             call.failed(exc, sent=True)
             raise
-        call.response_started(response.status_code, response.headers)
-        response.stream = tee(response.stream, call)
+        _observe(response, call, tee)
         return response
 
     return _send_single_request
@@ -167,8 +178,7 @@ def _make_async(module: ModuleType, original: Callable[..., Any], tee: type) -> 
         except BaseException as exc:
             call.failed(exc, sent=True)
             raise
-        call.response_started(response.status_code, response.headers)
-        response.stream = tee(response.stream, call)
+        _observe(response, call, tee)
         return response
 
     return _send_single_request

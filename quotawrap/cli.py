@@ -146,13 +146,9 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
 @click.option("--port", default=0, type=int, help="Port (0: any free port).")
 @click.option("--latency", "latency_s", type=float, default=None, help="Seconds before the first byte.")
-@click.option(
-    "--chunk-delay", "chunk_delay_s", type=float, default=None, help="Seconds between stream chunks."
-)
+@click.option("--chunk-delay", "chunk_delay_s", type=float, default=None, help="Seconds between stream chunks.")
 @click.option("--reply-tokens", type=int, default=None, help="Answer tokens per call.")
-@click.option(
-    "--reasoning-tokens", type=int, default=None, help="Reasoning tokens per call (0: no thinking)."
-)
+@click.option("--reasoning-tokens", type=int, default=None, help="Reasoning tokens per call (0: no thinking).")
 def simulate_command(host: str, port: int, **overrides: Any) -> None:
     """Serve a local Ark-compatible API (chat, responses, embeddings, billing) for offline runs."""
     import dataclasses
@@ -188,9 +184,7 @@ def demo_command(model: str, cap_tokens: int, calls: int) -> None:
 
 
 @cli.command("status")
-@settings_options(
-    ["store", "daily_cap", "small_buffer", "usage_wall", "balance_wall", "balance_lag", "model"]
-)
+@settings_options(["store", "daily_cap", "small_buffer", "usage_wall", "balance_wall", "balance_lag", "model"])
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_command(as_json: bool, **values: Any) -> None:
     """Per model: today's usage, in flight, the effective limit and what binds it."""
@@ -204,6 +198,104 @@ def status_command(as_json: bool, **values: Any) -> None:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
     else:
         click.echo(render_status(rows))
+
+
+def _time_bound(value: str | None) -> float | None:
+    """``--since/--until``: an ISO date or datetime (Beijing time unless it says otherwise), or ``-2d``/``-6h``."""
+    if value is None:
+        return None
+    from datetime import datetime
+
+    from .quota import BEIJING
+
+    text = value.strip()
+    if text.startswith("-") and text[-1:] in ("d", "h", "m") and text[1:-1].isdigit():
+        seconds = int(text[1:-1]) * {"d": 86_400, "h": 3_600, "m": 60}[text[-1]]
+        return time.time() - seconds
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: use YYYY-MM-DD, YYYY-MM-DDTHH:MM or -7d / -12h") from None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=BEIJING)).timestamp()
+
+
+@cli.command("report")
+@settings_options(["store"])
+@click.option("--by", default="model", show_default=True, help="model, session, day or tag:KEY (e.g. tag:user).")
+@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h.")
+@click.option("--until", default=None, help="End (exclusive), same forms.")
+@click.option("--session", "session", default=None, help="Only this session (run id).")
+@click.option("--audit-log", "audit_path", default=None, help="Read this JSONL audit log instead of the ledger.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+def report_command(
+    by: str, since: str | None, until: str | None, session: str | None, audit_path: str | None, fmt: str, **values: Any
+) -> None:
+    """Who spent what: guarded calls grouped by model, session, day or any tag."""
+    from .audit import aggregate, read_jsonl, render_csv, render_table
+
+    start, end = _time_bound(since), _time_bound(until)
+    try:
+        if audit_path:
+            records = [
+                r
+                for r in read_jsonl(audit_path)
+                if (start is None or r.started_at >= start)
+                and (end is None or r.started_at < end)
+                and (session is None or r.run_id == session)
+            ]
+        else:
+            records = _open(_settings(values)).call_records(since=start, until=end, run_id=session)
+        rows = aggregate(records, by)
+    except QuotawrapError as exc:
+        _fail(str(exc), EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_STORE)
+    if fmt == "json":
+        click.echo(json.dumps({"by": by, "rows": rows}, indent=2))
+    elif fmt == "csv":
+        click.echo(render_csv(rows), nl=False)
+    else:
+        click.echo(render_table(rows, by))
+
+
+@cli.command("sessions")
+@settings_options(["store"])
+@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h.")
+@click.option("--until", default=None, help="End (exclusive), same forms.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def sessions_command(since: str | None, until: str | None, as_json: bool, **values: Any) -> None:
+    """Runs with their totals, newest last."""
+    from .audit import aggregate
+
+    ledger = _open(_settings(values))
+    start, end = _time_bound(since), _time_bound(until)
+    totals = {row["key"]: row for row in aggregate(ledger.call_records(since=start, until=end), "session")}
+    rows = []
+    for run in ledger.runs(since=start, until=end):
+        row = totals.get(run.run_id, {})
+        rows.append(
+            {
+                "session": run.run_id,
+                "started_at": run.started_at,
+                "ended_at": run.ended_at,
+                "exit_code": run.exit_code,
+                "command": run.command,
+                "tags": dict(run.tags),
+                "calls": row.get("calls", 0),
+                "blocked_calls": row.get("blocked_calls", 0),
+                "settled_tokens": row.get("settled_tokens", 0),
+                "cost_micro_cny": row.get("cost_micro_cny", 0),
+            }
+        )
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no sessions in that range")
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started_at"]))
+        click.echo(
+            f"{row['session']}  {when}  exit {row['exit_code']}  {row['calls']} calls  {row['blocked_calls']} blocked"
+            f"  {row['settled_tokens']:,} tokens  ¥{row['cost_micro_cny'] / 1e6:,.4f}  {row['command'][:60]}"
+        )
 
 
 _SYNC_OPTIONS = [
@@ -223,9 +315,7 @@ _SYNC_OPTIONS = [
 
 @cli.command("sync")
 @settings_options(_SYNC_OPTIONS)
-@click.option(
-    "--balance", "balances", multiple=True, metavar="MODEL=N", help="The console's free balance now."
-)
+@click.option("--balance", "balances", multiple=True, metavar="MODEL=N", help="The console's free balance now.")
 @click.option("--loop", is_flag=True, help="Keep syncing on the cadence (a daemon).")
 @click.option("--calibrate", is_flag=True, help="Estimate the billing lag from the stored sync history.")
 @click.option("--days", default=7, show_default=True, help="Days of history --calibrate looks at.")
@@ -252,15 +342,11 @@ def sync_command(balances: tuple[str, ...], loop: bool, calibrate: bool, days: i
             return
         if balances:
             for model, balance in parse_balance_args(balances).items():
-                snap = record_balance(
-                    ledger, model, balance, now, settings.quota, source="manual", settled=True
-                )
+                snap = record_balance(ledger, model, balance, now, settings.quota, source="manual", settled=True)
                 click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} recorded")
             return
         if loop:
-            sync_loop = SyncLoop(
-                ledger, settings, check_every_s=10.0, on_error=lambda m: click.echo(m, err=True)
-            )
+            sync_loop = SyncLoop(ledger, settings, check_every_s=10.0, on_error=lambda m: click.echo(m, err=True))
             click.echo("quotawrap sync: looping; Ctrl-C to stop", err=True)
             try:
                 while True:
@@ -278,7 +364,7 @@ def sync_command(balances: tuple[str, ...], loop: bool, calibrate: bool, days: i
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = load_config_file()
-        default_map = {name: config for name in ("run", "status", "sync")}
+        default_map = {name: config for name in ("run", "status", "sync", "report", "sessions")}
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE)
     cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)

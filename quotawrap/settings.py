@@ -87,6 +87,15 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("run_id", str, None, "Run (session) id; generated when not given."),
     Option(
+        "tag",
+        str,
+        (),
+        "KEY=VALUE attribution tag (repeatable); user, host, git and CI tags are added automatically.",
+        multiple=True,
+    ),
+    Option("cap_cost", float, None, "Cap on this run's cost in CNY (settled + in flight + this call, priced)."),
+    Option("audit_log", str, None, "Also append every guarded call as a JSON line to this file."),
+    Option(
         "balance_cmd",
         str,
         None,
@@ -137,6 +146,9 @@ class Settings:
     fail_open: bool = False
     inject_usage: bool = True
     run_id: str | None = None
+    tag: tuple[str, ...] = ()
+    cap_cost: float | None = None
+    audit_log: str | None = None
     balance_cmd: str | None = None
     billing_endpoint: str | None = None
     package_match: tuple[str, ...] = ()

@@ -102,6 +102,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# schema version -> the statements that bring it to the next one
+_MIGRATIONS: dict[str, tuple[str, ...]] = {
+    "1": (
+        "ALTER TABLE calls ADD COLUMN reserved_cost INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE calls ADD COLUMN charged_cost INTEGER NOT NULL DEFAULT 0",
+        "UPDATE meta SET value = '2' WHERE key = 'schema'",
+    ),
+}
+
+
 def _retry_locked(action: Callable[[], object], attempts: int = 100) -> None:
     """Switching to WAL and creating the schema can report "locked" at once, without waiting on the
     busy handler, while another process opens the same new file: try again briefly."""
@@ -148,11 +158,26 @@ class SQLiteLedger:
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             if row is None:
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+            elif row[0] in _MIGRATIONS:
+                self._migrate(conn)
             elif row[0] != SCHEMA_VERSION:
                 raise StoreCorrupt(f"ledger schema {row[0]!r} is not {SCHEMA_VERSION!r}", store=self.url)
         for suffix in ("-wal", "-shm"):
             with contextlib.suppress(OSError):
                 os.chmod(f"{self.path}{suffix}", 0o600)
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            current = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
+            while current in _MIGRATIONS:  # re-read under the lock: another process may have migrated
+                for statement in _MIGRATIONS[current]:
+                    conn.execute(statement)
+                current = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     # -- connections ---------------------------------------------------------------------------
 

@@ -1,0 +1,170 @@
+"""Who spent what: aggregation of call records, the JSONL audit sink, and CI summaries.
+
+Aggregation is pure (records in, rows out), so ``quotawrap report`` gives the same numbers
+whether the records come from the SQLite ledger, the Redis ledger's capped stream or an
+``--audit-log`` JSONL file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ._errors import ConfigError
+from .ledger.base import CallRecord
+from .quota import BEIJING
+
+__all__ = [
+    "GROUPINGS",
+    "aggregate",
+    "append_jsonl",
+    "read_jsonl",
+    "render_csv",
+    "render_table",
+    "step_summary_markdown",
+]
+
+GROUPINGS = ("model", "session", "day", "tag:KEY")
+_SUMS = (
+    "calls",
+    "blocked_calls",
+    "settled_tokens",
+    "cost_micro_cny",
+    "unresolved_calls",
+    "overshoot_calls",
+    "released_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+)
+
+
+def _group_key(record: CallRecord, by: str) -> str:
+    if by == "model":
+        return record.model
+    if by == "session":
+        return record.run_id
+    if by == "day":
+        return record.day
+    if by.startswith("tag:") and len(by) > 4:
+        return record.tags.get(by[4:], "(none)")
+    raise ConfigError(f"--by {by!r}: use one of {', '.join(GROUPINGS)}")
+
+
+def aggregate(records: Iterable[CallRecord], by: str = "model") -> list[dict[str, Any]]:
+    """Totals per group, sorted by settled tokens (largest first)."""
+    groups: dict[str, dict[str, Any]] = {}
+    for record in records:
+        key = _group_key(record, by)
+        row = groups.setdefault(key, {"key": key, **dict.fromkeys(_SUMS, 0)})
+        if record.state == "blocked":
+            row["blocked_calls"] += 1
+            continue
+        row["calls"] += 1
+        row["settled_tokens"] += record.charged
+        row["cost_micro_cny"] += record.charged_cost
+        row["unresolved_calls"] += record.state == "unresolved"
+        row["overshoot_calls"] += record.outcome == "overshoot"
+        row["released_calls"] += record.state == "released"
+        for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens"):
+            row[name] += getattr(record, name) or 0
+    return sorted(groups.values(), key=lambda row: (-row["settled_tokens"], row["key"]))
+
+
+def render_table(rows: list[dict[str, Any]], by: str) -> str:
+    if not rows:
+        return "no guarded calls in that range"
+    title = by.split(":", 1)[-1]
+    width = max(len(title), *(len(str(row["key"])) for row in rows))
+    header = f"{title:<{width}}  {'calls':>7}  {'blocked':>7}  {'settled':>12}  {'cost CNY':>11}  {'unresolved':>10}"
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(
+            f"{row['key']!s:<{width}}  {row['calls']:>7,}  {row['blocked_calls']:>7,}  {row['settled_tokens']:>12,}"
+            f"  {row['cost_micro_cny'] / 1e6:>11,.4f}  {row['unresolved_calls']:>10,}"
+        )
+    return "\n".join(lines)
+
+
+def render_csv(rows: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=["key", *_SUMS], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+# -- the JSONL sink --------------------------------------------------------------------------
+
+
+def append_jsonl(path: str | os.PathLike[str], record: CallRecord) -> None:
+    """Append one record as one line; O_APPEND and a single write keep concurrent writers whole."""
+    data = asdict(record)
+    data["outcome"] = record.outcome
+    line = (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)  # lines over PIPE_BUF are not atomic by O_APPEND alone
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[CallRecord]:
+    """Records of an audit log; a damaged line is reported, not silently skipped."""
+    fields = set(CallRecord.__dataclass_fields__)
+    with Path(path).open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                yield CallRecord(**{key: value for key, value in data.items() if key in fields})
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"{path}:{number}: not an audit record ({exc})") from None
+
+
+# -- CI ----------------------------------------------------------------------------------------
+
+
+def step_summary_markdown(report: Mapping[str, Any]) -> str:
+    """The run's report as Markdown for ``$GITHUB_STEP_SUMMARY``."""
+    totals = report["totals"]
+    cap = report.get("limits", {})
+    caps = ", ".join(
+        text
+        for text in (
+            f"token cap {cap['cap_tokens']:,}" if cap.get("cap_tokens") is not None else "",
+            f"cost cap ¥{cap['cap_cost']:,.4f}" if cap.get("cap_cost") is not None else "",
+        )
+        if text
+    )
+    verdict = "**blocked calls: {}**".format(totals["blocked_calls"]) if totals["blocked_calls"] else "no call blocked"
+    lines = [
+        f"### quotawrap · session `{report['session']}`",
+        "",
+        f"{totals['calls']} guarded call(s), {totals['settled_tokens']:,} tokens settled"
+        f" (¥{totals.get('settled_cost', 0) / 1e6:,.4f}); {verdict}" + (f"; {caps}" if caps else ""),
+        "",
+        "| model | calls | blocked | settled tokens | cost CNY | overshoot | unresolved |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, model in sorted(report["models"].items()):
+        lines.append(
+            f"| {name} | {model['calls']:,} | {model['blocked_calls']:,} | {model['settled_tokens']:,}"
+            f" | {model.get('settled_cost', 0) / 1e6:,.4f} | {model['overshoot_calls']:,}"
+            f" | {model['unresolved_calls']:,} |"
+        )
+    when = datetime.now(BEIJING).strftime("%Y-%m-%d %H:%M Beijing")
+    lines += ["", f"<sub>{when} · exit code {report['exit_code']} · mode {report['mode']}</sub>", ""]
+    return "\n".join(lines)

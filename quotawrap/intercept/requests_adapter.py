@@ -60,6 +60,8 @@ class _TeeRaw:
             if not data:
                 return self._call.finish()
             out = self._call.feed(data)
+            if amt is None:  # read() without a size returns the whole rest of the body: that is its end
+                return out + self._call.finish()
             if out:  # the SSE reader may hold bytes back while it hides an event; b"" would mean EOF
                 return out
 

@@ -1,0 +1,300 @@
+"""Start-up cost of the injected hook in a child interpreter. Prints numbers, asserts nothing.
+
+    python bench/bench_startup.py [--runs 40]
+
+Each variant is a fresh ``python`` process timed from the parent (fork, exec, interpreter start,
+the command, exit); the variants are interleaved in rounds and rotated so machine drift hits them
+alike. Reported: median and p90 in milliseconds, and the ratio to the plain interpreter.
+
+* ``plain pass``    ``python -c pass``, no hook;
+* ``hooked pass``   the same with the wrapper's injection (``PYTHONPATH=<repo>/sitecustomize_hook``,
+                    ``QUOTAWRAP_RUN_ID``, ``QUOTAWRAP_HOME=<repo>``): the target case, a child that
+                    imports no HTTP client, at most 1.2x plain;
+* ``wrapper pass``  the whole ``quotawrap -- python -c pass``: the wrapper's own start-up (click,
+                    the ledger, reclaiming, the summary) on top of a hooked child;
+* ``plain httpx``   ``python -c "import httpx"``;
+* ``hooked httpx``  the same, hooked: the lazy patch (guard, ledger and usage modules) is paid here.
+
+Then the ``-X importtime`` top offenders of the hooked ``pass`` child, and of the lazy patch.
+
+Bytecode: every child gets ``PYTHONPYCACHEPREFIX=<temp dir>`` and may write it, so after the
+warm-up runs all modules load from ``.pyc`` as in an installed package, whatever
+``PYTHONDONTWRITEBYTECODE`` says in the parent (it is set on some CI machines, and compiling
+quotawrap's modules from source would be measured instead). ``--no-pyc`` measures that
+source-only case on purpose: an empty cache prefix that nobody may write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["main"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HOOK_DIR = REPO_ROOT / "sitecustomize_hook"
+TARGET_RATIO = 1.2
+PYTHON = sys.executable
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+
+_BYTECODE: dict[str, str] = {}  # set once by main(): where children keep (or may not write) .pyc
+
+
+def clean_env() -> dict[str, str]:
+    """The parent's environment without anything that would inject or configure quotawrap."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+        and not key.startswith("QUOTAWRAP_")
+    }
+    env.update(_BYTECODE)
+    return env
+
+
+def use_bytecode_cache(prefix: str, *, writable: bool) -> None:
+    _BYTECODE.clear()
+    _BYTECODE["PYTHONPYCACHEPREFIX"] = prefix
+    if not writable:
+        _BYTECODE["PYTHONDONTWRITEBYTECODE"] = "1"
+
+
+def hooked_env() -> dict[str, str]:
+    """What the wrapper gives its child (launcher.child_environment), minus the settings."""
+    env = clean_env()
+    env["PYTHONPATH"] = str(HOOK_DIR)
+    env["QUOTAWRAP_RUN_ID"] = "bench-startup"
+    env["QUOTAWRAP_HOME"] = str(REPO_ROOT)
+    return env
+
+
+def wrapper_argv(store: str) -> tuple[str, ...]:
+    """``quotawrap --quiet --store ... -- python -c pass``: the console script when installed."""
+    script = Path(PYTHON).with_name("quotawrap")
+    head = (str(script),) if script.exists() else (PYTHON, "-m", "quotawrap")
+    return (*head, "--quiet", "--store", store, "--", PYTHON, "-c", "pass")
+
+
+def variants(store: str) -> list[Variant]:
+    plain, hooked = clean_env(), hooked_env()
+    wrapper_env = clean_env()
+    wrapper_env["PYTHONPATH"] = str(REPO_ROOT)  # the checkout's quotawrap, installed or not
+    return [
+        Variant("plain pass", (PYTHON, "-c", "pass"), plain),
+        Variant("hooked pass", (PYTHON, "-c", "pass"), hooked),
+        Variant("wrapper pass", wrapper_argv(store), wrapper_env),
+        Variant("plain httpx", (PYTHON, "-c", "import httpx"), plain),
+        Variant("hooked httpx", (PYTHON, "-c", "import httpx"), hooked),
+    ]
+
+
+def run_once(variant: Variant) -> float:
+    """Wall seconds of one child, from spawn to exit."""
+    start = time.perf_counter()
+    result = subprocess.run(
+        variant.argv, env=dict(variant.env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
+    )
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{variant.name}: exit {result.returncode}: {result.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def check_hook_loads() -> None:
+    """The hooked child must really load quotawrap's hook, or the figures mean nothing."""
+    code = "import sys, quotawrap.bootstrap as b; sys.exit(0 if b.loaded else 1)"
+    result = subprocess.run([PYTHON, "-c", code], env=hooked_env(), capture_output=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"the hook did not load in the child: {result.stderr.decode()[-500:]}")
+
+
+def measure(chosen: Sequence[Variant], runs: int, warmup: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {variant.name: [] for variant in chosen}
+    for variant in chosen:  # page cache, .pyc files
+        for _ in range(warmup):
+            run_once(variant)
+    for index in range(runs):
+        shift = index % len(chosen)
+        for variant in [*chosen[shift:], *chosen[:shift]]:
+            samples[variant.name].append(run_once(variant))
+    return samples
+
+
+def p90(values: Sequence[float]) -> float:
+    return statistics.quantiles(values, n=10, method="inclusive")[8]
+
+
+def report(samples: Mapping[str, list[float]]) -> bool:
+    """Print the table; returns whether the no-HTTP-client target is met."""
+    med = {name: statistics.median(values) * 1000 for name, values in samples.items()}
+    baselines = {
+        "plain pass": "plain pass",
+        "hooked pass": "plain pass",
+        "wrapper pass": "plain pass",
+        "plain httpx": "plain httpx",
+        "hooked httpx": "plain httpx",
+    }
+    header = f"{'variant':<14} {'n':>4} {'median ms':>10} {'p90 ms':>8} {'+median ms':>11} {'ratio':>7}  vs"
+    print(header)
+    print("-" * len(header))
+    for name, values in samples.items():
+        base = baselines[name]
+        added = "" if base == name else f"{med[name] - med[base]:+.2f}"
+        ratio = "" if base == name else f"{med[name] / med[base]:.2f}x"
+        print(
+            f"{name:<14} {len(values):>4} {med[name]:>10.2f} {p90(values) * 1000:>8.2f} {added:>11} {ratio:>7}"
+            f"  {'' if base == name else base}"
+        )
+    ratio = med["hooked pass"] / med["plain pass"]
+    met = ratio <= TARGET_RATIO
+    print()
+    print(
+        f"Target: hooked child that imports no HTTP client ≤ {TARGET_RATIO}x plain: "
+        f"{'PASS' if met else 'FAIL'} ({ratio:.2f}x, {med['hooked pass'] - med['plain pass']:+.2f} ms)"
+    )
+    print(
+        f"Lazy patch on first `import httpx`: {med['hooked httpx'] - med['plain httpx']:+.2f} ms "
+        f"(of which hook start-up {med['hooked pass'] - med['plain pass']:+.2f} ms)"
+    )
+    print(
+        f"Wrapper's own start-up and teardown: {med['wrapper pass'] - med['hooked pass']:+.2f} ms over a hooked child"
+    )
+    return met
+
+
+# -- -X importtime -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImportTime:
+    module: str
+    depth: int  # nesting level in the import tree (0: imported by the program or site itself)
+    self_us: int
+    cumulative_us: int
+
+
+def import_times(argv: Sequence[str], env: Mapping[str, str]) -> list[ImportTime]:
+    """The rows of ``python -X importtime ARGV...`` in its order (each module after its imports)."""
+    result = subprocess.run(
+        [PYTHON, "-X", "importtime", *argv], env=dict(env), capture_output=True, text=True, check=True
+    )
+    rows = []
+    for line in result.stderr.splitlines():
+        if not line.startswith("import time:") or "[us]" in line:
+            continue
+        self_us, cumulative_us, raw_name = line.removeprefix("import time:").split("|", 2)
+        name = raw_name.rstrip()
+        depth = (len(name) - len(name.lstrip()) - 1) // 2
+        rows.append(ImportTime(name.strip(), depth, int(self_us), int(cumulative_us)))
+    return rows
+
+
+def subtree(rows: Sequence[ImportTime], module: str) -> list[ImportTime]:
+    """``module``'s row (its heaviest occurrence) and every import made while it was executing."""
+    candidates = [index for index, row in enumerate(rows) if row.module == module]
+    if not candidates:
+        return []
+    top = max(candidates, key=lambda index: rows[index].cumulative_us)
+    found = [rows[top]]
+    for row in reversed(rows[:top]):  # children are printed before their parent
+        if row.depth <= rows[top].depth:
+            break
+        found.append(row)
+    return found
+
+
+def representative_subtree(
+    argv: Sequence[str], env: Mapping[str, str], module: str, runs: int
+) -> tuple[list[ImportTime], list[int]]:
+    """The subtree of the run whose ``module`` cumulative time is the median of ``runs`` runs."""
+    trees = [subtree(import_times(argv, env), module) for _ in range(runs)]
+    trees = [tree for tree in trees if tree]
+    if not trees:
+        raise RuntimeError(f"{module} was not imported by {argv}")
+    trees.sort(key=lambda tree: tree[0].cumulative_us)
+    return trees[len(trees) // 2], [tree[0].cumulative_us for tree in trees]
+
+
+def print_offenders(title: str, tree: Sequence[ImportTime], cumulative: Sequence[int], top: int) -> None:
+    """The heaviest modules of one import subtree, by self time."""
+    head = tree[0]
+    print(
+        f"{title}: `{head.module}` cumulative {head.cumulative_us / 1000:.2f} ms in the median run"
+        f" (range {min(cumulative) / 1000:.2f}-{max(cumulative) / 1000:.2f} ms), {len(tree)} modules"
+    )
+    print(f"  {'self µs':>8} {'cumul. µs':>10}  module")
+    for row in sorted(tree, key=lambda row: row.self_us, reverse=True)[:top]:
+        print(f"  {row.self_us:>8} {row.cumulative_us:>10}  {'  ' * (row.depth - head.depth)}{row.module}")
+    print()
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+
+def machine_line() -> str:
+    cpu = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} CPU ({cpu}), Python {platform.python_version()}, {platform.system()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--runs", type=int, default=40, help="timed runs per variant (default 40)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
+    parser.add_argument("--importtime-runs", type=int, default=7, help="runs per -X importtime median")
+    parser.add_argument("--top", type=int, default=15, help="offenders to list")
+    parser.add_argument("--no-pyc", action="store_true", help="no bytecode cache: compile every module")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="quotawrap-bench-") as tmp:
+        pycache = Path(tmp) / "pycache"
+        pycache.mkdir()
+        use_bytecode_cache(str(pycache), writable=not args.no_pyc)
+        check_hook_loads()
+        chosen = variants(f"sqlite:///{Path(tmp) / 'ledger.sqlite3'}")
+        print(f"Child start-up — {machine_line()}")
+        print(f"python: {PYTHON}; {args.runs} runs per variant, interleaved and rotated; warmup {args.warmup}")
+        cache_text = "none (--no-pyc: every module compiled from source)" if args.no_pyc else "warm, in a temp prefix"
+        print(f"bytecode cache: {cache_text}")
+        print()
+        samples = measure(chosen, args.runs, args.warmup)
+        report(samples)
+        print()
+        import_report(args.importtime_runs, args.top)
+    return 0
+
+
+def import_report(runs: int, top: int) -> None:
+    hooked = hooked_env()
+    print(f"-X importtime of the hooked children, top {top} by self time (median run of {runs})")
+    tree, cumulative = representative_subtree(["-c", "pass"], hooked, "sitecustomize", runs)
+    print_offenders("hooked `pass` child, the hook", tree, cumulative, top)
+    tree, cumulative = representative_subtree(["-c", "import httpx"], hooked, "quotawrap.intercept.httpx_adapter", runs)
+    print_offenders("hooked `import httpx` child, the lazy patch", tree, cumulative, top)
+    if not Path(PYTHON).with_name("quotawrap").exists():
+        print("note: no quotawrap console script beside python; the wrapper ran as `python -m quotawrap`")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,6 +24,7 @@ import quotawrap
 
 from .guard import warn
 from .ledger import Ledger, RunTotals
+from .live import LiveView
 from .settings import OPTIONS, Settings, env_name
 
 __all__ = [
@@ -134,19 +135,25 @@ def run_child(settings: Settings, command: Sequence[str], ledger: Ledger) -> Chi
     stop = threading.Event()
     reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop), daemon=True)
     reclaimer.start()
-    try:
-        while True:
-            try:
-                returncode = process.wait()
-                break
-            except KeyboardInterrupt:  # pragma: no cover - only without our handler
-                continue
-    finally:
-        stop.set()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    resolved = ledger.resolve_run(settings.run_id)
-    return ChildResult(_exit_code(returncode), ledger.run_totals(settings.run_id), resolved)
+    # --quiet: no live view (nor summary); stopped after resolve_run so its final lines show the charge
+    view: contextlib.AbstractContextManager[object] = (
+        contextlib.nullcontext() if settings.quiet else LiveView(ledger, settings, settings.run_id)
+    )
+    with view:
+        try:
+            while True:
+                try:
+                    returncode = process.wait()
+                    break
+                except KeyboardInterrupt:  # pragma: no cover - only without our handler
+                    continue
+        finally:
+            stop.set()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        resolved = ledger.resolve_run(settings.run_id)
+        totals = ledger.run_totals(settings.run_id)
+    return ChildResult(_exit_code(returncode), totals, resolved)
 
 
 def _reclaim_loop(ledger: Ledger, stop: threading.Event) -> None:

@@ -33,9 +33,9 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .._errors import ConfigError, StoreError
-from ..quota import BEIJING, Counters, Limit, Snapshot, Verdict, beijing_day
+from ..quota import BEIJING, Counters, Limit, Package, Snapshot, Verdict, beijing_day
 from ..usage import Usage
-from .base import Decision, HoldRequest, LimitsFor, ModelTotals, RunTotals
+from .base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals
 
 __all__ = ["RedisLedger", "RedisOptions"]
 
@@ -47,6 +47,7 @@ THEIR_SNAPSHOT_TTL_S = 24 * 3600  # the LiteLLM sync thread writes its snapshot 
 OUR_SNAPSHOT_TTL_S = 48 * 3600
 BLOCKED_MARK_TTL_S = 60  # long enough for a retried reserve to find its first answer
 SYNC_HISTORY_MAX = 1000
+MAX_RUNS_INDEXED = 10_000
 ACTIVE_KEEP_S = 3 * DAY_S
 FINAL_STATES = ("settled", "released", "gone")
 
@@ -72,27 +73,41 @@ local function counters(key)
   return num(v[1]), num(v[2])
 end
 
--- limits from ARGV[first]: a count, then (scope, kind, cap) each; walls come first already
+-- a run's tokens and cost (micro-CNY): {settled, in flight, cost settled, cost in flight}
+local function run_counters(key)
+  local v = redis.call('HMGET', key, 'settled', 'in_flight', 'cost_settled', 'cost_in_flight')
+  return {num(v[1]), num(v[2]), num(v[3]), num(v[4])}
+end
+
+-- limits from ARGV[first]: a count, then (scope, kind, cap, name) each; walls come first already
 local function limits_at(first)
   local n = tonumber(ARGV[first])
   local limits = {}
   for i = 0, n - 1 do
-    local b = first + 1 + 3 * i
-    limits[i + 1] = {ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])}
+    local b = first + 1 + 4 * i
+    limits[i + 1] = {ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]}
   end
   return limits
 end
 
 -- quota.verdict: index of the first limit that refuses the call, 0 when every limit fits.
--- only: 'r' to look at the run-scope limits alone (the Cluster run gate), nil for all.
-local function blocking(limits, only, rs, ri, ms, mi, reserve)
+-- Scopes: 'r' run tokens, 'c' run cost (checked with the call's cost), 'm' model-day tokens,
+-- 'x' unknown (zero counters). run_only: the run scopes alone (the Cluster run gate).
+local function blocking(limits, run_only, rc, ms, mi, reserve, reserve_cost)
   for i, l in ipairs(limits) do
-    if only == nil or l[1] == only then
-      local s, f = 0, 0
-      if l[1] == 'r' then s, f = rs, ri elseif l[1] == 'm' then s, f = ms, mi end
+    local scope = l[1]
+    if not run_only or scope == 'r' or scope == 'c' then
+      local s, f, amount = 0, 0, reserve
+      if scope == 'r' then
+        s, f = rc[1], rc[2]
+      elseif scope == 'c' then
+        s, f, amount = rc[3], rc[4], reserve_cost
+      elseif scope == 'm' then
+        s, f = ms, mi
+      end
       if l[2] == 'w' then
         if s >= l[3] then return i end
-      elseif s + f + reserve > l[3] then
+      elseif s + f + amount > l[3] then
         return i
       end
     end
@@ -110,41 +125,54 @@ local function expire_all(keys, at)
   for _, k in ipairs(keys) do redis.call('EXPIREAT', k, at) end
 end
 
--- The run slot's copy of a hold: "state \t reserved \t charged \t day \t model".
-local function run_gate(uc, uh, umds, hold_id, reserve, enforce, limits, day, model, ttl)
-  local rs, ri = counters(uc)
-  local mine = redis.call('HGET', uh, hold_id)
+-- The run slot's copy of a hold: state, reserved, charged, reserved cost, charged cost, day, model.
+local function mirror(state, reserved, charged, rcost, ccost, day, model)
+  return table.concat({state, int(reserved), int(charged), int(rcost), int(ccost), day, model}, '\t')
+end
+
+local function parse_mirror(text)
+  local state, reserved, charged, rcost, ccost, day, model =
+    string.match(text, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  return state, tonumber(reserved), tonumber(charged), tonumber(rcost), tonumber(ccost), day, model
+end
+
+-- Check the run limits and take the run's share of the hold. Returns (run counters before, taken).
+local function run_gate(uc, uh, umds, a)
+  local rc = run_counters(uc)
+  local mine = redis.call('HGET', uh, a.hold_id)
   if mine then  -- a retried reserve: report the counters as they were before it
-    local reserved = tonumber(string.match(mine, '^[^\t]*\t([^\t]*)'))
-    return rs, ri - reserved, 1
+    local _, reserved, _, rcost = parse_mirror(mine)
+    return {rc[1], rc[2] - reserved, rc[3], rc[4] - rcost}, 1
   end
   local taken = 0
-  if enforce == '0' or blocking(limits, 'r', rs, ri, 0, 0, reserve) == 0 then
-    redis.call('HINCRBY', uc, 'in_flight', int(reserve))
-    redis.call('HSET', uh, hold_id, 'held\t' .. reserve .. '\t0\t' .. day .. '\t' .. model)
+  if a.enforce == '0' or blocking(a.limits, true, rc, 0, 0, a.reserve, a.reserve_cost) == 0 then
+    redis.call('HINCRBY', uc, 'in_flight', int(a.reserve))
+    if a.reserve_cost ~= 0 then redis.call('HINCRBY', uc, 'cost_in_flight', int(a.reserve_cost)) end
+    redis.call('HSET', uh, a.hold_id, mirror('held', a.reserve, 0, a.reserve_cost, 0, a.day, a.model))
     taken = 1
   end
-  redis.call('SADD', umds, day .. '\t' .. model)
-  for _, k in ipairs({uc, uh, umds}) do redis.call('EXPIRE', k, ttl) end
-  return rs, ri, taken
+  redis.call('SADD', umds, a.day .. '\t' .. a.model)
+  for _, k in ipairs({uc, uh, umds}) do redis.call('EXPIRE', k, a.run_ttl) end
+  return rc, taken
 end
 
 local RANK = {held = 0, unresolved = 1, settled = 2, released = 2, gone = 2}
 
--- Move the run slot's copy of a hold to target (charged: actual). State based, so applying the
--- same transition twice, or two transitions out of order, converges on the same counters.
-local function run_apply(uc, uh, hold_id, target, actual, ttl)
+-- Move the run slot's copy of a hold to target (charged: actual, actual_cost). State based, so
+-- applying a transition twice, or two transitions out of order, converges on the same counters.
+local function run_apply(uc, uh, hold_id, target, actual, actual_cost, ttl)
   local cur = redis.call('HGET', uh, hold_id)
   if not cur then return 0 end
-  local state, reserved, charged, day, model =
-    string.match(cur, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
-  reserved, charged = tonumber(reserved), tonumber(charged)
+  local state, reserved, charged, rcost, ccost, day, model = parse_mirror(cur)
   if RANK[target] <= RANK[state] then return 0 end
-  if state == 'held' then redis.call('HINCRBY', uc, 'in_flight', int(-reserved)) end
-  if actual - charged ~= 0 then redis.call('HINCRBY', uc, 'settled', int(actual - charged)) end
+  if state == 'held' then
+    redis.call('HINCRBY', uc, 'in_flight', int(0 - reserved))
+    if rcost ~= 0 then redis.call('HINCRBY', uc, 'cost_in_flight', int(0 - rcost)) end
+  end
+  if actual ~= charged then redis.call('HINCRBY', uc, 'settled', int(actual - charged)) end
+  if actual_cost ~= ccost then redis.call('HINCRBY', uc, 'cost_settled', int(actual_cost - ccost)) end
   if target == 'unresolved' then
-    local copy = 'unresolved\t' .. reserved .. '\t' .. actual .. '\t' .. day .. '\t' .. model
-    redis.call('HSET', uh, hold_id, copy)
+    redis.call('HSET', uh, hold_id, mirror('unresolved', reserved, actual, rcost, actual_cost, day, model))
   else
     redis.call('HDEL', uh, hold_id)
   end
@@ -152,9 +180,8 @@ local function run_apply(uc, uh, hold_id, target, actual, ttl)
   return 1
 end
 
--- a: hold_id run reserve enforce expires pid host now endpoint kf tags expire_at audit_max limits
 -- k: c open pids hold rt audit. Returns {blocking, settled seen, in flight seen, held}.
-local function md_reserve(k, a, rs, ri, foreign)
+local function md_reserve(k, a, rc, foreign)
   local ms, mi = counters(k.c)
   ms = ms + foreign
   local prior = redis.call('HMGET', k.hold, 'state', 'blocking', 'reserved')
@@ -162,46 +189,51 @@ local function md_reserve(k, a, rs, ri, foreign)
     local held = (prior[1] == 'blocked') and 0 or 1
     return {tonumber(prior[2]), ms, mi - held * num(prior[3]), held}
   end
-  local blk = blocking(a.limits, nil, rs, ri, ms, mi, a.reserve)
+  local blk = blocking(a.limits, false, rc, ms, mi, a.reserve, a.reserve_cost)
   local held = (blk == 0 or a.enforce == '0')
+  local blocked_by, would_block = '', 0
+  if blk ~= 0 then blocked_by, would_block = a.limits[blk][4], 1 end
   if held then
     redis.call('HINCRBY', k.c, 'in_flight', int(a.reserve))
-    redis.call('HSET', k.hold, 'state', 'held', 'run', a.run, 'reserved', a.reserve, 'charged', 0,
-      'pid', a.pid, 'host', a.host, 'expires', a.expires, 'started', a.now, 'endpoint', a.endpoint,
-      'kf', a.kf, 'tags', a.tags, 'blocking', blk)
+    redis.call('HSET', k.hold, 'state', 'held', 'run', a.run, 'reserved', int(a.reserve), 'charged', 0,
+      'reserved_cost', int(a.reserve_cost), 'charged_cost', 0, 'pid', a.pid, 'host', a.host,
+      'expires', a.expires, 'started', a.now, 'endpoint', a.endpoint, 'kf', a.kf, 'tags', a.tags,
+      'blocking', blk, 'blocked_by', blocked_by, 'would_block', would_block)
     redis.call('EXPIREAT', k.hold, a.expire_at)
     redis.call('ZADD', k.open, a.expires, a.hold_id)
     redis.call('HINCRBY', k.pids, a.host .. '|' .. a.pid, 1)
     redis.call('HINCRBY', k.rt, 'calls', 1)
     redis.call('HINCRBY', k.rt, 'reserved_open_tokens', int(a.reserve))
   else
-    redis.call('HSET', k.hold, 'state', 'blocked', 'blocking', blk, 'reserved', a.reserve)
+    redis.call('HSET', k.hold, 'state', 'blocked', 'blocking', blk, 'reserved', int(a.reserve))
     redis.call('EXPIRE', k.hold, a.blocked_ttl)
     redis.call('HINCRBY', k.rt, 'blocked_calls', 1)
     redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', a.run,
-      'state', 'blocked', 'reserved', a.reserve, 'blocking', blk, 'endpoint', a.endpoint,
-      'pid', a.pid, 'host', a.host, 'at', a.now)
+      'state', 'blocked', 'endpoint', a.endpoint, 'reserved', int(a.reserve), 'charged', 0,
+      'reserved_cost', int(a.reserve_cost), 'charged_cost', 0, 'prompt', '', 'completion', '',
+      'reasoning', '', 'cached', '', 'overshoot', 0, 'would_block', 1, 'blocked_by', blocked_by,
+      'kf', a.kf, 'tags', a.tags, 'started', a.now, 'ended', '', 'latency', '', 'pid', a.pid, 'host', a.host)
   end
   if blk ~= 0 then redis.call('HINCRBY', k.rt, 'would_block_calls', 1) end
   expire_all({k.c, k.open, k.pids, k.rt, k.audit}, a.expire_at)
   return {blk, ms, mi, held and 1 or 0}
 end
 
--- a: hold_id mode(settle|release|resolve) has_usage total prompt completion reasoning cached
---    latency now minute expire_at audit_max foreign
--- k: hold c open pids rt series audit. Returns {changed, target, reserved, actual, settled delta, run}.
+-- mode: settle | release | resolve. k: hold c open pids rt series audit.
+-- Returns {changed, target, reserved, actual, settled delta, run, actual cost}.
 local function md_transition(k, a)
   local f = redis.call('HMGET', k.hold, 'state', 'reserved', 'charged', 'run', 'pid', 'host', 'endpoint',
-    'started')
+    'started', 'reserved_cost', 'charged_cost', 'kf', 'tags', 'would_block', 'blocked_by')
   local state = f[1]
   if not state then return {0} end
-  local reserved, charged = num(f[2]), num(f[3])
+  local reserved, charged, rcost, ccost = num(f[2]), num(f[3]), num(f[9]), num(f[10])
   local usage = a.has_usage == '1'
-  local target, actual, dset, dfl
+  local target, actual, acost, dset, dfl
   if a.mode == 'settle' then
+    if usage and a.cost ~= '' then acost = tonumber(a.cost) else acost = rcost end
     if state == 'held' then
       if usage then actual = tonumber(a.total) else actual = reserved end
-      dset, dfl = actual, -reserved
+      dset, dfl = actual, 0 - reserved
     elseif state == 'unresolved' and usage then
       -- charged in full when its owner vanished; real usage arrived after all: correct it
       actual = tonumber(a.total)
@@ -213,9 +245,9 @@ local function md_transition(k, a)
   elseif state ~= 'held' then
     return {0}
   elseif a.mode == 'release' then
-    target, actual, dset, dfl = 'released', 0, 0, -reserved
+    target, actual, acost, dset, dfl = 'released', 0, 0, 0, 0 - reserved
   else
-    target, actual, dset, dfl = 'unresolved', reserved, reserved, -reserved
+    target, actual, acost, dset, dfl = 'unresolved', reserved, rcost, reserved, 0 - reserved
   end
   if dset ~= 0 then redis.call('HINCRBY', k.c, 'settled', int(dset)) end
   if dfl ~= 0 then redis.call('HINCRBY', k.c, 'in_flight', int(dfl)) end
@@ -223,38 +255,46 @@ local function md_transition(k, a)
     redis.call('ZREM', k.open, a.hold_id)
     local pk = f[6] .. '|' .. f[5]
     if redis.call('HINCRBY', k.pids, pk, -1) <= 0 then redis.call('HDEL', k.pids, pk) end
-    redis.call('HINCRBY', k.rt, 'reserved_open_tokens', int(-reserved))
+    redis.call('HINCRBY', k.rt, 'reserved_open_tokens', int(0 - reserved))
   else
     redis.call('HINCRBY', k.rt, 'unresolved_calls', -1)
   end
-  redis.call('HINCRBY', k.rt, 'settled_tokens', int(dset))
+  if dset ~= 0 then redis.call('HINCRBY', k.rt, 'settled_tokens', int(dset)) end
+  if acost ~= ccost then redis.call('HINCRBY', k.rt, 'settled_cost', int(acost - ccost)) end
   if target == 'unresolved' then
     redis.call('HINCRBY', k.rt, 'unresolved_calls', 1)
   elseif target == 'released' then
     redis.call('HINCRBY', k.rt, 'released_calls', 1)
   end
+  local prompt, completion, reasoning, cached, overshoot = '', '', '', '', 0
   if usage and target == 'settled' then
-    redis.call('HINCRBY', k.rt, 'prompt_tokens', int(a.prompt))
-    redis.call('HINCRBY', k.rt, 'completion_tokens', int(a.completion))
-    redis.call('HINCRBY', k.rt, 'reasoning_tokens', int(a.reasoning))
-    redis.call('HINCRBY', k.rt, 'cached_tokens', int(a.cached))
-    if actual > reserved then redis.call('HINCRBY', k.rt, 'overshoot_calls', 1) end
+    prompt, completion, reasoning, cached = a.prompt, a.completion, a.reasoning, a.cached
+    redis.call('HINCRBY', k.rt, 'prompt_tokens', int(prompt))
+    redis.call('HINCRBY', k.rt, 'completion_tokens', int(completion))
+    redis.call('HINCRBY', k.rt, 'reasoning_tokens', int(reasoning))
+    redis.call('HINCRBY', k.rt, 'cached_tokens', int(cached))
+    if actual > reserved then
+      overshoot = 1
+      redis.call('HINCRBY', k.rt, 'overshoot_calls', 1)
+    end
   end
   if dset ~= 0 then
     local cumulative = num(redis.call('HGET', k.c, 'settled')) + tonumber(a.foreign)
-    redis.call('HSET', k.series, a.minute, cumulative)
+    redis.call('HSET', k.series, a.minute, int(cumulative))
   end
   if target == 'unresolved' then
-    redis.call('HSET', k.hold, 'state', 'unresolved', 'charged', actual)
+    redis.call('HSET', k.hold, 'state', 'unresolved', 'charged', int(actual), 'charged_cost', int(acost))
   else
     redis.call('DEL', k.hold)
   end
   redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', f[4],
-    'state', target, 'reserved', reserved, 'charged', actual, 'prompt', a.prompt,
-    'completion', a.completion, 'reasoning', a.reasoning, 'cached', a.cached, 'latency', a.latency,
-    'endpoint', f[7], 'pid', f[5], 'host', f[6], 'started', f[8], 'at', a.now)
+    'state', target, 'endpoint', f[7], 'reserved', int(reserved), 'charged', int(actual),
+    'reserved_cost', int(rcost), 'charged_cost', int(acost), 'prompt', prompt, 'completion', completion,
+    'reasoning', reasoning, 'cached', cached, 'overshoot', overshoot, 'would_block', f[13] or 0,
+    'blocked_by', f[14] or '', 'kf', f[11] or '', 'tags', f[12] or '', 'started', f[8] or a.now,
+    'ended', a.now, 'latency', a.latency, 'pid', f[5] or 0, 'host', f[6] or '')
   expire_all({k.c, k.rt, k.series, k.audit}, a.expire_at)
-  return {1, target, reserved, actual, dset, f[4]}
+  return {1, target, reserved, actual, dset, f[4], acost}
 end
 
 local function reserve_args(first)
@@ -263,7 +303,7 @@ local function reserve_args(first)
     pid = ARGV[first + 7], host = ARGV[first + 8], now = ARGV[first + 9], endpoint = ARGV[first + 10],
     kf = ARGV[first + 11], tags = ARGV[first + 12], expire_at = ARGV[first + 13],
     run_ttl = ARGV[first + 14], audit_max = ARGV[first + 15], blocked_ttl = ARGV[first + 16],
-    limits = limits_at(first + 17)}
+    reserve_cost = tonumber(ARGV[first + 17]), limits = limits_at(first + 18)}
 end
 
 local function transition_args(first)
@@ -272,7 +312,7 @@ local function transition_args(first)
     reasoning = ARGV[first + 6], cached = ARGV[first + 7], latency = ARGV[first + 8],
     now = ARGV[first + 9], minute = ARGV[first + 10], expire_at = ARGV[first + 11],
     audit_max = ARGV[first + 12], foreign = ARGV[first + 13], run_ttl = ARGV[first + 14],
-    own_ttl = ARGV[first + 15]}
+    own_ttl = ARGV[first + 15], cost = ARGV[first + 16]}
 end
 """
 
@@ -281,8 +321,9 @@ end
 #       9 md counters  10 md open  11 md pids  12 hold  13 md run totals  14 md audit
 #       15.. the LiteLLM limiter's daily_usage keys of this model-day
 # ARGV: 1 epoch  2 snapshot fingerprint  3.. reserve_args
-# Returns {blocking, md settled, md in flight, held, run settled, run in flight, foreign}, or
-# {-1} the snapshot changed since it was read, {-2} the store lost its data, {-3, at} a day marked lost.
+# Returns {blocking, md settled, md in flight, held, run settled, run in flight, foreign, run cost
+# settled, run cost in flight}, or {-1} the snapshot changed since it was read, {-2} the store lost
+# its data, {-3, at} the day is marked lost.
 _LUA_RESERVE_ONE = (
     _LUA_LIB
     + r"""
@@ -293,48 +334,46 @@ if lost then return {-3, lost} end
 local fp = (redis.call('HGET', KEYS[2], 'synced_at') or '') .. '|' .. (redis.call('GET', KEYS[3]) or '')
   .. '|' .. (redis.call('GET', KEYS[4]) or '')
 if fp ~= ARGV[2] then return {-1} end
-local rs, ri, taken = run_gate(KEYS[6], KEYS[7], KEYS[8], a.hold_id, a.reserve, a.enforce, a.limits,
-  a.day, a.model, a.run_ttl)
+local rc, taken = run_gate(KEYS[6], KEYS[7], KEYS[8], a)
 local k = {c = KEYS[9], open = KEYS[10], pids = KEYS[11], hold = KEYS[12], rt = KEYS[13], audit = KEYS[14]}
 local foreign = sum_keys(15)
-local r = md_reserve(k, a, rs, ri, foreign)
+local r = md_reserve(k, a, rc, foreign)
 if r[4] == 1 then
   redis.call('SET', KEYS[5], a.day .. '\t' .. a.model .. '\t' .. a.run, 'EXAT', a.expire_at)
 elseif taken == 1 then
-  run_apply(KEYS[6], KEYS[7], a.hold_id, 'gone', 0, a.run_ttl)
+  run_apply(KEYS[6], KEYS[7], a.hold_id, 'gone', 0, 0, a.run_ttl)
 end
-return {r[1], r[2], r[3], r[4], rs, ri, foreign}
+return {r[1], r[2], r[3], r[4], rc[1], rc[2], foreign, rc[3], rc[4]}
 """
 )
 
 # Cluster, run slot. KEYS: run counters, run holds, run model-days. ARGV: reserve_args.
-# Returns {run settled, run in flight, taken}.
+# Returns {run settled, run in flight, run cost settled, run cost in flight, taken}.
 _LUA_RUN_GATE = (
     _LUA_LIB
     + r"""
-local a = reserve_args(1)
-local rs, ri, taken = run_gate(KEYS[1], KEYS[2], KEYS[3], a.hold_id, a.reserve, a.enforce, a.limits,
-  a.day, a.model, a.run_ttl)
-return {rs, ri, taken}
+local rc, taken = run_gate(KEYS[1], KEYS[2], KEYS[3], reserve_args(1))
+return {rc[1], rc[2], rc[3], rc[4], taken}
 """
 )
 
 # Cluster, model-day slot. KEYS: md counters, open, pids, hold, run totals, audit.
-# ARGV: 1 run settled  2 run in flight  3 foreign usage  4.. reserve_args.
+# ARGV: 1-4 the run counters the gate saw  5 foreign usage  6.. reserve_args.
 _LUA_MD_RESERVE = (
     _LUA_LIB
     + r"""
-local a = reserve_args(4)
+local a = reserve_args(6)
 local k = {c = KEYS[1], open = KEYS[2], pids = KEYS[3], hold = KEYS[4], rt = KEYS[5], audit = KEYS[6]}
-return md_reserve(k, a, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+local rc = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])}
+return md_reserve(k, a, rc, tonumber(ARGV[5]))
 """
 )
 
-# Cluster, run slot. KEYS: run counters, run holds. ARGV: hold_id, target, actual, ttl.
+# Cluster, run slot. KEYS: run counters, run holds. ARGV: hold_id, target, actual, actual cost, ttl.
 _LUA_RUN_APPLY = (
     _LUA_LIB
     + r"""
-return run_apply(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4])
+return run_apply(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
 """
 )
 
@@ -348,7 +387,7 @@ local k = {hold = KEYS[1], c = KEYS[2], open = KEYS[3], pids = KEYS[4], rt = KEY
   audit = KEYS[7]}
 local r = md_transition(k, a)
 if r[1] == 1 then
-  run_apply(KEYS[8], KEYS[9], a.hold_id, r[2], r[4], a.run_ttl)
+  run_apply(KEYS[8], KEYS[9], a.hold_id, r[2], r[4], r[7], a.run_ttl)
   if r[5] ~= 0 then
     redis.call('INCRBY', KEYS[11], int(r[5]))
     redis.call('EXPIRE', KEYS[11], a.own_ttl)
@@ -369,6 +408,65 @@ local k = {hold = KEYS[1], c = KEYS[2], open = KEYS[3], pids = KEYS[4], rt = KEY
 return md_transition(k, a)
 """
 )
+
+
+# KEYS: the lease. ARGV: holder, now, until, ttl seconds (garbage collection only: "until" decides,
+# so a simulated clock works). Returns 1 when the holder has the lease.
+_LUA_LEASE = r"""
+local holder, untl = unpack(redis.call('HMGET', KEYS[1], 'holder', 'until'))
+if holder and holder ~= ARGV[1] and tonumber(untl) > tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'until', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+_LUA_UNLEASE = r"""
+if redis.call('HGET', KEYS[1], 'holder') == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def _lease_ttl(ttl_s: float) -> int:
+    return int(max(ttl_s, 0)) + 3600
+
+
+def _optional_int(text: str | None) -> int | None:
+    return None if text in (None, "") else int(float(text or 0))
+
+
+def _optional_float(text: str | None) -> float | None:
+    return None if text in (None, "") else float(text or 0)
+
+
+def _record(model: str, day: str, f: Mapping[str, str]) -> CallRecord:
+    """A CallRecord from an audit stream entry or an open hold's hash."""
+    state = f.get("state") or "held"
+    return CallRecord(
+        id=f["id"],
+        run_id=f.get("run") or "",
+        model=model,
+        day=day,
+        endpoint=f.get("endpoint") or "",
+        state=state,  # type: ignore[arg-type]
+        reserved=_optional_int(f.get("reserved")) or 0,
+        charged=_optional_int(f.get("charged")) or 0,
+        reserved_cost=_optional_int(f.get("reserved_cost")) or 0,
+        charged_cost=_optional_int(f.get("charged_cost")) or 0,
+        prompt_tokens=_optional_int(f.get("prompt")),
+        completion_tokens=_optional_int(f.get("completion")),
+        reasoning_tokens=_optional_int(f.get("reasoning")),
+        cached_tokens=_optional_int(f.get("cached")),
+        overshoot=f.get("overshoot") == "1",
+        would_block=f.get("would_block") == "1",
+        blocked_by=f.get("blocked_by") or None,
+        key_fingerprint=f.get("kf") or None,
+        tags=json.loads(f["tags"]) if f.get("tags") else {},
+        started_at=_optional_float(f.get("started")) or 0.0,
+        ended_at=_optional_float(f.get("ended")),
+        latency_s=_optional_float(f.get("latency")),
+        pid=_optional_int(f.get("pid")) or 0,
+        host=f.get("host") or "",
+    )
 
 
 # ----------------------------------------------------------------------------------- options
@@ -477,8 +575,8 @@ def _ordered(limits: Sequence[Limit]) -> list[Limit]:
 def _limit_args(ordered: Sequence[Limit]) -> list[Any]:
     args: list[Any] = [len(ordered)]
     for limit in ordered:
-        scope = {"run": "r", "model_day": "m"}.get(limit.scope, "x")
-        args += [scope, "w" if limit.kind == "wall" else "h", int(limit.cap)]
+        scope = {"run": "r", "model_day": "m", "run_cost": "c"}.get(limit.scope, "x")
+        args += [scope, "w" if limit.kind == "wall" else "h", int(limit.cap), limit.name]
     return args
 
 
@@ -502,8 +600,9 @@ class _Foreign:
 class RedisLedger:
     """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(self, url: str, *, clock: Callable[[], float] = time.time, **options: Any) -> None:
         self.url = url
+        self._clock = clock  # timestamps of records and the usage series (a simulated day runs fast)
         self._store = _redact(url)
         self._client_url, from_url = split_url(url)
         unknown = set(options) - set(RedisOptions.names())
@@ -551,6 +650,21 @@ class RedisLedger:
     def _active_key(self) -> str:
         return f"{self.options.prefix}:active"
 
+    def _models_key(self) -> str:
+        return f"{self.options.prefix}:models"
+
+    def _runs_key(self) -> str:
+        return f"{self.options.prefix}:runs"
+
+    def _run_info_key(self, run_id: str) -> str:
+        return f"{{{self.options.prefix}:run:{run_id}}}:info"
+
+    def _packages_key(self, model: str) -> str:
+        return f"{self.options.prefix}:packages:{model}"
+
+    def _lease_key(self, name: str) -> str:
+        return f"{self.options.prefix}:lease:{name}"
+
     def _loc_key(self, hold_id: str) -> str:
         return f"{self.options.prefix}:loc:{hold_id}"
 
@@ -586,9 +700,7 @@ class RedisLedger:
         except StoreError:
             raise
         except redis.exceptions.RedisError as exc:
-            raise StoreError(
-                f"Redis ledger {action} failed: {type(exc).__name__}: {exc}", store=self._store
-            ) from exc
+            raise StoreError(f"Redis ledger {action} failed: {type(exc).__name__}: {exc}", store=self._store) from exc
         except OSError as exc:  # raised by some socket paths before redis-py wraps them
             raise StoreError(f"Redis ledger {action} failed: {exc}", store=self._store) from exc
 
@@ -603,9 +715,7 @@ class RedisLedger:
                     return fn()
             except StoreError as exc:
                 cause = exc.__cause__
-                transient = isinstance(
-                    cause, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-                )
+                transient = isinstance(cause, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError))
                 if not transient or attempt >= self.options.retries:
                     raise
                 attempt += 1
@@ -653,6 +763,8 @@ class RedisLedger:
                     "run_apply": _LUA_RUN_APPLY,
                     "transition_one": _LUA_TRANSITION_ONE,
                     "md_transition": _LUA_MD_TRANSITION,
+                    "lease": _LUA_LEASE,
+                    "unlease": _LUA_UNLEASE,
                 }
                 self._scripts = {name: self._client.register_script(src) for name, src in sources.items()}
             if self._epoch is None:
@@ -776,7 +888,7 @@ class RedisLedger:
             repr(float(request.expires_at)),
             int(request.pid),
             request.host,
-            repr(time.time()),
+            repr(self._clock()),
             request.endpoint,
             request.key_fingerprint or "",
             json.dumps(dict(request.tags)) if request.tags else "",
@@ -784,6 +896,7 @@ class RedisLedger:
             self.options.run_ttl_s,
             self.options.audit_max,
             BLOCKED_MARK_TTL_S,
+            int(request.reserve_cost),
             *_limit_args(ordered),
         ]
 
@@ -799,13 +912,14 @@ class RedisLedger:
         ordered: Sequence[Limit],
         blocking: int,
         md: Counters,
-        run: Counters,
+        run: Sequence[Any],
         held: bool,
     ) -> Decision:
         if held:
             self._locs[request.hold_id] = _Loc(request.day, request.model, request.run_id)
         result = Verdict(True) if blocking == 0 else Verdict(False, ordered[blocking - 1])
-        return Decision(request.hold_id, result, held, {"run": run, "model_day": md})
+        tokens, cost = Counters(int(run[0]), int(run[1])), Counters(int(run[2]), int(run[3]))
+        return Decision(request.hold_id, result, held, {"run": tokens, "model_day": md, "run_cost": cost})
 
     def _reserve_one(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         """Single node: one script checks every limit and takes the hold in both slots."""
@@ -814,6 +928,7 @@ class RedisLedger:
         bal_key, usage_key = self._their_snapshot_keys(request.model)
         expire_at = self._expire_at(request.day, request.expires_at)
         script = self._script("reserve_one")
+        self._touch_active(request.day, request.model)
         fresh = False
         for _ in range(5):
             fingerprint, snapshot = self._retrying(
@@ -848,9 +963,8 @@ class RedisLedger:
                 raise self._lost(request.day)
             if code == -3:
                 raise self._lost_error(request.day, float(_text(result[1]) or 0))
-            self._touch_active(request.day, request.model, inline=True)
             md = Counters(int(result[1]), int(result[2]))
-            run = Counters(int(result[4]), int(result[5]))
+            run = [result[4], result[5], result[7], result[8]]
             cached = self._foreign.get((request.model, request.day))
             if cached is not None:  # the usage series adds it to our own settled
                 cached.last_sum = int(result[6])
@@ -890,11 +1004,11 @@ class RedisLedger:
                 exat=expire_at,
             ),
         )
-        self._touch_active(request.day, request.model, inline=False)
+        self._touch_active(request.day, request.model)
         gate = self._retrying(
             "reserve", lambda: self._scripts["run_gate"](keys=[rk["c"], rk["h"], rk["mds"]], args=args)
         )
-        rs, ri, taken = (int(v) for v in gate)
+        run, taken = [int(v) for v in gate[:4]], int(gate[4])
         md_keys = [
             mk["c"],
             mk["open"],
@@ -905,38 +1019,43 @@ class RedisLedger:
         ]
         try:
             result = self._retrying(
-                "reserve", lambda: self._scripts["md_reserve"](keys=md_keys, args=[rs, ri, foreign, *args])
+                "reserve", lambda: self._scripts["md_reserve"](keys=md_keys, args=[*run, foreign, *args])
             )
         except StoreError:
             if taken:
                 with contextlib.suppress(StoreError):
-                    self._run_apply(request.run_id, request.hold_id, "gone", 0)
+                    self._run_apply(request.run_id, request.hold_id, "gone", 0, 0)
             raise
         held = bool(int(result[3]))
         if not held:
             if taken:
-                self._run_apply(request.run_id, request.hold_id, "gone", 0)
+                self._run_apply(request.run_id, request.hold_id, "gone", 0, 0)
             self._retrying("reserve", lambda: client.delete(self._loc_key(request.hold_id)))
         md = Counters(int(result[1]), int(result[2]))
-        return self._decision(request, ordered, int(result[0]), md, Counters(rs, ri), held)
+        return self._decision(request, ordered, int(result[0]), md, run, held)
 
-    def _run_apply(self, run_id: str, hold_id: str, target: str, actual: int) -> None:
+    def _run_apply(self, run_id: str, hold_id: str, target: str, actual: int, actual_cost: int) -> None:
         rk = self._run_keys(run_id)
         self._retrying(
             "settle",
             lambda: self._scripts["run_apply"](
-                keys=[rk["c"], rk["h"]], args=[hold_id, target, actual, self.options.run_ttl_s]
+                keys=[rk["c"], rk["h"]], args=[hold_id, target, actual, actual_cost, self.options.run_ttl_s]
             ),
         )
 
-    def _touch_active(self, day: str, model: str, *, inline: bool) -> None:
-        """Index the model-day so reclaim_orphans finds its holds (refreshed once a minute per process)."""
+    def _touch_active(self, day: str, model: str) -> None:
+        """Index the model-day (for reclaim_orphans) and the model (known_models), once a minute per process."""
         member = f"{day}\t{model}"
         now = time.time()
         if now - self._active_seen.get(member, 0.0) < 60:
             return
         client = self._redis()
-        self._retrying("index", lambda: client.zadd(self._active_key(), {member: now}))
+
+        def index() -> None:
+            client.zadd(self._active_key(), {member: now})
+            client.sadd(self._models_key(), model)
+
+        self._retrying("index", index)
         self._active_seen[member] = now
 
     # -- transitions ---------------------------------------------------------------------------
@@ -953,12 +1072,18 @@ class RedisLedger:
         return _Loc(day, model, run_id)
 
     def _transition(
-        self, loc: _Loc, hold_id: str, mode: str, usage: Usage | None, latency_s: float | None
+        self,
+        loc: _Loc,
+        hold_id: str,
+        mode: str,
+        usage: Usage | None = None,
+        latency_s: float | None = None,
+        cost: int | None = None,
     ) -> tuple[bool, str]:
         """Apply settle/release/resolve to one hold. (changed, new state)."""
         mk = self._md_keys(loc.day, loc.model, loc.run_id)
         rk = self._run_keys(loc.run_id)
-        now = time.time()
+        now = self._clock()
         md_keys = [
             self._hold_key(loc.day, loc.model, hold_id),
             mk["c"],
@@ -985,6 +1110,7 @@ class RedisLedger:
             self._last_foreign(loc.model, loc.day),
             self.options.run_ttl_s,
             OWN_DAILY_USAGE_TTL_S,
+            "" if cost is None else int(cost),
         ]
         own_key = self.own_daily_usage_key(loc.model, loc.day)
         if not self._cluster:
@@ -997,10 +1123,10 @@ class RedisLedger:
         result = self._retrying(mode, lambda: self._scripts["md_transition"](keys=md_keys, args=args))
         if not int(result[0]):
             return False, ""
-        target, actual, delta = _text(result[1]) or "", int(result[3]), int(result[4])
+        target, actual, delta, actual_cost = _text(result[1]) or "", int(result[3]), int(result[4]), int(result[6])
         # Not atomic with the model-day step on Cluster: each is idempotent, and a lost step only
         # leaves the run's or the LiteLLM limiter's view short (docs/redis.md).
-        self._run_apply(loc.run_id, hold_id, target, actual)
+        self._run_apply(loc.run_id, hold_id, target, actual, actual_cost)
         client = self._client
         if delta:
             with self._errors(mode):
@@ -1013,15 +1139,18 @@ class RedisLedger:
                 client.delete(self._loc_key(hold_id))
         return True, target
 
-    def settle(self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None) -> None:
+    def settle(
+        self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None, cost: int | None = None
+    ) -> None:
+        """Charge actual usage and cost (micro-CNY; without usage or cost the reserved cost). Idempotent."""
         loc = self._locate(hold_id)
         if loc is not None:
-            self._transition(loc, hold_id, "settle", usage, latency_s)
+            self._transition(loc, hold_id, "settle", usage, latency_s, cost)
 
     def release(self, hold_id: str) -> None:
         loc = self._locate(hold_id)
         if loc is not None:
-            self._transition(loc, hold_id, "release", None, None)
+            self._transition(loc, hold_id, "release")
 
     def resolve_run(self, run_id: str) -> int:
         client = self._redis()
@@ -1030,19 +1159,17 @@ class RedisLedger:
         resolved = 0
         for raw_id, raw in entries.items():
             hold_id = _text(raw_id) or ""
-            state, _, _, day, model = (_text(raw) or "").split("\t", 4)
+            state, _, _, _, _, day, model = (_text(raw) or "").split("\t", 6)
             if state != "held":
                 continue
             loc = _Loc(day, model, run_id)
             self._locs.pop(hold_id, None)
-            changed, _ = self._transition(loc, hold_id, "resolve", None, None)
+            changed, _ = self._transition(loc, hold_id, "resolve")
             if changed:
                 resolved += 1
-            elif not self._retrying(
-                "read", lambda h=hold_id, d=day, m=model: client.exists(self._hold_key(d, m, h))
-            ):
+            elif not self._retrying("read", lambda h=hold_id, d=day, m=model: client.exists(self._hold_key(d, m, h))):
                 # the model-day never took it (a Cluster reserve cut short): nothing was sent
-                self._run_apply(run_id, hold_id, "gone", 0)
+                self._run_apply(run_id, hold_id, "gone", 0, 0)
         return resolved
 
     def reclaim_orphans(self, now: float) -> int:
@@ -1061,8 +1188,7 @@ class RedisLedger:
         tag = self._md(day, model)
         open_key, pids_key = f"{tag}:open", f"{tag}:pids"
         expired = [
-            _text(h) or ""
-            for h in self._retrying("scan", lambda: client.zrangebyscore(open_key, "-inf", f"({now!r}"))
+            _text(h) or "" for h in self._retrying("scan", lambda: client.zrangebyscore(open_key, "-inf", f"({now!r}"))
         ]
         reclaimed = self._resolve_holds(day, model, expired)
         pids = self._retrying("scan", lambda: client.hgetall(pids_key))
@@ -1072,21 +1198,13 @@ class RedisLedger:
             if host == self._host and pid.isdigit() and not _pid_alive(int(pid)):
                 dead.add(pid)
         if dead:
-            open_ids = [
-                _text(h) or "" for h in self._retrying("scan", lambda: client.zrange(open_key, 0, -1))
-            ]
+            open_ids = [_text(h) or "" for h in self._retrying("scan", lambda: client.zrange(open_key, 0, -1))]
             owners = self._hold_fields(day, model, open_ids, "host", "pid")
-            mine = [
-                h
-                for h, (host, pid) in zip(open_ids, owners, strict=True)
-                if host == self._host and pid in dead
-            ]
+            mine = [h for h, (host, pid) in zip(open_ids, owners, strict=True) if host == self._host and pid in dead]
             reclaimed += self._resolve_holds(day, model, mine)
         return reclaimed
 
-    def _hold_fields(
-        self, day: str, model: str, hold_ids: Sequence[str], *names: str
-    ) -> list[tuple[str, ...]]:
+    def _hold_fields(self, day: str, model: str, hold_ids: Sequence[str], *names: str) -> list[tuple[str, ...]]:
         client = self._redis()
 
         def read() -> list[Any]:
@@ -1103,15 +1221,15 @@ class RedisLedger:
         for hold_id, (run_id,) in zip(hold_ids, self._hold_fields(day, model, hold_ids, "run"), strict=True):
             if not run_id:
                 continue
-            changed, _ = self._transition(_Loc(day, model, run_id), hold_id, "resolve", None, None)
+            changed, _ = self._transition(_Loc(day, model, run_id), hold_id, "resolve")
             count += changed
         return count
 
     # -- reads ---------------------------------------------------------------------------------
 
     def counters(self, keys: Sequence[str]) -> dict[str, Counters]:
-        """Counters by base.run_key / base.model_day_key; a model-day's settled includes the
-        LiteLLM limiter's daily_usage of that model-day (what the verdict sees)."""
+        """Counters by base.run_key / run_cost_key / model_day_key; a model-day's settled includes
+        the LiteLLM limiter's daily_usage of that model-day (what the verdict sees)."""
         client = self._redis()
         found: dict[str, Counters] = {}
         for key in keys:
@@ -1119,6 +1237,10 @@ class RedisLedger:
                 values = self._retrying(
                     "read", lambda k=key: client.hmget(self._run_keys(k[4:])["c"], ["settled", "in_flight"])
                 )
+                found[key] = Counters(_int(values[0]), _int(values[1]))
+            elif key.startswith("cost:"):
+                cost_key = self._run_keys(key[5:])["c"]
+                values = self._retrying("read", lambda k=cost_key: client.hmget(k, ["cost_settled", "cost_in_flight"]))
                 found[key] = Counters(_int(values[0]), _int(values[1]))
             elif key.startswith("md:") and ":" in key[3:]:
                 day, _, model = key[3:].partition(":")
@@ -1166,6 +1288,7 @@ class RedisLedger:
             pipe.ltrim(sync_key, -SYNC_HISTORY_MAX, -1)
             pipe.expireat(sync_key, self._expire_at(snapshot.day))
             pipe.execute()
+            client.sadd(self._models_key(), model)
 
         self._retrying("sync", write)
         self._snapshots.pop(model, None)
@@ -1190,15 +1313,144 @@ class RedisLedger:
         models: dict[str, ModelTotals] = {}
         for member in sorted(_text(m) or "" for m in members):
             day, _, model = member.partition("\t")
-            raw = self._retrying(
-                "read", lambda d=day, m=model: client.hgetall(f"{self._md(d, m)}:rt:{run_id}")
-            )
+            raw = self._retrying("read", lambda d=day, m=model: client.hgetall(f"{self._md(d, m)}:rt:{run_id}"))
             if not raw:
                 continue
             values = {_text(k): _int(v) for k, v in raw.items()}
             totals = ModelTotals(**{name: values.get(name, 0) for name in ModelTotals.__dataclass_fields__})
             models.setdefault(model, ModelTotals()).add(totals)
         return RunTotals(run_id, dict(sorted(models.items())))
+
+    # -- records: calls, runs, packages, models, leases -----------------------------------------
+
+    def call_records(
+        self, *, since: float | None = None, until: float | None = None, run_id: str | None = None
+    ) -> list[CallRecord]:
+        """What Redis still keeps: the capped audit streams and the open holds of the indexed model-days."""
+        client = self._redis()
+        members = [_text(m) or "" for m in self._retrying("read", lambda: client.zrange(self._active_key(), 0, -1))]
+        latest: dict[str, CallRecord] = {}
+        for member in members:
+            day, _, model = member.partition("\t")
+            tag = self._md(day, model)
+            entries = self._retrying("read", lambda t=tag: client.xrange(f"{t}:audit"))
+            for _, raw in entries:  # oldest first: a later entry of the same call replaces an earlier one
+                fields_ = {_text(k) or "": _text(v) or "" for k, v in raw.items()}
+                latest[fields_["id"]] = _record(model, day, fields_)
+            open_ids = [_text(h) or "" for h in self._retrying("read", lambda t=tag: client.zrange(f"{t}:open", 0, -1))]
+            for hold_id, row in zip(open_ids, self._hold_rows(day, model, open_ids), strict=True):
+                if row.get("state") == "held":
+                    latest[hold_id] = _record(model, day, {**row, "id": hold_id, "ended": "", "latency": ""})
+        records = [
+            r
+            for r in latest.values()
+            if (since is None or r.started_at >= since)
+            and (until is None or r.started_at < until)
+            and (run_id is None or r.run_id == run_id)
+        ]
+        return sorted(records, key=lambda r: r.started_at)
+
+    def _hold_rows(self, day: str, model: str, hold_ids: Sequence[str]) -> list[dict[str, str]]:
+        client = self._redis()
+
+        def read() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for hold_id in hold_ids:
+                pipe.hgetall(self._hold_key(day, model, hold_id))
+            return pipe.execute()
+
+        rows = self._retrying("read", read) if hold_ids else []
+        return [{_text(k) or "": _text(v) or "" for k, v in row.items()} for row in rows]
+
+    def start_run(self, run: RunRecord) -> None:
+        client = self._redis()
+        record = {
+            "run_id": run.run_id,
+            "started_at": run.started_at,
+            "ended_at": run.ended_at,
+            "command": run.command,
+            "tags": dict(run.tags),
+            "exit_code": run.exit_code,
+        }
+
+        def write() -> None:
+            client.set(self._run_info_key(run.run_id), json.dumps(record), ex=self.options.run_ttl_s)
+            client.zadd(self._runs_key(), {run.run_id: run.started_at})
+            # the index is bounded like the records it points to
+            client.zremrangebyscore(self._runs_key(), "-inf", time.time() - self.options.run_ttl_s)
+            client.zremrangebyrank(self._runs_key(), 0, -MAX_RUNS_INDEXED - 1)
+
+        self._retrying("run", write)
+
+    def end_run(self, run_id: str, exit_code: int, ended_at: float) -> None:
+        client = self._redis()
+        key = self._run_info_key(run_id)
+        raw = _text(self._retrying("run", lambda: client.get(key)))
+        if raw is None:
+            return
+        record = json.loads(raw)
+        record.update(exit_code=exit_code, ended_at=ended_at)
+        self._retrying("run", lambda: client.set(key, json.dumps(record), ex=self.options.run_ttl_s))
+
+    def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]:
+        client = self._redis()
+        low = "-inf" if since is None else repr(float(since))
+        high = "+inf" if until is None else f"({float(until)!r}"
+        run_ids = [
+            _text(r) or "" for r in self._retrying("read", lambda: client.zrangebyscore(self._runs_key(), low, high))
+        ]
+        raws = self._retrying("read", lambda: [client.get(self._run_info_key(r)) for r in run_ids]) if run_ids else []
+        found = []
+        for raw in raws:
+            if raw is None:
+                continue
+            data = json.loads(_text(raw) or "{}")
+            found.append(
+                RunRecord(
+                    data["run_id"],
+                    float(data["started_at"]),
+                    data.get("ended_at"),
+                    data.get("command") or "",
+                    data.get("tags") or {},
+                    data.get("exit_code"),
+                )
+            )
+        return sorted(found, key=lambda r: r.started_at)
+
+    def put_packages(self, model: str, packages: Sequence[Package], synced_at: float) -> None:
+        client = self._redis()
+        rows = [[p.available, p.expires_at] for p in packages]
+        payload = json.dumps({"synced_at": synced_at, "packages": rows})
+
+        self._retrying("sync", lambda: client.set(self._packages_key(model), payload))
+
+    def packages(self, model: str) -> list[Package]:
+        client = self._redis()
+        raw = _text(self._retrying("read", lambda: client.get(self._packages_key(model))))
+        if raw is None:
+            return []
+        return [Package(model, int(available), float(expires)) for available, expires in json.loads(raw)["packages"]]
+
+    def known_models(self) -> list[str]:
+        """Every model the ledger has seen a call or a balance for."""
+        client = self._redis()
+        return sorted(_text(m) or "" for m in self._retrying("read", lambda: client.smembers(self._models_key())))
+
+    def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
+        """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""
+        self._redis()
+        result = self._retrying(
+            "lease",
+            lambda: self._scripts["lease"](
+                keys=[self._lease_key(name)],
+                args=[holder, repr(float(now)), repr(float(now + ttl_s)), _lease_ttl(ttl_s)],
+            ),
+        )
+        return bool(int(result))
+
+    def release_lease(self, name: str, holder: str) -> None:
+        self._redis()
+        self._retrying("lease", lambda: self._scripts["unlease"](keys=[self._lease_key(name)], args=[holder]))
 
     def audit(self, model: str, day: str, count: int = 100) -> list[dict[str, str]]:
         """The newest per-call records of a model-day (capped stream, newest first)."""

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from quotawrap._errors import StoreError
 from quotawrap.ledger import Ledger, open_ledger
-from quotawrap.ledger.base import HoldRequest, model_day_key, run_key
+from quotawrap.ledger.base import HoldRequest, RunRecord, model_day_key, run_cost_key, run_key
 from quotawrap.ledger.redis import RedisLedger
-from quotawrap.quota import Counters, Limit, Snapshot, beijing_day, verdict
+from quotawrap.quota import Counters, Limit, Package, Snapshot, beijing_day, verdict
 from quotawrap.usage import Usage
 from tests.redis_server import (
     RedisCluster3,
@@ -74,6 +74,7 @@ def request(
     expires_in: float = 600.0,
     pid: int | None = None,
     host: str = HOST,
+    cost: int = 0,
 ) -> HoldRequest:
     return HoldRequest(
         run_id=run,
@@ -85,11 +86,18 @@ def request(
         host=host,
         expires_at=time.time() + expires_in,
         enforce=enforce,
+        reserve_cost=cost,
+        key_fingerprint="sk-…abcd",
+        tags={"team": "qa"},
     )
 
 
-def limits(run_cap: int | None = None, daily: int | None = None, wall: int | None = None) -> Any:
+def limits(
+    run_cap: int | None = None, daily: int | None = None, wall: int | None = None, cost_cap: int | None = None
+) -> Any:
     chosen = []
+    if cost_cap is not None:
+        chosen.append(Limit("cost_cap", "run_cost", cost_cap))
     if run_cap is not None:
         chosen.append(Limit("run_cap", "run", run_cap))
     if daily is not None:
@@ -110,6 +118,10 @@ def md(ledger: Ledger, model: str = MODEL, day: str = DAY) -> Counters:
 
 def rc(ledger: Ledger, run: str = "run-a") -> Counters:
     return ledger.counters([run_key(run)])[run_key(run)]
+
+
+def cc(ledger: Ledger, run: str = "run-a") -> Counters:
+    return ledger.counters([run_cost_key(run)])[run_cost_key(run)]
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -196,6 +208,7 @@ class TestReserve:
                 st.integers(0, 400),
                 st.sampled_from(["settle", "release", "keep", "none"]),
                 st.integers(0, 500),
+                st.integers(0, 300),
             ),
             min_size=1,
             max_size=12,
@@ -203,30 +216,119 @@ class TestReserve:
         run_cap=st.one_of(st.none(), st.integers(0, 2000)),
         daily=st.integers(0, 2000),
         wall=st.one_of(st.none(), st.integers(0, 1500)),
+        cost_cap=st.one_of(st.none(), st.integers(0, 1000)),
     )
     def test_decision_is_quota_verdict(
         self,
         ledger: Ledger,
-        steps: list[tuple[int, str, int]],
+        steps: list[tuple[int, str, int, int]],
         run_cap: int | None,
         daily: int,
         wall: int | None,
+        cost_cap: int | None,
     ) -> None:
         """Every decision equals quota.verdict on the counters the ledger held just before it."""
-        run = f"prop-{random.getrandbits(64):x}"
-        model = f"m-{random.getrandbits(64):x}"
-        chosen = limits(run_cap=run_cap, daily=daily, wall=wall)
-        for reserve, then, actual in steps:
-            before = {"run": rc(ledger, run), "model_day": md(ledger, model)}
-            decision = ledger.reserve(request(reserve, run=run, model=model), chosen)
+        # hypothesis seeds `random`: take fresh names from the OS so examples never share counters
+        run = f"prop-{os.urandom(8).hex()}"
+        model = f"m-{os.urandom(8).hex()}"
+        chosen = limits(run_cap=run_cap, daily=daily, wall=wall, cost_cap=cost_cap)
+        for reserve, then, actual, cost in steps:
+            before = {"run": rc(ledger, run), "model_day": md(ledger, model), "run_cost": cc(ledger, run)}
+            decision = ledger.reserve(request(reserve, run=run, model=model, cost=cost), chosen)
             assert dict(decision.counters) == before
-            assert decision.verdict == verdict(chosen(None), before, reserve)
+            assert decision.verdict == verdict(chosen(None), before, reserve, reserve_cost=cost)
             if decision.held and then == "settle":
-                ledger.settle(decision.hold_id, usage(actual))
+                ledger.settle(decision.hold_id, usage(actual), cost=actual % (cost + 1))
             elif decision.held and then == "release":
                 ledger.release(decision.hold_id)
             elif decision.held and then == "none":
                 ledger.settle(decision.hold_id, None)
+
+
+class TestCost:
+    def test_cost_cap_blocks_on_cost(self, ledger: Ledger) -> None:
+        """The run_cost scope is checked with the call's cost (micro-CNY), not its tokens."""
+        first = ledger.reserve(request(10, cost=700), limits(cost_cap=1000))
+        refused = ledger.reserve(request(10, cost=400), limits(cost_cap=1000))
+        assert first.held and not refused.held
+        assert refused.verdict.blocking is not None and refused.verdict.blocking.scope == "run_cost"
+        assert cc(ledger) == Counters(0, 700)
+
+    def test_settle_charges_cost(self, ledger: Ledger) -> None:
+        """Settle charges the given cost; unknown usage or cost charges the reserved cost."""
+        a = ledger.reserve(request(100, cost=500), limits(daily=10_000))
+        b = ledger.reserve(request(100, cost=300), limits(daily=10_000))
+        c = ledger.reserve(request(100, cost=200), limits(daily=10_000))
+        ledger.settle(a.hold_id, usage(50), cost=120)
+        ledger.settle(b.hold_id, None, cost=1)
+        ledger.settle(c.hold_id, usage(50))
+        ledger.settle(a.hold_id, usage(50), cost=999)
+        assert cc(ledger) == Counters(120 + 300 + 200, 0)
+        assert ledger.run_totals("run-a").models[MODEL].settled_cost == 620
+
+    def test_late_settle_corrects_cost(self, ledger: Ledger) -> None:
+        """An unresolved call charged its reserved cost is corrected to the actual cost."""
+        held = ledger.reserve(request(100, cost=500), limits(daily=10_000))
+        assert ledger.resolve_run("run-a") == 1
+        assert cc(ledger) == Counters(500, 0)
+        ledger.settle(held.hold_id, usage(40), cost=90)
+        assert cc(ledger) == Counters(90, 0) and rc(ledger) == Counters(40, 0)
+
+
+class TestRecords:
+    def test_call_records(self, ledger: Ledger) -> None:
+        """Each call is kept with its outcome, amounts, tokens, key fingerprint and tags."""
+        a = ledger.reserve(request(100, cost=50), limits(daily=1000))
+        ledger.settle(a.hold_id, Usage(30, 90, 120, reasoning_tokens=40, cached_tokens=10), latency_s=0.5, cost=60)
+        ledger.reserve(request(5000), limits(daily=1000))
+        b = ledger.reserve(request(200, run="run-b"), limits(daily=1000))
+        records = {r.id: r for r in ledger.call_records()}
+        assert len(records) == 3
+        settled = records[a.hold_id]
+        assert (settled.outcome, settled.charged, settled.charged_cost, settled.prompt_tokens) == (
+            "overshoot",
+            120,
+            60,
+            30,
+        )
+        assert (settled.key_fingerprint, dict(settled.tags), settled.latency_s) == ("sk-…abcd", {"team": "qa"}, 0.5)
+        blocked = next(r for r in records.values() if r.state == "blocked")
+        assert blocked.would_block and blocked.blocked_by == "daily_cap"
+        assert records[b.hold_id].state == "held" and records[b.hold_id].ended_at is None
+        assert [r.id for r in ledger.call_records(run_id="run-b")] == [b.hold_id]
+        assert ledger.call_records(since=time.time() + 60) == []
+
+    def test_runs(self, ledger: Ledger) -> None:
+        """A run is recorded at its start and completed with its exit code."""
+        now = time.time()
+        ledger.start_run(RunRecord("run-a", now, command="python agent.py", tags={"team": "qa"}))
+        ledger.start_run(RunRecord("run-b", now + 1))
+        ledger.end_run("run-a", 3, now + 10)
+        runs = ledger.runs()
+        assert [r.run_id for r in runs] == ["run-a", "run-b"]
+        assert (runs[0].exit_code, runs[0].ended_at, runs[0].command) == (3, now + 10, "python agent.py")
+        assert [r.run_id for r in ledger.runs(since=now + 0.5)] == ["run-b"]
+
+    def test_packages_and_known_models(self, ledger: Ledger) -> None:
+        """Packages round-trip; models seen in calls or syncs are known."""
+        now = time.time()
+        ledger.put_packages("pkg-model", [Package("pkg-model", 1000, now + 86_400)], now)
+        ledger.reserve(request(1), limits(daily=10))
+        ledger.put_snapshot("synced-model", Snapshot(1, 0, 0, now, DAY))
+        assert ledger.packages("pkg-model") == [Package("pkg-model", 1000, now + 86_400)]
+        assert ledger.packages("nothing") == []
+        assert ledger.known_models() == sorted({"synced-model", MODEL})
+
+    def test_leases(self, ledger: Ledger) -> None:
+        """One holder at a time until the lease runs out or is released."""
+        assert ledger.try_lease("billing", "a", 60.0, 1000.0)
+        assert not ledger.try_lease("billing", "b", 60.0, 1010.0)
+        assert ledger.try_lease("billing", "a", 60.0, 1020.0)
+        assert ledger.try_lease("billing", "b", 60.0, 1081.0)
+        ledger.release_lease("billing", "a")
+        assert not ledger.try_lease("billing", "a", 60.0, 1082.0)
+        ledger.release_lease("billing", "b")
+        assert ledger.try_lease("billing", "a", 60.0, 1083.0)
 
 
 # -- settle, release, resolve ---------------------------------------------------------------------
@@ -542,7 +644,9 @@ class TestRestart:
                     try:
                         ledger.settle(decision.hold_id, usage(60))
                         break
-                    except StoreError:
+                    except StoreError as exc:
+                        with lock:
+                            errors.append(exc)
                         time.sleep(0.02)
                 with lock:
                     outcomes.append(("settled", 60))
@@ -605,9 +709,7 @@ class TestLiteLLMInterop:
     def test_foreign_daily_usage_counts(self, redis_ledger: RedisLedger, redis_url: str) -> None:
         """Usage the LiteLLM limiter INCRs under its own hash is part of the model-day's settled."""
         key = f"daily_usage:{DAY}:{MODEL}:abcd1234"
-        other = multiprocessing.get_context("fork").Process(
-            target=_litellm_incr, args=(redis_url, key, 10, 70)
-        )
+        other = multiprocessing.get_context("fork").Process(target=_litellm_incr, args=(redis_url, key, 10, 70))
         other.start()
         other.join(timeout=30)
         assert md(redis_ledger).settled == 700
@@ -659,9 +761,7 @@ class TestLiteLLMInterop:
     def test_shared_with_a_limiter_process(self, redis_url: str) -> None:
         """Our processes beside a limiter INCRing daily_usage: every hold counts its usage seen so far."""
         key = f"daily_usage:{DAY}:{MODEL}:abcd1234"
-        _client(redis_url).set(
-            key, 1
-        )  # the limiter's key exists before the run (names are re-scanned each second)
+        _client(redis_url).set(key, 1)  # the limiter's key exists before the run (names are re-scanned each second)
         context = multiprocessing.get_context("fork")
         other = context.Process(target=_litellm_incr, args=(redis_url, key, 400, 25))
         other.start()
@@ -693,7 +793,7 @@ class TestMemoryBounded:
         calls(4500)
         assert client.dbsize() == after_500 <= 15
         persistent = [k for k in client.keys("*") if client.ttl(k) == -1]
-        assert persistent == ["qw:meta", "qw:active"] or sorted(persistent) == ["qw:active", "qw:meta"]
+        assert sorted(persistent) == ["qw:active", "qw:meta", "qw:models"]  # O(models), not O(calls)
         assert client.xlen(f"{{qw:md:{DAY}:{MODEL}}}:audit") <= 700
         assert md(ledger).settled == sum(i % 50 for i in range(500)) + sum(i % 50 for i in range(4500))
 

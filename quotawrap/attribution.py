@@ -1,0 +1,196 @@
+"""Who and what a run's spend belongs to: ``--tag KEY=VALUE`` plus tags found automatically.
+
+Automatic tags come from a fixed whitelist and nothing else: the user, the host, the git
+branch and short commit of the working directory, and a handful of named GitHub Actions /
+GitLab CI variables. The environment is never scanned by pattern, so tokens and API keys
+(``GITHUB_TOKEN``, ``CI_JOB_TOKEN``, ``ARK_API_KEY`` ...) cannot end up in a ledger or report.
+
+Keys are short and prefix-free: ``user``, ``host``, ``git_branch``, ``git_commit``, ``ci``,
+``ci_run_id``, ``ci_job``, ``ci_job_id`` (GitLab), ``ci_actor``, ``ci_workflow`` (GitHub),
+``ci_repo``, ``ci_ref``. Explicit tags win over automatic ones of the same key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final
+
+from ._errors import ConfigError
+
+__all__ = [
+    "GIT_TIMEOUT_S",
+    "MAX_TAG_VALUE_LENGTH",
+    "RunGit",
+    "automatic_tags",
+    "merge_tags",
+    "parse_tags",
+    "run_git",
+]
+
+#: ``run_git(args, cwd, timeout)``: git's stripped stdout, or None when git failed or is absent.
+RunGit = Callable[[Sequence[str], str | None, float], str | None]
+
+GIT_TIMEOUT_S: Final = 2.0  # for all git calls together: attribution must never stall a run
+MAX_TAG_VALUE_LENGTH: Final = 256
+_KEY: Final = re.compile(r"[A-Za-z0-9_.-]+")
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+
+# (environment variable, tag key): the only variables ever read, per CI system
+_GITHUB: Final = (
+    ("GITHUB_RUN_ID", "ci_run_id"),
+    ("GITHUB_JOB", "ci_job"),
+    ("GITHUB_ACTOR", "ci_actor"),
+    ("GITHUB_WORKFLOW", "ci_workflow"),
+    ("GITHUB_REPOSITORY", "ci_repo"),
+    ("GITHUB_REF_NAME", "ci_ref"),
+)
+_GITLAB: Final = (
+    ("CI_PIPELINE_ID", "ci_run_id"),
+    ("CI_JOB_NAME", "ci_job"),
+    ("CI_JOB_ID", "ci_job_id"),
+    ("GITLAB_USER_LOGIN", "ci_actor"),
+    ("CI_PROJECT_PATH", "ci_repo"),
+    ("CI_COMMIT_REF_NAME", "ci_ref"),
+)
+_USER_VARIABLES: Final = ("LOGNAME", "USER", "LNAME", "USERNAME")  # getpass.getuser's order
+
+
+def parse_tags(values: Sequence[str]) -> dict[str, str]:
+    """``["team=infra", "ticket=QW-5"]`` → ``{"team": "infra", "ticket": "QW-5"}``; a repeated key's last value wins.
+
+    Keys are ``[A-Za-z0-9_.-]+``; values are non-empty, single-line and at most
+    :data:`MAX_TAG_VALUE_LENGTH` characters. Anything else is a :class:`ConfigError` that
+    quotes the offending argument.
+    """
+    if isinstance(values, str):  # one tag passed bare would otherwise be read character by character
+        values = [values]
+    tags: dict[str, str] = {}
+    for raw in values:
+        if not isinstance(raw, str):
+            raise ConfigError(f"--tag expects KEY=VALUE, got {raw!r}")
+        key, separator, value = raw.partition("=")
+        key = key.strip()
+        if not separator:
+            raise ConfigError(f"--tag expects KEY=VALUE, got {raw!r} (no '=')")
+        if not _KEY.fullmatch(key):
+            raise ConfigError(f"--tag {raw!r}: the key must be letters, digits, '_', '.' or '-'")
+        if not value.strip():
+            raise ConfigError(f"--tag {raw!r}: the value is empty (an unset shell variable?)")
+        if _CONTROL.search(value):
+            raise ConfigError(f"--tag {raw!r}: the value must be a single line without control characters")
+        if len(value) > MAX_TAG_VALUE_LENGTH:
+            raise ConfigError(f"--tag {key}=...: the value is longer than {MAX_TAG_VALUE_LENGTH} characters")
+        tags[key] = value
+    return tags
+
+
+def run_git(args: Sequence[str], cwd: str | None, timeout: float) -> str | None:
+    """Run one read-only git query; None on any failure (no git, not a repository, timeout)."""
+    if timeout <= 0:
+        return None
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
+    try:
+        done = subprocess.run(
+            # fsmonitor off: a repository's config must not get to run a program on our behalf
+            ["git", "-c", "core.fsmonitor=false", *args],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
+
+
+def automatic_tags(
+    environ: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    *,
+    run_git: RunGit = run_git,
+    hostname: Callable[[], str] = socket.gethostname,
+) -> dict[str, str]:
+    """Tags every run gets without asking: user, host, git branch/commit, CI identifiers.
+
+    ``environ`` defaults to ``os.environ`` and ``cwd`` to the current directory. Whatever
+    cannot be found (no git, detached HEAD, no commits yet, not in CI) is left out, never
+    guessed. The git queries share a :data:`GIT_TIMEOUT_S` budget.
+    """
+    env = os.environ if environ is None else environ
+    tags: dict[str, str] = {}
+    _put(tags, "user", _user(env))
+    _put(tags, "host", _host(hostname))
+    tags.update(_git_tags(cwd, run_git))
+    tags.update(_ci_tags(env))
+    return tags
+
+
+def merge_tags(automatic: Mapping[str, str], explicit: Mapping[str, str]) -> dict[str, str]:
+    """One set of tags; an explicit ``--tag`` overrides an automatic tag with the same key."""
+    return {**automatic, **explicit}
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _user(environ: Mapping[str, str]) -> str | None:
+    # getpass.getuser() with the environment injectable; it raises rather than returns on some systems
+    for name in _USER_VARIABLES:
+        value = environ.get(name)
+        if value:
+            return value
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError, OSError, AttributeError):
+        return None
+
+
+def _host(hostname: Callable[[], str]) -> str | None:
+    try:
+        return hostname()
+    except OSError:
+        return None
+
+
+def _git_tags(cwd: str | None, git: RunGit) -> dict[str, str]:
+    deadline = time.monotonic() + GIT_TIMEOUT_S
+    tags: dict[str, str] = {}
+    # symbolic-ref names the branch even before the first commit, and fails on a detached HEAD,
+    # where a branch name would be a guess
+    _put(tags, "git_branch", git(["symbolic-ref", "--quiet", "--short", "HEAD"], cwd, deadline - time.monotonic()))
+    _put(tags, "git_commit", git(["rev-parse", "--short", "HEAD"], cwd, deadline - time.monotonic()))
+    return tags
+
+
+def _ci_tags(environ: Mapping[str, str]) -> dict[str, str]:
+    if environ.get("GITHUB_ACTIONS") == "true" or environ.get("GITHUB_RUN_ID"):
+        system, variables = "github", _GITHUB
+    elif environ.get("GITLAB_CI") == "true" or environ.get("CI_PIPELINE_ID"):
+        system, variables = "gitlab", _GITLAB
+    else:
+        return {}
+    tags = {"ci": system}
+    for variable, key in variables:
+        _put(tags, key, environ.get(variable))
+    return tags
+
+
+def _put(tags: dict[str, str], key: str, value: str | None) -> None:
+    """Add a found value, made safe for a one-line report; drop it when nothing is left."""
+    if value is None:
+        return
+    cleaned = _CONTROL.sub("", value).strip()[:MAX_TAG_VALUE_LENGTH]
+    if cleaned:
+        tags[key] = cleaned

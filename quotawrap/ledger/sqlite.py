@@ -125,6 +125,45 @@ def _retry_locked(action: Callable[[], object], attempts: int = 100) -> None:
             time.sleep(0.05)
 
 
+def _refuse_foreign(path: Path, url: str) -> None:
+    """Raise StoreCorrupt unless ``path`` is missing, empty, or a quotawrap ledger; reads only."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return
+        with path.open("rb") as file:
+            header = file.read(16)
+    except OSError:
+        return  # _private_file says what is wrong with the path
+    if header != b"SQLite format 3\0":  # SQLite itself takes a short file of garbage for an empty database
+        raise StoreCorrupt("ledger is damaged (file is not a database); it was left untouched", store=url)
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0)
+    try:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        except sqlite3.OperationalError:  # no meta table, or not ours
+            row = None
+    finally:
+        conn.close()
+    if row is None:
+        raise StoreCorrupt("this SQLite file is not a quotawrap ledger; it was left untouched", store=url)
+    if row[0] != SCHEMA_VERSION and row[0] not in _MIGRATIONS:
+        raise StoreCorrupt(f"ledger schema {row[0]!r} is not {SCHEMA_VERSION!r}", store=url)
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    """Tables and the schema mark in one transaction: no opener ever sees tables without the mark."""
+    mark = f"INSERT OR IGNORE INTO meta VALUES ('schema', '{int(SCHEMA_VERSION)}');"
+    try:
+        conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\n{mark}\nCOMMIT;")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 def _private_file(path: Path) -> None:
     """Create the ledger file (and its directory) readable by the owner only."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -148,17 +187,19 @@ class SQLiteLedger:
         self.url = url or f"sqlite:///{self.path}"
         self._local = threading.local()
         self._host = socket.gethostname()
+        with self._errors("open"):
+            # Before anything writes to it (mode, WAL switch, tables): a file that is not a
+            # quotawrap ledger is refused as it is, never adopted.
+            _refuse_foreign(self.path, self.url)
         try:
             _private_file(self.path)
         except OSError as exc:
             raise StoreError(f"cannot create the ledger file: {exc}", store=self.url) from exc
         with self._errors("open"):
             conn = self._conn()
-            _retry_locked(lambda: conn.executescript(_SCHEMA))
+            _retry_locked(lambda: _create_schema(conn))
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if row is None:
-                conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-            elif row[0] in _MIGRATIONS:
+            if row[0] in _MIGRATIONS:
                 self._migrate(conn)
             elif row[0] != SCHEMA_VERSION:
                 raise StoreCorrupt(f"ledger schema {row[0]!r} is not {SCHEMA_VERSION!r}", store=self.url)

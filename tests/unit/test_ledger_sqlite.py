@@ -1,0 +1,266 @@
+"""Tests for what only the SQLite ledger does: private files, refusing what is not a ledger, fork safety,
+and keeping API keys out of the file. (The behaviour every ledger shares is in test_ledger_contract.py.)"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import sqlite3
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quotawrap._errors import StoreCorrupt, StoreError
+from quotawrap.guard import Guard
+from quotawrap.ledger import HoldRequest, model_day_key
+from quotawrap.ledger.sqlite import SCHEMA_VERSION, SQLiteLedger
+from quotawrap.settings import Settings
+from quotawrap.usage import Usage
+
+MODEL = "doubao-seed-1-6-250615"
+DAY = "2026-05-01"
+
+
+def _hold(reserve: int = 100, **changes: object) -> HoldRequest:
+    fields: dict[str, object] = {
+        "run_id": "run-1",
+        "model": MODEL,
+        "day": DAY,
+        "reserve": reserve,
+        "endpoint": "chat",
+        "pid": os.getpid(),
+        "host": "test-host",
+        "expires_at": time.time() + 3600,
+        **changes,
+    }
+    return HoldRequest(**fields)  # type: ignore[arg-type]
+
+
+def _no_limits(_snapshot: object) -> list[object]:
+    return []
+
+
+def _open_at(path: Path, start_at: float, results: Any) -> None:
+    """In a forked process: open the ledger at the agreed moment, report ok or the error."""
+    while time.time() < start_at:
+        pass
+    try:
+        SQLiteLedger(path).close()
+        results.put("ok")
+    except BaseException as exc:
+        results.put(repr(exc))
+
+
+def _mode(path: Path | str) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def loose_umask() -> Iterator[None]:
+    """A umask that would leave new files world-readable, so privacy must come from the ledger itself."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+class TestPrivateFiles:
+    def test_database_and_journals_are_0600(self, tmp_path: Path, loose_umask: None) -> None:
+        """The ledger, its -wal and its -shm are readable by the owner only."""
+        path = tmp_path / "ledger.sqlite3"
+        ledger = SQLiteLedger(path)
+        ledger.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            assert name.exists(), name
+            assert _mode(name) == 0o600, name
+        ledger.close()
+
+    def test_existing_loose_file_is_tightened(self, tmp_path: Path) -> None:
+        """An empty ledger file someone created 0644 is made 0600 on open."""
+        path = tmp_path / "ledger.sqlite3"
+        path.touch(mode=0o644)
+        os.chmod(path, 0o644)
+        SQLiteLedger(path).close()
+        assert _mode(path) == 0o600
+
+    def test_created_directory_is_0700(self, tmp_path: Path, loose_umask: None) -> None:
+        """The directory the ledger creates for itself is private."""
+        directory = tmp_path / "state" / "quotawrap"
+        SQLiteLedger(directory / "ledger.sqlite3").close()
+        assert _mode(directory) == 0o700
+
+    def test_uncreatable_path_is_a_store_error(self, tmp_path: Path) -> None:
+        """A path under a regular file cannot be a ledger: StoreError naming the store."""
+        blocker = tmp_path / "file"
+        blocker.write_text("")
+        with pytest.raises(StoreError, match="file"):
+            SQLiteLedger(blocker / "ledger.sqlite3")
+
+
+def _assert_refused_untouched(path: Path, match: str) -> None:
+    before, mode = path.read_bytes(), _mode(path)
+    with pytest.raises(StoreCorrupt, match=match) as error:
+        SQLiteLedger(path)
+    assert str(path) in str(error.value)  # names the store
+    assert path.read_bytes() == before
+    assert _mode(path) == mode
+
+
+class TestRefusesWhatIsNotALedger:
+    def test_garbage(self, tmp_path: Path) -> None:
+        """A file of garbage is StoreCorrupt and is left byte for byte as it was."""
+        path = tmp_path / "ledger.sqlite3"
+        path.write_bytes(b"this is not a database\n" * 500)
+        _assert_refused_untouched(path, "damaged")
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.binary(min_size=1, max_size=8192).filter(lambda data: not data.startswith(b"SQLite format 3\0")))
+    def test_any_garbage(self, data: bytes) -> None:
+        """Whatever non-SQLite bytes the file holds, it is refused and never rewritten."""
+        with tempfile.TemporaryDirectory() as directory:
+            path = Path(directory) / "ledger.sqlite3"
+            path.write_bytes(data)
+            with pytest.raises(StoreCorrupt):
+                SQLiteLedger(path)
+            assert path.read_bytes() == data
+
+    def test_truncated_ledger(self, tmp_path: Path) -> None:
+        """A ledger cut in half is StoreCorrupt, and the rest of it is not overwritten."""
+        path = tmp_path / "ledger.sqlite3"
+        ledger = SQLiteLedger(path)
+        for _ in range(200):
+            ledger.reserve(_hold(tags={"padding": "x" * 200}), _no_limits)  # type: ignore[arg-type]
+        ledger.close()
+        with sqlite3.connect(path) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("PRAGMA journal_mode=DELETE")
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+        _assert_refused_untouched(path, "damaged")
+
+    def test_other_applications_database(self, tmp_path: Path) -> None:
+        """Someone else's SQLite file is refused as it is: no tables added, no WAL switch, no chmod."""
+        path = tmp_path / "app.db"
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+            conn.execute("INSERT INTO users VALUES (1, 'ada')")
+        os.chmod(path, 0o644)
+        _assert_refused_untouched(path, "not a quotawrap ledger")
+        with sqlite3.connect(path) as conn:
+            tables = [name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        assert tables == ["users"]
+
+    def test_other_applications_meta_table(self, tmp_path: Path) -> None:
+        """A `meta` table of another shape is not our schema mark."""
+        path = tmp_path / "app.db"
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE meta (k TEXT, v TEXT)")
+        _assert_refused_untouched(path, "not a quotawrap ledger")
+
+    def test_other_schema_version(self, tmp_path: Path) -> None:
+        """A ledger from an unknown (newer) quotawrap is refused, not downgraded or reset."""
+        path = tmp_path / "ledger.sqlite3"
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            conn.execute("INSERT INTO meta VALUES ('schema', '99')")
+        _assert_refused_untouched(path, "schema '99'")
+
+    def test_own_ledger_reopens(self, tmp_path: Path) -> None:
+        """The refusal is not over-eager: a ledger reopens with its data, at the current schema."""
+        path = tmp_path / "ledger.sqlite3"
+        first = SQLiteLedger(path)
+        decision = first.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        first.close()
+        second = SQLiteLedger(path)
+        second.settle(decision.hold_id, Usage(10, 5, 15))
+        assert second.counters([model_day_key(MODEL, DAY)])[model_day_key(MODEL, DAY)].settled == 15
+        second.close()
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (SCHEMA_VERSION,)
+
+    @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+    def test_concurrent_first_opens(self, tmp_path: Path) -> None:
+        """Processes racing to create one new ledger all succeed: none sees tables without the schema mark."""
+        context = multiprocessing.get_context("fork")
+        for round_ in range(4):
+            path = tmp_path / f"ledger-{round_}.sqlite3"
+            results = context.Queue()
+            start_at = time.time() + 0.2
+            openers = [context.Process(target=_open_at, args=(path, start_at, results)) for _ in range(12)]
+            for opener in openers:
+                opener.start()
+            outcomes = [results.get(timeout=60) for _ in openers]
+            for opener in openers:
+                opener.join()
+            assert outcomes == ["ok"] * len(openers)
+
+
+class TestForkSafety:
+    @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+    def test_child_settles_on_its_own_connection(self, tmp_path: Path) -> None:
+        """Reserve in the parent, fork, settle in the child on a fresh connection; the parent sees it."""
+        ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+        decision = ledger.reserve(_hold(reserve=500), _no_limits)  # type: ignore[arg-type]
+        parent_conn = ledger._conn()
+        pid = os.fork()
+        if pid == 0:  # the child: no pytest here, only an exit code
+            code = 1
+            try:
+                ledger.settle(decision.hold_id, Usage(40, 2, 42))
+                code = 0 if ledger._conn() is not parent_conn else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        counters = ledger.counters([model_day_key(MODEL, DAY)])[model_day_key(MODEL, DAY)]
+        assert (counters.settled, counters.in_flight) == (42, 0)
+        assert ledger._conn() is parent_conn  # the parent's own connection is unharmed and still used
+        again = ledger.reserve(_hold(reserve=7), _no_limits)  # type: ignore[arg-type]
+        assert again.held
+        ledger.close()
+
+
+class TestNoApiKeyStored:
+    def test_only_a_fingerprint_reaches_the_file(self, tmp_path: Path) -> None:
+        """The Authorization header's key never touches the disk; a short fingerprint identifies it."""
+        secret = "sk-ark-" + "7f3a9c" * 6
+        store = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+        guard = Guard(Settings(store=store, base_url=("http://testserver/api/v3",)))
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9})
+        call = guard.begin(
+            "POST",
+            "http://testserver/api/v3/chat/completions",
+            {"authorization": f"Bearer {secret}"},
+            body.encode(),
+        )
+        assert call is not None and call.blocked is None
+        call.response_started(200, {"content-type": "application/json"})
+        call.feed(json.dumps({"usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode())
+        call.finish()
+        fingerprint = "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:16]
+        path = tmp_path / "ledger.sqlite3"
+        files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
+        raw = b"".join(name.read_bytes() for name in files if name.exists())
+        assert secret.encode() not in raw
+        assert secret[7:].encode() not in raw  # not even without its prefix
+        assert fingerprint.encode() in raw
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT key_fingerprint, state FROM calls").fetchall() == [(fingerprint, "settled")]
+
+    def test_no_header_no_fingerprint(self, tmp_path: Path) -> None:
+        """A call without a key records none."""
+        store = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+        guard = Guard(Settings(store=store, base_url=("http://testserver/api/v3",)))
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+        call = guard.begin("POST", "http://testserver/api/v3/chat/completions", {}, body)
+        assert call is not None and call.blocked is None
+        with sqlite3.connect(tmp_path / "ledger.sqlite3") as conn:
+            assert conn.execute("SELECT key_fingerprint FROM calls").fetchall() == [(None,)]

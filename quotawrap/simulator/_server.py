@@ -229,6 +229,9 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle on, a small body waits for the
+    # client's delayed ACK of the headers (~40 ms on Linux loopback) on every keep-alive call.
+    disable_nagle_algorithm = True
     server_version = "ArkSimulator/0.1"
     sys_version = ""
     timeout = 120.0  # idle keep-alive connections are dropped after this long

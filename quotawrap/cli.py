@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from typing import Any
 import click
 
 from ._errors import ConfigError, QuotawrapError, StoreError
-from .settings import OPTIONS, Option, Settings, env_name, load_config_file
+from .settings import OPTIONS, Option, Settings, config_path, env_name, load_config_file
 
 __all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "cli", "main"]
 
@@ -101,18 +102,27 @@ def cli() -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_command(command: tuple[str, ...], **values: Any) -> None:
     """Run COMMAND with every guarded LLM call reserved before and reconciled after."""
+    from .attribution import automatic_tags, merge_tags, parse_tags
     from .launcher import new_run_id, run_child
     from .ledger import default_store_url, normalize_store_url
-    from .report import format_summary, run_report, write_json
+    from .ledger.base import RunRecord
+    from .report import append_step_summary, format_summary, run_report, write_json
     from .sync import SyncLoop, sync_source
 
     settings = _settings(values)
     try:
         store = normalize_store_url(settings.store or default_store_url())
+        tags = merge_tags(automatic_tags(), parse_tags(settings.tag))
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE)
-    settings = settings.replace(run_id=settings.run_id or new_run_id(), store=store)
+    settings = settings.replace(
+        run_id=settings.run_id or new_run_id(),
+        store=store,
+        tag=tuple(f"{key}={value}" for key, value in tags.items()),
+    )
+    assert settings.run_id is not None
     ledger = _open(settings)
+    ledger.start_run(RunRecord(settings.run_id, time.time(), command=shlex.join(command), tags=tags))
     sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
     if sync_loop is not None:
         sync_loop.tick()  # before the child's first call: until a sync, only the daily cap applies
@@ -126,17 +136,14 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     finally:
         if sync_loop is not None:
             sync_loop.stop()
-    report = run_report(
-        result.totals,
-        store=store,
-        exit_code=result.exit_code,
-        watch=settings.watch,
-        cap_tokens=settings.cap_tokens,
-    )
+    ledger.end_run(settings.run_id, result.exit_code, time.time())
+    report = run_report(result.totals, settings=settings, exit_code=result.exit_code, tags=tags)
     if not settings.quiet:
         click.echo(format_summary(report), err=True)
     if settings.report_json:
         write_json(report, settings.report_json)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        append_step_summary(os.environ["GITHUB_STEP_SUMMARY"], report)
     if settings.fail_on_block and result.totals.totals.blocked_calls:
         sys.exit(EXIT_BLOCKED)
     sys.exit(result.exit_code)
@@ -363,6 +370,9 @@ def sync_command(balances: tuple[str, ...], loop: bool, calibrate: bool, days: i
 
 def main(argv: Sequence[str] | None = None) -> None:
     try:
+        found = config_path()
+        if found is not None:
+            os.environ["QUOTAWRAP_CONFIG"] = str(found)  # children read the same file, whatever their cwd
         config = load_config_file()
         default_map = {name: config for name in ("run", "status", "sync", "report", "sessions")}
     except ConfigError as exc:

@@ -32,11 +32,16 @@ from . import endpoints, quota
 from ._errors import QuotawrapError
 from .estimate import Estimate, EstimateSettings, estimate_request
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
+from .ledger.base import CallRecord, CallState
 from .settings import Settings
 from .tokens import TokenizerUnavailable
 from .usage import SSEUsageReader, Usage, is_event_stream, usage_from_body
 
-__all__ = ["Guard", "GuardedCall", "SyntheticResponse", "warn"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .prices import PriceTable
+
+__all__ = ["CallContext", "Guard", "GuardedCall", "SyntheticResponse", "warn"]
 
 _SNAPSHOT_TTL_S = 1.0
 
@@ -59,9 +64,7 @@ class SyntheticResponse:
     headers: tuple[tuple[str, str], ...]
 
     @classmethod
-    def ark_error(
-        cls, status: int, code: str, error_type: str, message: str, **extra: str
-    ) -> SyntheticResponse:
+    def ark_error(cls, status: int, code: str, error_type: str, message: str, **extra: str) -> SyntheticResponse:
         body = json.dumps(
             {"error": {"code": code, "message": message, "param": "", "type": error_type}}, ensure_ascii=False
         ).encode()
@@ -89,6 +92,7 @@ def _key_fingerprint(headers: Mapping[str, str]) -> str | None:
 
 _RAISE_HINTS = {
     "run_cap": "raise it with --cap-tokens / QUOTAWRAP_CAP_TOKENS",
+    "cost_cap": "raise it with --cap-cost / QUOTAWRAP_CAP_COST",
     "daily_cap": "raise it with --daily-cap / QUOTAWRAP_DAILY_CAP (it resets at Beijing midnight)",
     "snapshot": "sync a fresher balance with `quotawrap sync`, or lower --small-buffer",
     "usage_wall": "raise --usage-wall / QUOTAWRAP_USAGE_WALL (it resets at Beijing midnight)",
@@ -96,13 +100,18 @@ _RAISE_HINTS = {
 }
 
 
-def block_message(
-    model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int
-) -> str:
+def block_message(model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int) -> str:
     limit = verdict.blocking
     assert limit is not None
     used = counters.get(limit.scope, quota.Counters())
     hint = _RAISE_HINTS.get(limit.name, "see `quotawrap status`")
+    if limit.scope == "run_cost":
+        money = (used.settled, used.in_flight, reserve, used.settled + used.in_flight + reserve, limit.cap)
+        a, b, c, d, e = (f"¥{value / 1e6:,.4f}" for value in money)
+        return (
+            f"quotawrap blocked this request: call to {model} would exceed the cost_cap (settled {a} + in flight {b}"
+            f" + this call {c} = {d} > {e}); {hint}."
+        )
     if limit.kind == "wall":
         numbers = f"settled {_fmt(used.settled)} >= {_fmt(limit.cap)}"
         what = f"model {model} is evicted for today ({limit.name}: {numbers})"
@@ -140,6 +149,9 @@ class Guard:
         self._host = socket.gethostname()
         self._snapshots: dict[str, tuple[float, quota.Snapshot | None]] = {}
         self._warned_tokenizer = False
+        self.tags = dict(entry.partition("=")[::2] for entry in settings.tag if "=" in entry)
+        self._cost_cap = None if settings.cap_cost is None else round(settings.cap_cost * 1_000_000)
+        self._prices: PriceTable | None = None
 
     @property
     def ledger(self) -> Ledger:
@@ -156,8 +168,63 @@ class Guard:
     def limits_for(self, snapshot: quota.Snapshot | None, day: str) -> list[quota.Limit]:
         return [
             *quota.run_limits(self.settings.cap_tokens),
+            *quota.cost_limits(self._cost_cap),
             *quota.model_day_limits(snapshot, self._quota, today=day),
         ]
+
+    # -- money and audit --------------------------------------------------------------------
+
+    @property
+    def prices(self) -> PriceTable:
+        if self._prices is None:
+            from .prices import load_price_table
+
+            self._prices = load_price_table(self.settings)
+        return self._prices
+
+    def reserve_cost(self, model: str, estimate: Estimate) -> int:
+        """Micro-CNY a hold may cost at worst; 0 when no money cap or audit needs it."""
+        return int(self.prices.reserve_cost(model, estimate.input_tokens, estimate.output_allowance))
+
+    def actual_cost(self, model: str, usage: Usage) -> int:
+        return int(self.prices.actual_cost(model, usage))
+
+    def audit(self, context: CallContext, state: CallState, usage: Usage | None, cost: int, latency_s: float) -> None:
+        """Append the call to ``--audit-log`` (the ledger keeps its own record); never raises."""
+        if not self.settings.audit_log:
+            return
+        record = CallRecord(
+            id=context.hold_id,
+            run_id=context.run_id,
+            model=context.model,
+            day=context.day,
+            endpoint=context.endpoint,
+            state=state,
+            reserved=context.reserved,
+            charged=(usage.total_tokens if usage else context.reserved) if state in ("settled", "unresolved") else 0,
+            reserved_cost=context.reserved_cost,
+            charged_cost=cost,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            reasoning_tokens=usage.reasoning_tokens if usage else None,
+            cached_tokens=usage.cached_tokens if usage else None,
+            overshoot=usage is not None and usage.total_tokens > context.reserved,
+            would_block=context.would_block,
+            blocked_by=context.blocked_by,
+            key_fingerprint=context.key_fingerprint,
+            tags=self.tags,
+            started_at=context.started_at,
+            ended_at=self._clock(),
+            latency_s=latency_s,
+            pid=context.pid,
+            host=self._host,
+        )
+        try:
+            from .audit import append_jsonl
+
+            append_jsonl(self.settings.audit_log, record)
+        except OSError as exc:
+            warn(f"cannot write the audit log {self.settings.audit_log}: {exc}")
 
     def _cached_snapshot(self, model: str, now: float) -> quota.Snapshot | None:
         cached = self._snapshots.get(model)
@@ -167,13 +234,9 @@ class Guard:
         self._snapshots[model] = (now, snapshot)
         return snapshot
 
-    def _evicted(
-        self, model: str, day: str, now: float
-    ) -> tuple[quota.Verdict, dict[str, quota.Counters]] | None:
+    def _evicted(self, model: str, day: str, now: float) -> tuple[quota.Verdict, dict[str, quota.Counters]] | None:
         """The seed's short-cut: an evicted model is answered before any token counting."""
-        walls = [
-            limit for limit in self.limits_for(self._cached_snapshot(model, now), day) if limit.kind == "wall"
-        ]
+        walls = [limit for limit in self.limits_for(self._cached_snapshot(model, now), day) if limit.kind == "wall"]
         if not walls:
             return None
         counters = {"model_day": self.ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]}
@@ -186,9 +249,7 @@ class Guard:
         """Cheap test, before any body is read: could this request be guarded?"""
         return endpoints.classify(method, url, self.settings.base_url) is not None
 
-    def begin(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
-    ) -> GuardedCall | None:
+    def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
         """Called before a request is sent. None: not ours, send it untouched."""
         kind = endpoints.classify(method, url, self.settings.base_url)
         if kind is None:
@@ -277,13 +338,33 @@ class Guard:
             expires_at=now + self.settings.hold_ttl,
             enforce=enforce,
             key_fingerprint=_key_fingerprint(headers),
+            tags=self.tags,
+            reserve_cost=self.reserve_cost(model, estimate),
         )
         decision = self.ledger.reserve(hold, lambda snapshot: self.limits_for(snapshot, day))
+        blocking = decision.verdict.blocking
+        context = CallContext(
+            hold_id=hold.hold_id,
+            run_id=hold.run_id,
+            model=model,
+            day=day,
+            endpoint=kind,
+            reserved=hold.reserve,
+            reserved_cost=hold.reserve_cost,
+            key_fingerprint=hold.key_fingerprint,
+            started_at=now,
+            pid=hold.pid,
+            would_block=blocking is not None,
+            blocked_by=blocking.name if blocking else None,
+        )
         if not decision.held:
+            self.audit(context, "blocked", None, 0, 0.0)
             return GuardedCall.refused(
-                self._blocked(model, decision.verdict, decision.counters, estimate.total)
+                self._blocked(model, decision.verdict, decision.counters, estimate.total, hold.reserve_cost)
             )
-        return GuardedCall(self.ledger, decision.hold_id, model, new_body=new_body, hide_usage_chunk=hide)
+        return GuardedCall(
+            self.ledger, decision.hold_id, model, new_body=new_body, hide_usage_chunk=hide, guard=self, context=context
+        )
 
     def _estimate(self, kind: str, request: dict[str, Any]) -> Estimate:
         try:
@@ -296,7 +377,12 @@ class Guard:
             return estimate_request(kind, request, self._estimate_settings, count=_utf8_bytes)  # type: ignore[arg-type]
 
     def _blocked(
-        self, model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int
+        self,
+        model: str,
+        verdict: quota.Verdict,
+        counters: Mapping[str, quota.Counters],
+        reserve: int,
+        reserve_cost: int = 0,
     ) -> SyntheticResponse:
         limit = verdict.blocking
         assert limit is not None
@@ -304,9 +390,27 @@ class Guard:
             429,
             "QuotawrapLimitExceeded",
             "TooManyRequests",
-            block_message(model, verdict, counters, reserve),
+            block_message(model, verdict, counters, reserve_cost if limit.scope == "run_cost" else reserve),
             blocked=limit.name,
         )
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a guarded call was when it was reserved: the audit record's fixed half."""
+
+    hold_id: str
+    run_id: str
+    model: str
+    day: str
+    endpoint: str
+    reserved: int
+    reserved_cost: int
+    key_fingerprint: str | None
+    started_at: float
+    pid: int
+    would_block: bool
+    blocked_by: str | None
 
 
 class GuardedCall:
@@ -324,8 +428,12 @@ class GuardedCall:
         new_body: bytes | None = None,
         hide_usage_chunk: bool = False,
         blocked: SyntheticResponse | None = None,
+        guard: Guard | None = None,
+        context: CallContext | None = None,
     ) -> None:
         self.ledger = ledger
+        self._guard = guard
+        self._context = context
         self.hold_id = hold_id
         self.model = model
         self.new_body = new_body
@@ -429,14 +537,24 @@ class GuardedCall:
         self._chunks = []
         if self.ledger is None or self.hold_id is None:
             return
+        latency = time.monotonic() - self._started
+        cost = 0
         try:
             if action == "release":
                 self.ledger.release(self.hold_id)
             else:
-                self.ledger.settle(self.hold_id, usage, latency_s=time.monotonic() - self._started)
+                if usage is not None and self._guard is not None:
+                    cost = self._guard.actual_cost(self.model, usage)
+                elif self._context is not None:
+                    cost = self._context.reserved_cost
+                self.ledger.settle(self.hold_id, usage, latency_s=latency, cost=cost)
         except QuotawrapError as exc:
             # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
             warn(f"could not settle a call to {self.model}: {exc}; the wrapper will charge its hold")
+            return
+        if self._guard is not None and self._context is not None:
+            state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
+            self._guard.audit(self._context, state, usage, cost, latency)
 
 
 def _utf8_bytes(_model: str, text: str) -> int:

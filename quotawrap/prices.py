@@ -29,6 +29,10 @@ from typing import Any, Final, Literal, get_args
 from ._errors import ConfigError, QuotawrapError
 from .usage import Usage
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .settings import Settings
+
 __all__ = [
     "BUNDLED_AS_OF",
     "BUNDLED_PRICES",
@@ -43,6 +47,7 @@ __all__ = [
     "conservative_default",
     "format_cny",
     "load_overrides",
+    "load_price_table",
     "normalize_model",
     "parse_cny",
 ]
@@ -604,3 +609,13 @@ def _digest(data: Mapping[str, Any]) -> str:
 
 def _type_name(value: object) -> str:
     return "nothing" if value is None else type(value).__name__
+
+
+def load_price_table(settings: Settings) -> PriceTable:
+    """The table in force for a run: bundled prices plus ``[prices]`` of quotawrap.toml, with the policy."""
+    from .settings import config_section
+
+    policy = settings.unknown_price
+    if policy not in UNKNOWN_PRICE_POLICIES:
+        raise ConfigError(f"unknown_price must be one of {', '.join(UNKNOWN_PRICE_POLICIES)}, got {policy!r}")
+    return load_overrides(config_section("prices"), unknown_price=policy)  # type: ignore[arg-type]

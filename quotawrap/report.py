@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .ledger import RunTotals
+from .settings import Settings
 
-__all__ = ["format_summary", "run_report", "write_json"]
+__all__ = ["append_step_summary", "format_summary", "run_report", "write_json"]
 
 _COLUMNS = (
     ("calls", "calls"),
@@ -22,18 +24,28 @@ _COLUMNS = (
 
 
 def run_report(
-    totals: RunTotals, *, store: str, exit_code: int, watch: bool, cap_tokens: int | None
+    totals: RunTotals, *, settings: Settings, exit_code: int, tags: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
+    """The run's summary as data; token counts are tokens, ``*_cost`` fields micro-CNY."""
     models = {name: dataclasses.asdict(model) for name, model in totals.models.items()}
     return {
         "session": totals.run_id,
-        "store": store,
+        "store": settings.store,
         "exit_code": exit_code,
-        "mode": "watch" if watch else "enforce",
-        "limits": {"cap_tokens": cap_tokens},
+        "mode": "watch" if settings.watch else "enforce",
+        "limits": {"cap_tokens": settings.cap_tokens, "cap_cost": settings.cap_cost},
+        "tags": dict(tags or {}),
         "models": models,
         "totals": dataclasses.asdict(totals.totals),
     }
+
+
+def append_step_summary(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
+    """GitHub Actions shows ``$GITHUB_STEP_SUMMARY`` Markdown on the run's page."""
+    from .audit import step_summary_markdown
+
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(step_summary_markdown(report))
 
 
 def format_summary(report: dict[str, Any]) -> str:
@@ -41,7 +53,8 @@ def format_summary(report: dict[str, Any]) -> str:
     watch = report["mode"] == "watch"
     lines = [
         f"quotawrap: session {report['session']}: {totals['calls']} guarded call(s),"
-        f" {totals['settled_tokens']:,} tokens settled, {totals['blocked_calls']} blocked"
+        f" {totals['settled_tokens']:,} tokens settled (¥{totals['settled_cost'] / 1e6:,.4f}),"
+        f" {totals['blocked_calls']} blocked"
         + (f", {totals['would_block_calls']} WOULD have been blocked (watch mode)" if watch else "")
     ]
     if report["models"]:

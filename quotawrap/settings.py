@@ -19,7 +19,16 @@ from typing import Any
 from ._errors import ConfigError
 from .quota import QuotaSettings
 
-__all__ = ["CONFIG_FILE", "OPTIONS", "Option", "Settings", "env_name", "load_config_file"]
+__all__ = [
+    "CONFIG_FILE",
+    "OPTIONS",
+    "Option",
+    "Settings",
+    "config_path",
+    "config_section",
+    "env_name",
+    "load_config_file",
+]
 
 CONFIG_FILE = "quotawrap.toml"
 _QUOTA = QuotaSettings()
@@ -96,6 +105,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("cap_cost", float, None, "Cap on this run's cost in CNY (settled + in flight + this call, priced)."),
     Option("audit_log", str, None, "Also append every guarded call as a JSON line to this file."),
     Option(
+        "unknown_price",
+        str,
+        "conservative",
+        "Model without a price: 'conservative' (the table's highest prices, flagged estimated) or 'error'.",
+    ),
+    Option(
         "balance_cmd",
         str,
         None,
@@ -149,6 +164,7 @@ class Settings:
     tag: tuple[str, ...] = ()
     cap_cost: float | None = None
     audit_log: str | None = None
+    unknown_price: str = "conservative"
     balance_cmd: str | None = None
     billing_endpoint: str | None = None
     package_match: tuple[str, ...] = ()
@@ -245,22 +261,41 @@ def parse_value(option: Option, raw: Any) -> Any:
         raise ConfigError(f"{option.name} ({env_name(option.name)}): {exc}") from exc
 
 
-def load_config_file(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Read ``quotawrap.toml`` (top-level keys are option names, dashes or underscores).
-
-    Looks at ``$QUOTAWRAP_CONFIG``, else ``./quotawrap.toml``; a missing file is no error.
-    """
+def config_path(path: str | os.PathLike[str] | None = None) -> Path | None:
+    """The config file in force: ``path``, ``$QUOTAWRAP_CONFIG`` or ``./quotawrap.toml``, if it exists."""
     candidate = Path(path or os.environ.get("QUOTAWRAP_CONFIG") or CONFIG_FILE)
-    if not candidate.is_file():
-        return {}
+    return candidate.resolve() if candidate.is_file() else None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
     try:
         import tomllib
     except ModuleNotFoundError:  # pragma: no cover - Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
     try:
-        data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{candidate}: {exc}") from exc
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def config_section(name: str) -> dict[str, Any]:
+    """A table of the config file (``[prices]``, ...) for the feature that owns it; {} if absent."""
+    candidate = config_path()
+    section = _read_toml(candidate).get(name, {}) if candidate is not None else {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{candidate}: [{name}] must be a table")
+    return section
+
+
+def load_config_file(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Read ``quotawrap.toml`` (top-level keys are option names, dashes or underscores).
+
+    Looks at ``$QUOTAWRAP_CONFIG``, else ``./quotawrap.toml``; a missing file is no error.
+    """
+    candidate = config_path(path)
+    if candidate is None:
+        return {}
+    data = _read_toml(candidate)
     values: dict[str, Any] = {}
     for key, raw in data.items():
         name = key.replace("-", "_")

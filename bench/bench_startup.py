@@ -20,8 +20,10 @@ Then the ``-X importtime`` top offenders of the hooked ``pass`` child, and of th
 Bytecode: every child gets ``PYTHONPYCACHEPREFIX=<temp dir>`` and may write it, so after the
 warm-up runs all modules load from ``.pyc`` as in an installed package, whatever
 ``PYTHONDONTWRITEBYTECODE`` says in the parent (it is set on some CI machines, and compiling
-quotawrap's modules from source would be measured instead). ``--no-pyc`` measures that
-source-only case on purpose: an empty cache prefix that nobody may write.
+quotawrap's modules from source would be measured instead). ``--no-pyc`` measures that case
+on purpose: no prefix and ``PYTHONDONTWRITEBYTECODE=1``, so the interpreter's own modules load
+from their shipped ``.pyc`` while a checkout that was never byte-compiled (no ``__pycache__``
+beside quotawrap's sources) is compiled in every child.
 """
 
 from __future__ import annotations
@@ -69,11 +71,13 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def use_bytecode_cache(prefix: str, *, writable: bool) -> None:
+def use_bytecode_cache(prefix: str | None) -> None:
+    """Children keep their bytecode under ``prefix``; None: they write none (``--no-pyc``)."""
     _BYTECODE.clear()
-    _BYTECODE["PYTHONPYCACHEPREFIX"] = prefix
-    if not writable:
+    if prefix is None:
         _BYTECODE["PYTHONDONTWRITEBYTECODE"] = "1"
+    else:
+        _BYTECODE["PYTHONPYCACHEPREFIX"] = prefix
 
 
 def hooked_env() -> dict[str, str]:
@@ -248,6 +252,15 @@ def print_offenders(title: str, tree: Sequence[ImportTime], cumulative: Sequence
 # -- main -------------------------------------------------------------------------------------------
 
 
+def bytecode_text(no_pyc: bool) -> str:
+    if not no_pyc:
+        return "warm, in a temp prefix (as an installed package)"
+    compiled = (REPO_ROOT / "quotawrap" / "__pycache__").is_dir()
+    return "none written (--no-pyc); quotawrap/__pycache__ " + (
+        "exists, so quotawrap loads from it" if compiled else "absent: quotawrap compiled in every child"
+    )
+
+
 def machine_line() -> str:
     cpu = "unknown CPU"
     with contextlib.suppress(OSError):
@@ -264,19 +277,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs per variant first")
     parser.add_argument("--importtime-runs", type=int, default=7, help="runs per -X importtime median")
     parser.add_argument("--top", type=int, default=15, help="offenders to list")
-    parser.add_argument("--no-pyc", action="store_true", help="no bytecode cache: compile every module")
+    parser.add_argument("--no-pyc", action="store_true", help="write no bytecode (see the module doc)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="quotawrap-bench-") as tmp:
         pycache = Path(tmp) / "pycache"
         pycache.mkdir()
-        use_bytecode_cache(str(pycache), writable=not args.no_pyc)
+        use_bytecode_cache(None if args.no_pyc else str(pycache))
         check_hook_loads()
         chosen = variants(f"sqlite:///{Path(tmp) / 'ledger.sqlite3'}")
         print(f"Child start-up — {machine_line()}")
         print(f"python: {PYTHON}; {args.runs} runs per variant, interleaved and rotated; warmup {args.warmup}")
-        cache_text = "none (--no-pyc: every module compiled from source)" if args.no_pyc else "warm, in a temp prefix"
-        print(f"bytecode cache: {cache_text}")
+        print(f"bytecode cache: {bytecode_text(args.no_pyc)}")
         print()
         samples = measure(chosen, args.runs, args.warmup)
         report(samples)

@@ -194,7 +194,8 @@ model-day cap, then settled with real usage. P processes each run {TOTAL_PAIRS:,
 p50/p99 are per pair over every pair. Redis is a private `redis-server` on loopback TCP without
 persistence; SQLite is one WAL file on the local disk (`synchronous=NORMAL`).
 
-Machine: {machine()}.
+Machine: {machine()}. Load average when the run ended: {"{:.1f} / {:.1f} / {:.1f}".format(*os.getloadavg())}
+(1/5/15 min) — other work on the same 2 cores depresses these numbers; rerun on an idle machine.
 
 {table(rows)}
 
@@ -204,6 +205,14 @@ p50 with one process is {p50_1["SQLite"]:.3f} ms (SQLite) and {p50_1["Redis"]:.3
 guarded call pays the reserve before it is sent and the settle after its answer, so this is
 the ledger's whole share of the added latency. On 2 cores, 16 processes contend with each other
 (and with redis-server) for the CPU: the per-pair latency then measures queueing, not the store.
+
+Where Redis's time goes (one process, `INFO commandstats` and cProfile): each of the pair's two
+EVALSHA calls costs the server about 70 µs (about 25 Redis commands per pair inside the scripts,
+plus the script's per-call setup of its Lua library), and the client spends roughly 0.3 ms of CPU
+per pair in redis-py (packing, two loopback round trips, reply parsing). With two cores shared by
+the clients and redis-server this bounds the rate near 2,000-3,000 pairs/s, below the 5,000 target.
+Ways forward, none done yet: Redis 7 `FUNCTION LOAD` (the library loaded once, not per call),
+the `hiredis` reply parser, fewer EXPIRE calls per script (refresh TTLs once per minute).
 """
 
 

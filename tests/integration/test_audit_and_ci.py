@@ -172,3 +172,30 @@ def test_no_secret_in_the_environment_reaches_tags(sim: ArkSimulator, store: str
     dumped = json.dumps(ledger_rows(store, "SELECT tags FROM runs") + ledger_rows(store, "SELECT tags FROM calls"))
     assert "secret" not in dumped
     assert os.environ.get("ARK_API_KEY") != "sk-very-secret"
+
+
+def test_ci_example_suite_is_cut_off_at_the_cap(sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+    """examples/ci: the guarded pytest suite fails the job with exit 3 once it would pass the cap."""
+    sim.configure(reply_tokens=150)
+    report = tmp_path / "llm-cost.json"
+    example = Path(__file__).resolve().parents[2] / "examples" / "ci"
+    result = run_quotawrap(
+        [
+            "--store",
+            store,
+            "--base-url",
+            sim.url,
+            "--cap-tokens",
+            "700",
+            "--fail-on-block",
+            "--report-json",
+            str(report),
+        ],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(example)],
+        env={"ARK_BASE_URL": sim.url, "LLM_MODEL": "deepseek-v4-flash"},
+    )
+    assert result.returncode == 3, result.stdout + result.stderr
+    data = json.loads(report.read_text())
+    assert data["totals"]["blocked_calls"] >= 1
+    assert data["totals"]["settled_tokens"] == sim.billed_total() <= 700
+    assert "failed" in result.stdout  # the blocked tests failed inside pytest, with the 429 in their output

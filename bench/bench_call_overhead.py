@@ -336,7 +336,7 @@ def verdict_of(row: Row) -> str:
 
 def print_table(rows: list[Row]) -> None:
     header = (
-        f"{'case':<17} {'variant':<36} {'n':>5} {'median µs':>10} {'p90 µs':>9}"
+        f"{'case':<17} {'variant':<38} {'n':>5} {'median µs':>10} {'p90 µs':>9}"
         f" {'+median µs':>11} {'ratio':>6}  target ≤ {TARGET_ADDED_US:.0f} µs added"
     )
     print(header)
@@ -350,7 +350,7 @@ def print_table(rows: list[Row]) -> None:
         added = "" if baseline else f"{row.added_us:+.0f}"
         ratio = "" if baseline else f"{row.ratio:.2f}x"
         print(
-            f"{row.case.name:<17} {row.variant.key + ' ' + row.variant.label:<36} {row.count:>5}"
+            f"{row.case.name:<17} {row.variant.key + ' ' + row.variant.label:<38} {row.count:>5}"
             f" {row.median_us:>10.0f} {row.p90_us:>9.0f} {added:>11} {ratio:>6}  {verdict_of(row)}"
         )
     print()

@@ -1,0 +1,173 @@
+"""The real CLI on the Redis ledger: processes, two "hosts", a restart, and the LiteLLM limiter's keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from quotawrap import quota
+from quotawrap.simulator import ArkSimulator
+from tests.conftest import child
+from tests.redis_server import RedisServer, private_server, session_url
+
+MODEL = "deepseek-v4-flash"
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    with session_url() as url:
+        yield url
+
+
+@pytest.fixture
+def aof_server() -> Iterator[RedisServer]:
+    with private_server(appendonly=True) as server:
+        yield server
+
+
+def _wrapper(args: list[str], command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "quotawrap", *args, "--", *command],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+class TestRedisFleet:
+    def test_two_hosts_of_eight_processes_share_one_cap(
+        self, sim: ArkSimulator, redis_url: str, tmp_path: Path
+    ) -> None:
+        """Two wrapper runs (two hosts), each 8 processes x 4 threads, one daily cap in Redis: no overspend, exact."""
+        sim.configure(reply_tokens=400)
+        cap = 30_000
+        reports = [tmp_path / "a.json", tmp_path / "b.json"]
+        procs = [
+            _wrapper(
+                [
+                    "--store",
+                    redis_url,
+                    "--base-url",
+                    sim.url,
+                    "--daily-cap",
+                    str(cap),
+                    "--usage-wall",
+                    str(cap),
+                    "--report-json",
+                    str(report),
+                ],
+                child("swarm.py", "--processes", "8", "--threads", "4"),
+                {"SIM_URL": sim.url},
+            )
+            for report in reports
+        ]
+        for proc in procs:
+            _, stderr = proc.communicate(timeout=240)
+            assert proc.returncode == 0, stderr
+        settled = sum(json.loads(report.read_text())["totals"]["settled_tokens"] for report in reports)
+        billed = sim.billed_total()
+        assert billed <= cap
+        assert billed >= 0.8 * cap
+        assert settled == billed
+        # and the day's counter in Redis says the same
+        client = redis.Redis.from_url(redis_url)
+        day = quota.beijing_day(time.time())
+        assert int(client.get(f"daily_usage:{day}:{MODEL}:quotawrap") or 0) == billed
+
+
+class TestRedisFaults:
+    def test_restart_mid_run_fails_closed_then_recovers_without_double_count(
+        self, sim: ArkSimulator, aof_server: RedisServer, tmp_path: Path
+    ) -> None:
+        """Redis restarts mid-run: calls while it is down are refused (503, never sent); none counted twice."""
+        script = tmp_path / "loop.py"
+        script.write_text(
+            "import os, sys, time, openai\n"
+            "sdk = openai.OpenAI(base_url=os.environ['SIM_URL'], api_key='sk-test', max_retries=0)\n"
+            "for i in range(40):\n"
+            "    try:\n"
+            "        sdk.chat.completions.create(model='deepseek-v4-flash', max_tokens=50,\n"
+            "                                    messages=[{'role': 'user', 'content': 'hi'}])\n"
+            "        print('ok', flush=True)\n"
+            "    except openai.APIStatusError as exc:\n"
+            "        print(f'refused {exc.status_code}', flush=True)\n"
+            "    time.sleep(0.1)\n"
+        )
+        report = tmp_path / "r.json"
+        proc = _wrapper(
+            ["--store", aof_server.url, "--base-url", sim.url, "--report-json", str(report)],
+            [sys.executable, str(script)],
+            {"SIM_URL": sim.url},
+        )
+        time.sleep(1.5)
+        aof_server.stop()
+        time.sleep(1.0)
+        aof_server.start()
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        lines = stdout.split("\n")
+        assert "refused 503" in lines, stdout  # fail closed while the store was down
+        oks = lines.count("ok")
+        assert oks >= 10 and lines[-2] == "ok"  # and it recovered by itself
+        assert sim.calls() == oks  # a refused call never reached the provider
+        data = json.loads(report.read_text())
+        assert data["totals"]["settled_tokens"] == sim.billed_total()
+
+    def test_litellm_limiter_usage_counts_against_the_same_day(
+        self, sim: ArkSimulator, redis_url: str, tmp_path: Path
+    ) -> None:
+        """A process INCRing `daily_usage:` keys like the LiteLLM limiter shares the day's cap with the wrapper."""
+        sim.configure(reply_tokens=400)
+        cap = 20_000
+        client = redis.Redis.from_url(redis_url)
+        day = quota.beijing_day(time.time())
+        foreign_key = f"daily_usage:{day}:{MODEL}:ba0383d3"
+        stop = threading.Event()
+
+        def proxy() -> None:  # the existing limiter's success callback: INCR per request, TTL 48h
+            while not stop.is_set():
+                client.incrby(foreign_key, 500)
+                client.expire(foreign_key, 48 * 3600)
+                if int(client.get(foreign_key) or 0) >= 8_000:
+                    return
+                time.sleep(0.05)
+
+        thread = threading.Thread(target=proxy)
+        thread.start()
+        report = tmp_path / "r.json"
+        proc = _wrapper(
+            [
+                "--store",
+                redis_url,
+                "--base-url",
+                sim.url,
+                "--daily-cap",
+                str(cap),
+                "--usage-wall",
+                str(cap),
+                "--report-json",
+                str(report),
+            ],
+            child("swarm.py", "--threads", "8"),
+            {"SIM_URL": sim.url},
+        )
+        _, stderr = proc.communicate(timeout=120)
+        stop.set()
+        thread.join()
+        assert proc.returncode == 0, stderr
+        foreign = int(client.get(foreign_key))
+        assert foreign >= 8_000
+        assert sim.billed_total() + foreign <= cap
+        assert json.loads(report.read_text())["totals"]["settled_tokens"] == sim.billed_total()
+        assert int(client.get(f"daily_usage:{day}:{MODEL}:quotawrap")) == sim.billed_total()
+        assert 0 < client.ttl(f"daily_usage:{day}:{MODEL}:quotawrap") <= 48 * 3600

@@ -5,10 +5,14 @@ at 87% settled explains itself: settled + in flight is what the guard checks, an
 shows both (the post-mortem's lesson: showing half the state makes correct behaviour look
 like a bug)::
 
-    run          12.4k / 20k ██████▒▒▒░ 62% (+5.1k in flight)
     deepseek-v4  1.21M / 1.95M ██████▒░░░ 62% (+34k in flight)
 
-The percent is settled / limit (what was spent); the bar adds the in-flight share.
+The percent is settled / limit (what was spent); the bar adds the in-flight share. A model's
+line is drawn against whichever of its limits has the least headroom: its daily limit, or the
+run's cap (then named, and the numbers are the run's), which also has a line of its own::
+
+    run          12.4k / 20k ██████▒▒░░ 62% (+5.1k in flight)
+    deepseek-v4  12.4k / 20k ██████▒▒░░ 62% of run cap (+5.1k in flight)
 
 On a terminal the lines are pinned to the bottom rows (a scroll region, as ``apt`` does), so
 the child's own output, which shares the terminal, scrolls above them and is never overwritten.

@@ -34,7 +34,9 @@ def ask(i: int) -> str:
         return f"call {i:2}: answered ({len(text)} chars)"
     except openai.RateLimitError as exc:
         reason = exc.body.get("message", "") if isinstance(exc.body, dict) else str(exc)
-        return f"call {i:2}: BLOCKED (HTTP {exc.status_code}): {reason.removeprefix('quotawrap blocked this request: ')}"
+        return (
+            f"call {i:2}: BLOCKED (HTTP {exc.status_code}): {reason.removeprefix('quotawrap blocked this request: ')}"
+        )
 
 
 with ThreadPoolExecutor(max_workers=CALLS) as pool:

@@ -46,9 +46,7 @@ def open_ledger(url: str) -> Ledger:
         try:
             from .redis import RedisLedger
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ConfigError(
-                "the Redis store needs the redis package: pip install 'quotawrap[redis]'"
-            ) from exc
+            raise ConfigError("the Redis store needs the redis package: pip install 'quotawrap[redis]'") from exc
         return RedisLedger(url)
     from .sqlite import SQLiteLedger
 

@@ -3,7 +3,15 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench redis-server
+
+# The Redis tests start a private redis-server from the binary (or use $REDIS_URL).
+redis-server:
+	@if [ -z "$$REDIS_URL" ] && ! command -v redis-server >/dev/null; then \
+	  echo "installing redis-server (Debian package) for the Redis ledger tests"; \
+	  (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \
+	    || { echo "could not install redis-server: install it, or set REDIS_URL to a disposable database"; exit 1; }; \
+	fi
 
 $(BIN)/quotawrap: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,7 +22,7 @@ $(BIN)/quotawrap: pyproject.toml
 demo: $(BIN)/quotawrap  ## the main job: a parallel agent guarded by quotawrap (simulator unless ARK_API_KEY)
 	$(BIN)/quotawrap demo
 
-test: $(BIN)/quotawrap  ## the whole test suite, lint included
+test: $(BIN)/quotawrap redis-server  ## the whole test suite, lint included
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 

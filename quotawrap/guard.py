@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import socket
-import sys
 import threading
 import time
 import zlib
@@ -30,6 +29,7 @@ from typing import Any
 
 from . import endpoints, quota
 from ._errors import QuotawrapError
+from ._log import warn
 from .estimate import Estimate, EstimateSettings, estimate_request
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .ledger.base import CallRecord, CallState
@@ -44,15 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["CallContext", "Guard", "GuardedCall", "SyntheticResponse", "warn"]
 
 _SNAPSHOT_TTL_S = 1.0
-
-
-def warn(message: str) -> None:
-    """One line on stderr; never raises (stderr may be closed in a daemonised child)."""
-    try:
-        sys.stderr.write(f"quotawrap: {message}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from types import FrameType
 
 import quotawrap
 
-from .guard import warn
+from ._log import warn
 from .ledger import Ledger, RunTotals
 from .live import LiveView
 from .settings import OPTIONS, Settings, env_name

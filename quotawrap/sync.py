@@ -24,8 +24,8 @@ from datetime import date, timedelta
 
 from . import quota
 from ._errors import QuotawrapError
+from ._log import warn
 from .balance import BalanceUnavailable, read_balance_command, read_billing_api
-from .guard import warn
 from .ledger import Ledger, model_day_key
 from .settings import Settings
 

@@ -138,7 +138,8 @@ class Guard:
         self._quota = settings.quota
         self._run_id = settings.run_id or f"adhoc-{os.getpid()}"
         self._host = socket.gethostname()
-        self._snapshots: dict[str, tuple[float, quota.Snapshot | None]] = {}
+        self._eviction_cache: dict[tuple[str, str], tuple[float, Any]] = {}
+        self._limits_cache: dict[tuple[quota.Snapshot | None, str], list[quota.Limit]] = {}
         self._warned_tokenizer = False
         self.tags = dict(entry.partition("=")[::2] for entry in settings.tag if "=" in entry)
         self._cost_cap = None if settings.cap_cost is None else round(settings.cap_cost * 1_000_000)
@@ -157,11 +158,19 @@ class Guard:
     # -- limits -----------------------------------------------------------------------------
 
     def limits_for(self, snapshot: quota.Snapshot | None, day: str) -> list[quota.Limit]:
-        return [
-            *quota.run_limits(self.settings.cap_tokens),
-            *quota.cost_limits(self._cost_cap),
-            *quota.model_day_limits(snapshot, self._quota, today=day),
-        ]
+        """The limits of one call; pure in (snapshot, day), so computed once per sync and day."""
+        key = (snapshot, day)
+        limits = self._limits_cache.get(key)
+        if limits is None:
+            limits = [
+                *quota.run_limits(self.settings.cap_tokens),
+                *quota.cost_limits(self._cost_cap),
+                *quota.model_day_limits(snapshot, self._quota, today=day),
+            ]
+            if len(self._limits_cache) > 64:
+                self._limits_cache.clear()
+            self._limits_cache[key] = limits
+        return limits
 
     # -- money and audit --------------------------------------------------------------------
 
@@ -217,22 +226,24 @@ class Guard:
         except OSError as exc:
             warn(f"cannot write the audit log {self.settings.audit_log}: {exc}")
 
-    def _cached_snapshot(self, model: str, now: float) -> quota.Snapshot | None:
-        cached = self._snapshots.get(model)
+    def _evicted(self, model: str, day: str, now: float) -> tuple[quota.Verdict, dict[str, quota.Counters]] | None:
+        """The seed's short-cut: an evicted model is answered before any token counting.
+
+        Cached for a second: a model evicted within that second is still estimated, then
+        refused by the reservation itself, which checks the same walls atomically.
+        """
+        cached = self._eviction_cache.get((model, day))
         if cached is not None and now - cached[0] < _SNAPSHOT_TTL_S:
             return cached[1]
-        snapshot = self.ledger.snapshot(model)
-        self._snapshots[model] = (now, snapshot)
-        return snapshot
-
-    def _evicted(self, model: str, day: str, now: float) -> tuple[quota.Verdict, dict[str, quota.Counters]] | None:
-        """The seed's short-cut: an evicted model is answered before any token counting."""
-        walls = [limit for limit in self.limits_for(self._cached_snapshot(model, now), day) if limit.kind == "wall"]
-        if not walls:
-            return None
-        counters = {"model_day": self.ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]}
-        result = quota.verdict(walls, counters, 0)
-        return None if result.allowed else (result, counters)
+        walls = [limit for limit in self.limits_for(self.ledger.snapshot(model), day) if limit.kind == "wall"]
+        result: tuple[quota.Verdict, dict[str, quota.Counters]] | None = None
+        if walls:
+            key = model_day_key(model, day)
+            counters = {"model_day": self.ledger.counters([key])[key]}
+            verdict = quota.verdict(walls, counters, 0)
+            result = None if verdict.allowed else (verdict, counters)
+        self._eviction_cache[(model, day)] = (now, result)
+        return result
 
     # -- the entry point --------------------------------------------------------------------
 

@@ -259,24 +259,10 @@ class Guard:
         try:
             request = endpoints.parse_json_body(body)
         except ValueError as exc:
-            return GuardedCall.refused(
-                SyntheticResponse.ark_error(
-                    400,
-                    "QuotawrapUnreadableRequest",
-                    "BadRequest",
-                    f"quotawrap cannot read this request to {url}, so it cannot guard it: {exc}",
-                )
-            )
+            return _unreadable(f"quotawrap cannot read this request to {url}, so it cannot guard it: {exc}")
         model = request.get("model")
         if not isinstance(model, str) or not model:
-            return GuardedCall.refused(
-                SyntheticResponse.ark_error(
-                    400,
-                    "QuotawrapUnreadableRequest",
-                    "BadRequest",
-                    "quotawrap cannot guard a request without a 'model' string.",
-                )
-            )
+            return _unreadable("quotawrap cannot guard a request without a 'model' string.")
         if not endpoints.model_matches(model, self.settings.model):
             return None
         try:
@@ -308,14 +294,7 @@ class Guard:
         try:
             estimate = self._estimate(kind, request)
         except ValueError as exc:
-            return GuardedCall.refused(
-                SyntheticResponse.ark_error(
-                    400,
-                    "QuotawrapUnreadableRequest",
-                    "BadRequest",
-                    f"quotawrap cannot estimate this request to {model}: {exc}",
-                )
-            )
+            return _unreadable(f"quotawrap cannot estimate this request to {model}: {exc}")
         # Decided before the hold is taken: nothing may raise between reserving and handing back the call.
         new_body = None
         hide = False
@@ -557,6 +536,11 @@ class GuardedCall:
         if self._guard is not None and self._context is not None:
             state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
             self._guard.audit(self._context, state, usage, cost, latency)
+
+
+def _unreadable(message: str) -> GuardedCall:
+    """Refuse a request quotawrap cannot read (the provider could not either): 400, never sent."""
+    return GuardedCall.refused(SyntheticResponse.ark_error(400, "QuotawrapUnreadableRequest", "BadRequest", message))
 
 
 def _utf8_bytes(_model: str, text: str) -> int:

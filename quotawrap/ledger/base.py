@@ -15,6 +15,7 @@ the model-day the hold was taken on).
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,12 +36,24 @@ __all__ = [
     "RunTotals",
     "model_day_key",
     "new_hold_id",
+    "pid_alive",
     "run_cost_key",
     "run_key",
 ]
 
 CallState = Literal["blocked", "held", "settled", "released", "unresolved"]
 LimitsFor = Callable[[Snapshot | None], Sequence[Limit]]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host still runs (a hold's owner); unknown counts as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def new_hold_id() -> str:

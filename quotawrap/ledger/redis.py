@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import threading
 import time
@@ -35,7 +34,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .._errors import ConfigError, StoreError
 from ..quota import BEIJING, Counters, Limit, Package, Snapshot, Verdict, beijing_day
 from ..usage import Usage
-from .base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals
+from .base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
 
 __all__ = ["RedisLedger", "RedisOptions"]
 
@@ -531,16 +530,6 @@ def _redact(url: str) -> str:
 
 
 # ------------------------------------------------------------------------------- small helpers
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _text(value: Any) -> str | None:
@@ -1194,7 +1183,7 @@ class RedisLedger:
         dead = set()
         for raw in pids:
             host, _, pid = (_text(raw) or "").rpartition("|")
-            if host == self._host and pid.isdigit() and not _pid_alive(int(pid)):
+            if host == self._host and pid.isdigit() and not pid_alive(int(pid)):
                 dead.add(pid)
         if dead:
             open_ids = [_text(h) or "" for h in self._retrying("scan", lambda: client.zrange(open_key, 0, -1))]

@@ -30,6 +30,7 @@ from .base import (
     RunRecord,
     RunTotals,
     model_day_key,
+    pid_alive,
     run_cost_key,
     run_key,
 )
@@ -90,16 +91,6 @@ CREATE TABLE IF NOT EXISTS usage_series (
     PRIMARY KEY (model, day, minute)
 );
 """
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # schema version -> the statements that bring it to the next one
@@ -445,7 +436,7 @@ class SQLiteLedger:
                 .execute("SELECT DISTINCT pid FROM calls WHERE state = 'held' AND host = ?", (self._host,))
                 .fetchall()
             )
-        dead = [pid for (pid,) in rows if not _pid_alive(pid)]
+        dead = [pid for (pid,) in rows if not pid_alive(pid)]
         reclaimed = self._charge_open("expires_at < ?", (now,))
         if dead:
             marks = ",".join("?" * len(dead))

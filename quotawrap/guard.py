@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -463,6 +463,23 @@ class GuardedCall:
             self._undecodable = True
             warn(f"cannot decode the answer of a call to {self.model} ({exc}); charging its whole hold")
         return chunk
+
+    def tee(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """Hand a body's chunks on while observing them; settle at the end, on close or on error."""
+        try:
+            for chunk in chunks:
+                out = self.feed(chunk)
+                if out:
+                    yield out
+        except GeneratorExit:  # the caller stopped reading
+            self.close()
+            raise
+        except BaseException as exc:
+            self.failed(exc, sent=True)
+            raise
+        tail = self.finish()
+        if tail:
+            yield tail
 
     def finish(self) -> bytes:
         """End of the body: settle. Returns bytes the SSE reader was still holding back."""

@@ -60,20 +60,7 @@ def _tee_classes(module: ModuleType) -> tuple[type, type]:
             self._call = call
 
         def __iter__(self) -> Iterator[bytes]:
-            try:
-                for chunk in self._inner:
-                    out = self._call.feed(chunk)
-                    if out:
-                        yield out
-            except GeneratorExit:
-                self._call.close()
-                raise
-            except BaseException as exc:
-                self._call.failed(exc, sent=True)
-                raise
-            tail = self._call.finish()
-            if tail:
-                yield tail
+            yield from self._call.tee(self._inner)
 
         def close(self) -> None:
             try:
@@ -190,9 +177,7 @@ def patch(module: ModuleType) -> None:
         return
     tee_sync, tee_async = _tee_classes(module)
     module.Client._send_single_request = _make_sync(module, module.Client._send_single_request, tee_sync)
-    module.AsyncClient._send_single_request = _make_async(
-        module, module.AsyncClient._send_single_request, tee_async
-    )
+    module.AsyncClient._send_single_request = _make_async(module, module.AsyncClient._send_single_request, tee_async)
     setattr(module, _MARK, True)
 
 

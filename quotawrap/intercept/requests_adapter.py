@@ -35,20 +35,7 @@ class _TeeRaw:
         setattr(self._inner, name, value)
 
     def stream(self, amt: int | None = 2**16, decode_content: bool | None = None) -> Iterator[bytes]:
-        try:
-            for chunk in self._inner.stream(amt, decode_content=decode_content):
-                out = self._call.feed(chunk)
-                if out:
-                    yield out
-        except GeneratorExit:
-            self._call.close()
-            raise
-        except BaseException as exc:
-            self._call.failed(exc, sent=True)
-            raise
-        tail = self._call.finish()
-        if tail:
-            yield tail
+        yield from self._call.tee(self._inner.stream(amt, decode_content=decode_content))
 
     def read(self, amt: int | None = None, decode_content: bool | None = None, **kwargs: Any) -> bytes:
         while True:

@@ -10,6 +10,7 @@ error; 3 ``--fail-on-block`` and a call was blocked; 4 the ledger could not be o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -76,7 +77,7 @@ def _open(settings: Settings) -> Any:
     try:
         return open_ledger(normalize_store_url(settings.store or default_store_url()))
     except QuotawrapError as exc:
-        _fail(str(exc), EXIT_STORE)
+        _fail(f"{exc}; the ledger was left untouched", EXIT_STORE)
 
 
 class _DefaultRunGroup(click.Group):
@@ -102,11 +103,12 @@ def cli() -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_command(command: tuple[str, ...], **values: Any) -> None:
     """Run COMMAND with every guarded LLM call reserved before and reconciled after."""
+    from ._log import warn
     from .attribution import automatic_tags, merge_tags, parse_tags
-    from .launcher import new_run_id, run_child
+    from .launcher import default_unguarded_log, new_run_id, run_child
     from .ledger import default_store_url, normalize_store_url
     from .ledger.base import RunRecord
-    from .report import append_step_summary, format_summary, run_report, write_json
+    from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
     from .sync import SyncLoop, sync_source
 
     settings = _settings(values)
@@ -121,8 +123,15 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         tag=tuple(f"{key}={value}" for key, value in tags.items()),
     )
     assert settings.run_id is not None
+    if settings.fail_open and not settings.unguarded_log:
+        settings = settings.replace(unguarded_log=str(default_unguarded_log(settings.run_id)))
     ledger = _open(settings)
-    ledger.start_run(RunRecord(settings.run_id, time.time(), command=shlex.join(command), tags=tags))
+    try:
+        ledger.start_run(RunRecord(settings.run_id, time.time(), command=shlex.join(command), tags=tags))
+    except QuotawrapError as exc:
+        if not settings.fail_open:
+            _fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)
+        warn(f"{exc}; --fail-open: running, and guarded calls go out UNGUARDED while the store is down")
     sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
     if sync_loop is not None:
         sync_loop.tick()  # before the child's first call: until a sync, only the daily cap applies
@@ -136,8 +145,16 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     finally:
         if sync_loop is not None:
             sync_loop.stop()
-    ledger.end_run(settings.run_id, result.exit_code, time.time())
-    report = run_report(result.totals, settings=settings, exit_code=result.exit_code, tags=tags)
+    with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
+        ledger.end_run(settings.run_id, result.exit_code, time.time())
+    report = run_report(
+        result.totals,
+        settings=settings,
+        exit_code=result.exit_code,
+        tags=tags,
+        unguarded=read_unguarded(settings.unguarded_log),
+        store_error=result.store_error,
+    )
     if not settings.quiet:
         click.echo(format_summary(report), err=True)
     if settings.report_json:

@@ -25,6 +25,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from . import endpoints, quota
@@ -172,6 +173,29 @@ class Guard:
             self._limits_cache[key] = limits
         return limits
 
+    def _record_unguarded(self, model: str, kind: str, error: Exception) -> None:
+        """--fail-open is never silent: each call let through goes into a JSONL the wrapper reports."""
+        if not self.settings.unguarded_log:
+            return
+        line = {
+            "time": self._clock(),
+            "run_id": self._run_id,
+            "model": model,
+            "endpoint": kind,
+            "pid": os.getpid(),
+            "error": str(error),
+        }
+        try:
+            path = Path(self.settings.unguarded_log)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, (json.dumps(line) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            warn(f"cannot record an unguarded call in {self.settings.unguarded_log}: {exc}")
+
     # -- money and audit --------------------------------------------------------------------
 
     @property
@@ -270,6 +294,7 @@ class Guard:
         except QuotawrapError as exc:
             if self.settings.fail_open:
                 warn(f"{exc}; --fail-open: this call to {model} goes out UNGUARDED")
+                self._record_unguarded(model, kind, exc)
                 return None
             return GuardedCall.refused(
                 SyntheticResponse.ark_error(

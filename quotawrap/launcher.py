@@ -22,6 +22,7 @@ from types import FrameType
 
 import quotawrap
 
+from ._errors import QuotawrapError
 from ._log import warn
 from .ledger import Ledger, RunTotals
 from .live import LiveView
@@ -31,6 +32,7 @@ __all__ = [
     "HOOK_DIR",
     "ChildResult",
     "child_environment",
+    "default_unguarded_log",
     "injection_blockers",
     "new_run_id",
     "run_child",
@@ -40,6 +42,13 @@ HOOK_DIR = Path(__file__).resolve().parent.parent / "sitecustomize_hook"
 PACKAGE_HOME = Path(quotawrap.__file__).resolve().parent.parent
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _RECLAIM_EVERY_S = 10.0
+
+
+def default_unguarded_log(run_id: str) -> Path:
+    """Where a --fail-open run's children record what they let through while the store was down."""
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("quotawrap")) / "unguarded" / f"{run_id}.jsonl"
 
 
 def new_run_id() -> str:
@@ -96,10 +105,13 @@ def injection_blockers(command: Sequence[str]) -> list[str]:
 
 
 class ChildResult:
-    def __init__(self, exit_code: int, totals: RunTotals, resolved_at_exit: int) -> None:
+    def __init__(
+        self, exit_code: int, totals: RunTotals, resolved_at_exit: int, store_error: str | None = None
+    ) -> None:
         self.exit_code = exit_code
         self.totals = totals
         self.resolved_at_exit = resolved_at_exit
+        self.store_error = store_error  # the books could not be closed: totals are empty, holds stay open
 
 
 def _exit_code(returncode: int) -> int:
@@ -122,7 +134,10 @@ def run_child(settings: Settings, command: Sequence[str], ledger: Ledger) -> Chi
         raise FileNotFoundError(command[0])
     for flag in injection_blockers(command):
         warn(f"the command runs Python with {flag}: the hook cannot load there, so its calls are NOT guarded")
-    ledger.reclaim_orphans(time.time())
+    try:
+        ledger.reclaim_orphans(time.time())
+    except QuotawrapError as exc:
+        warn(f"could not reclaim orphaned holds before the run: {exc}")
     process = subprocess.Popen([executable, *command[1:]], env=child_environment(settings))
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -151,8 +166,14 @@ def run_child(settings: Settings, command: Sequence[str], ledger: Ledger) -> Chi
             stop.set()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        resolved = ledger.resolve_run(settings.run_id)
-        totals = ledger.run_totals(settings.run_id)
+        try:
+            resolved = ledger.resolve_run(settings.run_id)
+            totals = ledger.run_totals(settings.run_id)
+        except QuotawrapError as exc:
+            # Nothing is lost: the run's open holds stay in the ledger and the next run, `status` or
+            # reclaim charges them (they carry an expiry and their owner's pid).
+            warn(f"could not close the run's books: {exc}; its open holds stay and are charged later")
+            return ChildResult(_exit_code(returncode), RunTotals(settings.run_id, {}), 0, store_error=str(exc))
     return ChildResult(_exit_code(returncode), totals, resolved)
 
 

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .ledger import RunTotals
+from .ledger import ModelTotals, RunTotals
 from .settings import Settings
 
-__all__ = ["append_step_summary", "format_summary", "run_report", "write_json"]
+__all__ = ["append_step_summary", "format_summary", "read_unguarded", "run_report", "write_json"]
 
 _COLUMNS = (
     ("calls", "calls"),
@@ -23,11 +23,38 @@ _COLUMNS = (
 )
 
 
+def read_unguarded(path: str | os.PathLike[str] | None) -> dict[str, int]:
+    """Calls per model that ``--fail-open`` let through unguarded (recorded by the children)."""
+    counts: dict[str, int] = {}
+    if not path or not Path(path).is_file():
+        return counts
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            model = str(json.loads(line)["model"])
+        except (ValueError, KeyError, TypeError):
+            model = "(unreadable record)"
+        counts[model] = counts.get(model, 0) + 1
+    return counts
+
+
 def run_report(
-    totals: RunTotals, *, settings: Settings, exit_code: int, tags: Mapping[str, str] | None = None
+    totals: RunTotals,
+    *,
+    settings: Settings,
+    exit_code: int,
+    tags: Mapping[str, str] | None = None,
+    unguarded: Mapping[str, int] | None = None,
+    store_error: str | None = None,
 ) -> dict[str, Any]:
     """The run's summary as data; token counts are tokens, ``*_cost`` fields micro-CNY."""
     models = {name: dataclasses.asdict(model) for name, model in totals.models.items()}
+    unguarded = dict(unguarded or {})
+    for name, count in unguarded.items():
+        models.setdefault(name, dataclasses.asdict(ModelTotals()))["unguarded_calls"] = count
+    for model in models.values():
+        model.setdefault("unguarded_calls", 0)
+    summed = dataclasses.asdict(totals.totals)
+    summed["unguarded_calls"] = sum(unguarded.values())
     return {
         "session": totals.run_id,
         "store": settings.store,
@@ -36,7 +63,9 @@ def run_report(
         "limits": {"cap_tokens": settings.cap_tokens, "cap_cost": settings.cap_cost},
         "tags": dict(tags or {}),
         "models": models,
-        "totals": dataclasses.asdict(totals.totals),
+        "totals": summed,
+        "unguarded_log": settings.unguarded_log if unguarded else None,
+        "store_error": store_error,
     }
 
 
@@ -68,6 +97,13 @@ def format_summary(report: dict[str, Any]) -> str:
             if watch:
                 row += f"  {model['would_block_calls']:>11,}"
             lines.append(row)
+    if totals.get("unguarded_calls"):
+        lines.append(
+            f"  {totals['unguarded_calls']} call(s) went out UNGUARDED while the store was unreachable"
+            f" (--fail-open); recorded in {report['unguarded_log']}"
+        )
+    if report.get("store_error"):
+        lines.append(f"  the ledger could not close this run ({report['store_error']}): totals above are incomplete")
     if totals["unresolved_calls"]:
         lines.append(
             f"  {totals['unresolved_calls']} call(s) ended without usage (cut, abandoned or crashed):"

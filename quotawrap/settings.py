@@ -54,9 +54,7 @@ def env_name(name: str) -> str:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option(
-        "store", str, None, "Ledger URL: sqlite:///PATH (default: user state dir) or redis://HOST:PORT/DB."
-    ),
+    Option("store", str, None, "Ledger URL: sqlite:///PATH (default: user state dir) or redis://HOST:PORT/DB."),
     Option(
         "model",
         str,
@@ -66,9 +64,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("base_url", str, (), "Also guard this OpenAI-compatible base URL (repeatable).", multiple=True),
     Option("cap_tokens", int, None, "Cap on tokens for this whole run (settled + in flight + reserve)."),
-    Option(
-        "daily_cap", int, _QUOTA.daily_cap, "Per-model cap per Beijing calendar day (the collection cap)."
-    ),
+    Option("daily_cap", int, _QUOTA.daily_cap, "Per-model cap per Beijing calendar day (the collection cap)."),
     Option("small_buffer", int, _QUOTA.small_buffer, "Tokens kept back from the synced free pool."),
     Option("usage_wall", int, _QUOTA.usage_wall, "Soft-evict a model once its day's usage reaches this."),
     Option(
@@ -88,12 +84,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("image_tokens", int, 2000, "Tokens reserved per image part."),
     Option("hold_ttl", float, 3600.0, "Seconds a hold stays valid before it is charged as unresolved."),
     Option("watch", bool, False, "Record everything, block nothing (the summary says what would have been)."),
+    Option("fail_open", bool, False, "If the ledger is unreachable, let calls through unguarded (and say so)."),
     Option(
-        "fail_open", bool, False, "If the ledger is unreachable, let calls through unguarded (and say so)."
+        "unguarded_log",
+        str,
+        None,
+        "Where --fail-open records the calls it let through unguarded (default: the state directory).",
     ),
-    Option(
-        "inject_usage", bool, True, "Ask guarded streams for usage when the caller did not (hidden from it)."
-    ),
+    Option("inject_usage", bool, True, "Ask guarded streams for usage when the caller did not (hidden from it)."),
     Option("run_id", str, None, "Run (session) id; generated when not given."),
     Option(
         "tag",
@@ -159,6 +157,8 @@ class Settings:
     hold_ttl: float = 3600.0
     watch: bool = False
     fail_open: bool = False
+    unguarded_log: str | None = None
+    unguarded_log: str | None = None
     inject_usage: bool = True
     run_id: str | None = None
     tag: tuple[str, ...] = ()

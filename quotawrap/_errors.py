@@ -1,9 +1,9 @@
 """quotawrap's exceptions.
 
-    QuotawrapError
-    ├── ConfigError        bad flag, env var or quotawrap.toml value (exit code 2)
-    └── StoreError         the ledger cannot be opened, read or written (names the store)
-        └── StoreCorrupt   the ledger exists but is not a quotawrap ledger / is damaged
+QuotawrapError
+├── ConfigError        bad flag, env var or quotawrap.toml value (exit code 2)
+└── StoreError         the ledger cannot be opened, read or written (names the store)
+    └── StoreCorrupt   the ledger exists but is not a quotawrap ledger / is damaged
 """
 
 from __future__ import annotations

@@ -96,9 +96,7 @@ def read_billing_api(
         import volcenginesdkcore
         from volcenginesdkbilling.models import ListResourcePackagesRequest
     except ImportError as exc:
-        raise BalanceUnavailable(
-            "the billing API needs the VolcEngine SDK: pip install 'quotawrap[volc]'"
-        ) from exc
+        raise BalanceUnavailable("the billing API needs the VolcEngine SDK: pip install 'quotawrap[volc]'") from exc
     ak, sk = _credential(ACCESS_KEY_VARIABLES), _credential(SECRET_KEY_VARIABLES)
     if not ak or not sk:
         raise BalanceUnavailable(
@@ -155,15 +153,11 @@ def parse_balance_args(values: Sequence[str]) -> dict[str, int]:
 def read_balance_command(command: str, timeout_s: float = 60.0) -> dict[str, int]:
     """Run ``--balance-cmd``; it prints ``{"model": tokens, ...}`` JSON or ``model=tokens`` lines."""
     try:
-        done = subprocess.run(
-            shlex.split(command), capture_output=True, text=True, timeout=timeout_s, check=False
-        )
+        done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BalanceUnavailable(f"balance command {command!r} failed: {exc}") from exc
     if done.returncode != 0:
-        raise BalanceUnavailable(
-            f"balance command {command!r} exited {done.returncode}: {done.stderr.strip()[:200]}"
-        )
+        raise BalanceUnavailable(f"balance command {command!r} exited {done.returncode}: {done.stderr.strip()[:200]}")
     text = done.stdout.strip()
     try:
         if text.startswith("{"):

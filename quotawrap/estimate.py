@@ -59,9 +59,7 @@ class EstimateSettings:
         for field in fields(self):
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(
-                    f"EstimateSettings.{field.name} must be a non-negative integer, got {value!r}"
-                )
+                raise ValueError(f"EstimateSettings.{field.name} must be a non-negative integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -81,9 +79,7 @@ def thinking_disabled(body: Mapping[str, Any]) -> bool:
     return isinstance(thinking, Mapping) and thinking.get("type") == "disabled"
 
 
-def output_allowance(
-    kind: Kind, body: Mapping[str, Any], settings: EstimateSettings = EstimateSettings()
-) -> int:
+def output_allowance(kind: Kind, body: Mapping[str, Any], settings: EstimateSettings = EstimateSettings()) -> int:
     """Most output tokens the request can be billed for (see the module docstring)."""
     _check_kind(kind)
     _check_body(body)
@@ -93,9 +89,7 @@ def output_allowance(
         bound = _limit(body, "max_output_tokens")
         return bound if bound is not None else _answer_plus_thinking(None, body, settings)
     bound = _limit(body, "max_completion_tokens")
-    per_choice = (
-        bound if bound is not None else _answer_plus_thinking(_limit(body, "max_tokens"), body, settings)
-    )
+    per_choice = bound if bound is not None else _answer_plus_thinking(_limit(body, "max_tokens"), body, settings)
     return per_choice * _choices(kind, body)
 
 
@@ -231,9 +225,7 @@ def _part_tokens(part: object, counter: _Counter, where: str) -> int:
 
 def _chat_input(body: Mapping[str, Any], counter: _Counter) -> int:
     messages = _as_list(_required(body, "messages"), "'messages'", "a list of messages")
-    total = sum(
-        _chat_message_tokens(message, counter, f"messages[{i}]") for i, message in enumerate(messages)
-    )
+    total = sum(_chat_message_tokens(message, counter, f"messages[{i}]") for i, message in enumerate(messages))
     for name in ("tools", "functions", "response_format"):
         total += counter.json(body.get(name), f"'{name}'")
     return total + counter.reply_priming
@@ -299,9 +291,7 @@ def _responses_item_tokens(item: object, counter: _Counter, where: str) -> int:
         return total + _content_tokens(output, counter, f"{where}.output")
     if kind == "reasoning":
         summary = _as_list(entry.get("summary") or [], f"{where}.summary", "a list")
-        return total + sum(
-            _part_tokens(part, counter, f"{where}.summary[{i}]") for i, part in enumerate(summary)
-        )
+        return total + sum(_part_tokens(part, counter, f"{where}.summary[{i}]") for i, part in enumerate(summary))
     return total + counter.opaque(entry, where)
 
 

@@ -323,16 +323,13 @@ def soft_evict_walls(effective: int, balance_at_sync: int | None, settings: Quot
                 "model_day",
                 1,
                 "wall",
-                f"evicted once used: balance at sync {_n(balance_at_sync)}"
-                f" < balance wall {_n(settings.balance_wall)}",
+                f"evicted once used: balance at sync {_n(balance_at_sync)} < balance wall {_n(settings.balance_wall)}",
             )
         )
     return walls
 
 
-def model_day_limits(
-    snapshot: Snapshot | None, settings: QuotaSettings, *, today: str | None = None
-) -> list[Limit]:
+def model_day_limits(snapshot: Snapshot | None, settings: QuotaSettings, *, today: str | None = None) -> list[Limit]:
     """The pre-gate hold at the effective limit, then the soft-evict walls."""
     applies = _applies(snapshot, today)
     cap, binding = effective_limit(snapshot, settings, today=today)
@@ -367,9 +364,7 @@ def cost_limits(cap_micro_cny: int | None) -> list[Limit]:
     return [Limit("cost_cap", "run_cost", cap_micro_cny, "hold", f"run cost cap ¥{cap_micro_cny / 1e6:,.4f}")]
 
 
-def should_soft_evict(
-    usage: int, effective: int, balance_at_sync: int | None, settings: QuotaSettings
-) -> bool:
+def should_soft_evict(usage: int, effective: int, balance_at_sync: int | None, settings: QuotaSettings) -> bool:
     """§7.6: usage >= min(effective, usage wall), or balance at sync < balance wall with usage > 0."""
     walls = soft_evict_walls(effective, balance_at_sync, settings)
     return evicted_by(walls, {"model_day": Counters(usage)}) is not None
@@ -394,8 +389,7 @@ class CalibrationDay:
 
 def _day_spread(day: CalibrationDay, lag_s: float, bucket_s: float) -> int:
     pools = [
-        balance
-        + lagged_usage(t, lag_s, usage_at(day.series, t), day.series, day.previous_series, bucket_s=bucket_s)
+        balance + lagged_usage(t, lag_s, usage_at(day.series, t), day.series, day.previous_series, bucket_s=bucket_s)
         for t, balance in day.syncs
     ]
     return max(pools) - min(pools)
@@ -456,9 +450,7 @@ def calibrate_lag(
     bucket_s: float = 0.0,
 ) -> tuple[float, float]:
     """(best lag seconds, spread of balance + usage(t - lag) across that day's syncs) for one day."""
-    return calibrate_lag_days(
-        [CalibrationDay(syncs, series, previous_series)], candidates_s, bucket_s=bucket_s
-    )
+    return calibrate_lag_days([CalibrationDay(syncs, series, previous_series)], candidates_s, bucket_s=bucket_s)
 
 
 # -- package expiry (§1.2, §1.3) -----------------------------------------------------------------

@@ -94,13 +94,9 @@ class Generation:
 def _model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if model is None or model == "":
-        raise ArkError(
-            400, "MissingParameter", "The request failed because it is missing `model` parameter.", "model"
-        )
+        raise ArkError(400, "MissingParameter", "The request failed because it is missing `model` parameter.", "model")
     if not isinstance(model, str):
-        raise ArkError(
-            400, "InvalidParameter", "A parameter specified in the request is not valid: model", "model"
-        )
+        raise ArkError(400, "InvalidParameter", "A parameter specified in the request is not valid: model", "model")
     return model
 
 
@@ -112,9 +108,7 @@ def _required(body: dict[str, Any], name: str) -> Any:
 
 
 def _invalid(name: str, why: str) -> ArkError:
-    return ArkError(
-        400, "InvalidParameter", f"A parameter specified in the request is not valid: {name} {why}", name
-    )
+    return ArkError(400, "InvalidParameter", f"A parameter specified in the request is not valid: {name} {why}", name)
 
 
 def _opt_count(body: dict[str, Any], name: str) -> int | None:
@@ -157,9 +151,7 @@ def _chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Gen
         model=model,
         plan=plan,
         stream=_stream(body),
-        body=lambda with_usage: payloads.chat_completion(
-            chat_id, created, model, plan, with_usage=with_usage
-        ),
+        body=lambda with_usage: payloads.chat_completion(chat_id, created, model, plan, with_usage=with_usage),
         frames=lambda with_usage: payloads.chat_stream_frames(
             chat_id,
             created,
@@ -188,9 +180,7 @@ def _completions(body: dict[str, Any], cfg: SimConfig, ident: str, created: int)
         model=model,
         plan=plan,
         stream=_stream(body),
-        body=lambda with_usage: payloads.text_completion(
-            cmpl_id, created, model, plan, with_usage=with_usage
-        ),
+        body=lambda with_usage: payloads.text_completion(cmpl_id, created, model, plan, with_usage=with_usage),
         frames=lambda with_usage: payloads.text_completion_stream_frames(
             cmpl_id,
             created,
@@ -239,10 +229,7 @@ def _embeddings(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) 
     input_ = _required(body, "input")
     if isinstance(input_, list) and not input_:
         raise _invalid("input", "must not be empty")
-    inputs = [
-        one if isinstance(one, str) else str(one)
-        for one in (input_ if isinstance(input_, list) else [input_])
-    ]
+    inputs = [one if isinstance(one, str) else str(one) for one in (input_ if isinstance(input_, list) else [input_])]
     if isinstance(input_, list) and input_ and all(isinstance(x, int) for x in input_):
         inputs = [str(input_)]  # one pre-tokenised input
     prompt = embedding_prompt_tokens(model, input_)

@@ -106,9 +106,7 @@ class _Balance:
     remaining: int
 
 
-def _replay(
-    specs: Sequence[PackageSpec], bills: Sequence[BillRecord], visible_until: float
-) -> list[_Balance]:
+def _replay(specs: Sequence[PackageSpec], bills: Sequence[BillRecord], visible_until: float) -> list[_Balance]:
     remaining = [spec.total for spec in specs]
     order = sorted(range(len(specs)), key=lambda i: (specs[i].effective_time, i))
     for bill in sorted(bills, key=lambda b: b.t):

@@ -183,9 +183,7 @@ def text_completion_stream_frames(
     def choice(text: str, finish_reason: str | None) -> dict[str, Any]:
         return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
 
-    frames = [
-        chunk([choice(text, None)]) for text, _ in _pieces(ANSWER_WORD, plan.answer_tokens, tokens_per_chunk)
-    ]
+    frames = [chunk([choice(text, None)]) for text, _ in _pieces(ANSWER_WORD, plan.answer_tokens, tokens_per_chunk)]
     frames.append(chunk([choice("", plan.finish_reason)]))
     if include_usage and with_usage:
         frames.append(chunk([], chat_usage(plan.prompt_tokens, 0, plan.answer_tokens)))
@@ -349,9 +347,7 @@ def response_stream_frames(
     )
     done_part = {"type": "output_text", "text": full, "annotations": []}
     emit("response.content_part.done", item_id=item_id, output_index=index, content_index=0, part=done_part)
-    emit(
-        "response.output_item.done", output_index=index, item=_message_item(ident, full, _final_status(plan))
-    )
+    emit("response.output_item.done", output_index=index, item=_message_item(ident, full, _final_status(plan)))
     terminal = "response.incomplete" if plan.truncated else "response.completed"
     emit(terminal, response=snapshot(True))
     return [sse_event(event) for event in events]

@@ -342,9 +342,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "POST":
             raise ArkError(405, "MethodNotAllowed", f"{self.command} is not allowed on {path}.")
         if not _has_bearer(self.headers.get("Authorization")):
-            raise ArkError(
-                401, "AuthenticationError", "The API key or AK/SK in the request is missing or invalid."
-            )
+            raise ArkError(401, "AuthenticationError", "The API key or AK/SK in the request is missing or invalid.")
         try:
             config = apply_headers(sim.config, self.headers.items())
         except SimConfigError as exc:
@@ -409,9 +407,7 @@ class _Handler(BaseHTTPRequestHandler):
         except SimConfigError as exc:
             self._send_json(400, ark_error("InvalidParameter", exc.message, exc.param, "BadRequest"))
         except ArkError as error:
-            self._send_json(
-                error.status, ark_error(error.code, error.message, error.param, status_type(error.status))
-            )
+            self._send_json(error.status, ark_error(error.code, error.message, error.param, status_type(error.status)))
 
     def _control_result(self, sim: ArkSimulator, path: str, raw: bytes) -> Any:
         post = self.command == "POST"
@@ -451,9 +447,7 @@ class _Handler(BaseHTTPRequestHandler):
         }
 
         def fail(status: int, code: str, message: str) -> None:
-            self._send_json(
-                status, {"ResponseMetadata": {**metadata, "Error": {"Code": code, "Message": message}}}
-            )
+            self._send_json(status, {"ResponseMetadata": {**metadata, "Error": {"Code": code, "Message": message}}})
 
         if action != "ListResourcePackages" or version != _BILLING_VERSION:
             fail(404, "InvalidActionOrVersion", f"Could not find operation {action} for version {version}")

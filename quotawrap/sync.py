@@ -102,6 +102,12 @@ def sync_once(ledger: Ledger, settings: Settings, now: float) -> dict[str, quota
             )
         finally:
             ledger.release_lease(BILLING_LEASE, holder)
+        # A model the billing API used to list packages for, and now lists none: they expired or
+        # were used up, so its free balance is 0 (not "unknown", which would keep yesterday's pool).
+        # A model that never had a matching package stays unknown: its name may simply not match.
+        for model in candidate_models(ledger, settings):
+            if model not in packages and _had_packages(ledger, model):
+                packages[model] = []
         snapshots = {}
         for model, owned in packages.items():
             ledger.put_packages(model, owned, now)
@@ -111,6 +117,11 @@ def sync_once(ledger: Ledger, settings: Settings, now: float) -> dict[str, quota
     raise BalanceUnavailable(
         "no balance source: pass --balance MODEL=N, --balance-cmd CMD, or set VolcEngine credentials"
     )
+
+
+def _had_packages(ledger: Ledger, model: str) -> bool:
+    snapshot = ledger.snapshot(model)
+    return bool(ledger.packages(model)) or (snapshot is not None and snapshot.source == "billing-api")
 
 
 def sync_due(snapshot: quota.Snapshot | None, settled_now: int, now: float, settings: Settings) -> bool:

@@ -49,9 +49,7 @@ def packaged_sim(sim: ArkSimulator) -> ArkSimulator:
 
 
 class TestBillingApi:
-    def test_sync_reads_packages_through_the_official_sdk(
-        self, packaged_sim: ArkSimulator, store: str
-    ) -> None:
+    def test_sync_reads_packages_through_the_official_sdk(self, packaged_sim: ArkSimulator, store: str) -> None:
         """`quotawrap sync` pages ListResourcePackages and stores each model's summed balance and packages."""
         result = _cli(
             "sync",
@@ -151,18 +149,12 @@ class TestManualAndCommand:
     def test_failed_command_keeps_the_old_snapshot_and_says_its_age(self, store: str, tmp_path: Path) -> None:
         """A failing --balance-cmd leaves the previous snapshot in force and warns how old it is."""
         ledger = open_ledger(store)
-        old = record_balance(
-            ledger, MODEL, 900_000, time.time() - 600, quota.QuotaSettings(), source="manual"
-        )
+        old = record_balance(ledger, MODEL, 900_000, time.time() - 600, quota.QuotaSettings(), source="manual")
         messages: list[str] = []
-        loop = SyncLoop(
-            ledger, Settings(store=store, balance_cmd="false", sync_interval=1.0), on_error=messages.append
-        )
+        loop = SyncLoop(ledger, Settings(store=store, balance_cmd="false", sync_interval=1.0), on_error=messages.append)
         assert loop.tick() == {}
         assert ledger.snapshot(MODEL) == old
-        assert (
-            len(messages) == 1 and "keeping the previous snapshot" in messages[0] and "s old" in messages[0]
-        )
+        assert len(messages) == 1 and "keeping the previous snapshot" in messages[0] and "s old" in messages[0]
 
     def test_balance_command_json_and_lines(self, tmp_path: Path, store: str) -> None:
         """A --balance-cmd may print JSON or model=N lines."""
@@ -176,9 +168,7 @@ class TestManualAndCommand:
 
 
 class TestBackgroundSync:
-    def test_wrapper_syncs_in_the_background_and_after_a_burst(
-        self, packaged_sim: ArkSimulator, store: str
-    ) -> None:
+    def test_wrapper_syncs_in_the_background_and_after_a_burst(self, packaged_sim: ArkSimulator, store: str) -> None:
         """The running wrapper syncs at start and again once a burst passes --sync-burst."""
         packaged_sim.configure(reply_tokens=400)
         result = run_quotawrap(
@@ -223,9 +213,7 @@ class TestPureHelpers:
         assert sync_due(quota.Snapshot(1_000_000, 0, 0, now - 1801, quota.beijing_day(now)), 0, now, settings)
         low = quota.Snapshot(250_000, 0, 0, now - 301, quota.beijing_day(now))
         assert sync_due(low, 0, now, settings)
-        assert not sync_due(
-            quota.Snapshot(1_000_000, 0, 0, now - 301, quota.beijing_day(now)), 0, now, settings
-        )
+        assert not sync_due(quota.Snapshot(1_000_000, 0, 0, now - 301, quota.beijing_day(now)), 0, now, settings)
         yesterday = quota.Snapshot(1_000_000, 0, 0, now - 60, quota.beijing_day(now - DAY_S))
         assert sync_due(yesterday, 0, now, settings)
 
@@ -271,9 +259,7 @@ class TestPureHelpers:
             (MODEL, day, int((now - 3600) // 60), 1_000, MODEL, day, int(now // 60), 9_000),
         )
         ledger._conn().execute("INSERT INTO counters VALUES (?, 9000, 0)", (model_day_key(MODEL, day),))
-        snap = record_balance(
-            ledger, MODEL, 500_000, now, quota.QuotaSettings(balance_lag_s=1800), source="x"
-        )
+        snap = record_balance(ledger, MODEL, 500_000, now, quota.QuotaSettings(balance_lag_s=1800), source="x")
         assert (snap.usage_at_sync, snap.lagged_usage) == (9_000, 1_000)
         v6 = record_balance(ledger, MODEL, 500_000, now, quota.QuotaSettings(balance_lag_s=0), source="x")
         assert v6.lagged_usage == 9_000
@@ -287,3 +273,26 @@ class TestPureHelpers:
                 sync_once(open_ledger(store), Settings(store=store), time.time())
         finally:
             os.environ.update(saved)
+
+
+class TestPackagesGone:
+    def test_a_model_whose_packages_all_expired_gets_a_zero_balance(
+        self, packaged_sim: ArkSimulator, store: str
+    ) -> None:
+        """Packages listed before and none now: the balance is 0 (evicting the model), not the stale pool."""
+        ledger = open_ledger(store)
+        settings = Settings(store=store, billing_endpoint=packaged_sim.base_url, model=(MODEL, "doubao-seed-1.6"))
+        os.environ.update(CREDENTIALS)
+        try:
+            assert sync_once(ledger, settings, time.time())[MODEL].balance == 1_800_000
+            packaged_sim.set_packages(
+                [PackageSpec("doubao-seed-1.6", 500_000, time.time() - DAY_S, time.time() + DAY_S)]
+            )
+            snaps = sync_once(ledger, settings, time.time())
+        finally:
+            for key in CREDENTIALS:
+                os.environ.pop(key, None)
+        assert snaps[MODEL].balance == 0 and ledger.packages(MODEL) == []
+        assert snaps["doubao-seed-1.6"].balance == 500_000
+        limits = quota.model_day_limits(snaps[MODEL], quota.QuotaSettings(), today=snaps[MODEL].day)
+        assert limits[0].cap == 0  # nothing more may be reserved on a model with no free balance

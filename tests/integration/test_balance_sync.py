@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -296,3 +297,34 @@ class TestPackagesGone:
         assert snaps["doubao-seed-1.6"].balance == 500_000
         limits = quota.model_day_limits(snaps[MODEL], quota.QuotaSettings(), today=snaps[MODEL].day)
         assert limits[0].cap == 0  # nothing more may be reserved on a model with no free balance
+
+
+class TestCalibrateCommand:
+    def test_calibrate_finds_the_billing_delay_from_stored_syncs(self, tmp_path: Path) -> None:
+        """`sync --calibrate` reads yesterday's syncs and usage series and reports the 14-minute delay."""
+        from quotawrap.ledger.base import HoldRequest
+        from quotawrap.ledger.sqlite import SQLiteLedger
+        from quotawrap.usage import Usage
+
+        now = {"t": 0.0}
+        path = tmp_path / "ledger.sqlite3"
+        ledger = SQLiteLedger(path, clock=lambda: now["t"])
+        start = quota.beijing_day_start(time.time()) - DAY_S + 8 * 3600  # yesterday 08:00 Beijing
+        day = quota.beijing_day(start)
+        b0, delay = 5_000_000, 14 * 60
+        spent: list[tuple[float, int]] = []
+        rng = random.Random(7)  # aperiodic traffic: a periodic one would fit lag + period as well
+        for minute in range(600):
+            now["t"] = start + minute * 60 + 17
+            tokens = rng.choice((0, 0, 50, 900, 12_000))
+            decision = ledger.reserve(
+                HoldRequest("r", MODEL, day, tokens, "chat", os.getpid(), "h", now["t"] + 60), lambda _s: []
+            )
+            ledger.settle(decision.hold_id, Usage(tokens, 0, tokens))
+            spent.append((now["t"], tokens))
+            if minute >= 60 and minute % 7 == 3:  # a billing read every 7 minutes, lagging 14
+                balance = b0 - sum(n for t, n in spent if t <= now["t"] - delay)
+                record_balance(ledger, MODEL, balance, now["t"], quota.QuotaSettings(), source="billing-api")
+        result = _cli("sync", "--store", f"sqlite:///{path}", "--calibrate", "--days", "2")
+        assert result.returncode == 0, result.stderr
+        assert f"{MODEL}: billing lag ~14 min (spread 0 tokens)" in result.stdout

@@ -130,19 +130,16 @@ class TestClassifyBaseUrls:
 
     def test_host_case_is_not_significant(self) -> None:
         """httpx lower-cases the host it sends to; a base URL typed in capitals must still match."""
-        assert (
-            classify("POST", "http://localhost:8000/v1/chat/completions", ["http://LOCALHOST:8000/v1"])
-            == "chat"
-        )
+        assert classify("POST", "http://localhost:8000/v1/chat/completions", ["http://LOCALHOST:8000/v1"]) == "chat"
 
     def test_default_port_spelt_or_not(self) -> None:
         """httpx drops `:443`, requests keeps it: both spellings of one origin match each other."""
-        assert classify(
-            "POST", "https://api.example.com/v1/responses", ["https://api.example.com:443/v1"]
-        ) == ("responses")
-        assert classify(
-            "POST", "https://api.example.com:443/v1/responses", ["https://api.example.com/v1"]
-        ) == ("responses")
+        assert classify("POST", "https://api.example.com/v1/responses", ["https://api.example.com:443/v1"]) == (
+            "responses"
+        )
+        assert classify("POST", "https://api.example.com:443/v1/responses", ["https://api.example.com/v1"]) == (
+            "responses"
+        )
 
     def test_base_url_without_a_path(self) -> None:
         """A bare origin guards every billed path on it."""

@@ -17,9 +17,7 @@ from quotawrap.launcher import HOOK_DIR, PACKAGE_HOME, child_environment, inject
 from quotawrap.settings import Settings
 
 HOOK = str(HOOK_DIR)
-PATCHED_PROBE = (
-    "import json, httpx\nprint(json.dumps(hasattr(httpx.Client._send_single_request, '__wrapped__')))"
-)
+PATCHED_PROBE = "import json, httpx\nprint(json.dumps(hasattr(httpx.Client._send_single_request, '__wrapped__')))"
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -71,9 +69,7 @@ class TestChildEnvironment:
 
     def test_settings_and_home_are_exported(self) -> None:
         """The child gets QUOTAWRAP_HOME and every child setting as QUOTAWRAP_*."""
-        env = child_environment(
-            Settings(run_id="r1", cap_tokens=9, store="sqlite:////tmp/l"), base={"X": "1"}
-        )
+        env = child_environment(Settings(run_id="r1", cap_tokens=9, store="sqlite:////tmp/l"), base={"X": "1"})
         assert env["X"] == "1"
         assert env["QUOTAWRAP_HOME"] == str(PACKAGE_HOME)
         assert (env["QUOTAWRAP_RUN_ID"], env["QUOTAWRAP_CAP_TOKENS"]) == ("r1", "9")

@@ -198,9 +198,7 @@ class TestConfigFile:
         with pytest.raises(ConfigError, match=r"quotawrap\.toml.*hold_ttl"):
             load_config_file(path)
 
-    def test_quotawrap_config_variable_points_elsewhere(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
+    def test_quotawrap_config_variable_points_elsewhere(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """$QUOTAWRAP_CONFIG names the file when no path is given."""
         path = tmp_path / "elsewhere.toml"
         path.write_text("daily_cap = 9\n")
@@ -327,8 +325,7 @@ class TestEndToEnd:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTAWRAP_")}
         env["QUOTAWRAP_HOLD_TTL"] = "8"
         probe = (
-            "import json, os; "
-            "print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('QUOTAWRAP_')}))"
+            "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('QUOTAWRAP_')}))"
         )
         report = tmp_path / "report.json"
         proc = subprocess.run(

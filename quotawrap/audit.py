@@ -19,6 +19,7 @@ from typing import Any
 
 from ._errors import ConfigError
 from .ledger.base import CallRecord
+from .prices import format_cny
 from .quota import BEIJING
 
 __all__ = [
@@ -84,12 +85,12 @@ def render_table(rows: list[dict[str, Any]], by: str) -> str:
         return "no guarded calls in that range"
     title = by.split(":", 1)[-1]
     width = max(len(title), *(len(str(row["key"])) for row in rows))
-    header = f"{title:<{width}}  {'calls':>7}  {'blocked':>7}  {'settled':>12}  {'cost CNY':>11}  {'unresolved':>10}"
+    header = f"{title:<{width}}  {'calls':>7}  {'blocked':>7}  {'settled':>12}  {'cost':>11}  {'unresolved':>10}"
     lines = [header, "-" * len(header)]
     for row in rows:
         lines.append(
             f"{row['key']!s:<{width}}  {row['calls']:>7,}  {row['blocked_calls']:>7,}  {row['settled_tokens']:>12,}"
-            f"  {row['cost_micro_cny'] / 1e6:>11,.4f}  {row['unresolved_calls']:>10,}"
+            f"  {format_cny(row['cost_micro_cny']):>11}  {row['unresolved_calls']:>10,}"
         )
     return "\n".join(lines)
 
@@ -145,7 +146,7 @@ def step_summary_markdown(report: Mapping[str, Any]) -> str:
         text
         for text in (
             f"token cap {cap['cap_tokens']:,}" if cap.get("cap_tokens") is not None else "",
-            f"cost cap ¥{cap['cap_cost']:,.4f}" if cap.get("cap_cost") is not None else "",
+            f"cost cap {format_cny(round(cap['cap_cost'] * 1_000_000))}" if cap.get("cap_cost") is not None else "",
         )
         if text
     )
@@ -154,15 +155,15 @@ def step_summary_markdown(report: Mapping[str, Any]) -> str:
         f"### quotawrap · session `{report['session']}`",
         "",
         f"{totals['calls']} guarded call(s), {totals['settled_tokens']:,} tokens settled"
-        f" (¥{totals.get('settled_cost', 0) / 1e6:,.4f}); {verdict}" + (f"; {caps}" if caps else ""),
+        f" ({format_cny(totals.get('settled_cost', 0))}); {verdict}" + (f"; {caps}" if caps else ""),
         "",
-        "| model | calls | blocked | settled tokens | cost CNY | overshoot | unresolved |",
+        "| model | calls | blocked | settled tokens | cost | overshoot | unresolved |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, model in sorted(report["models"].items()):
         lines.append(
             f"| {name} | {model['calls']:,} | {model['blocked_calls']:,} | {model['settled_tokens']:,}"
-            f" | {model.get('settled_cost', 0) / 1e6:,.4f} | {model['overshoot_calls']:,}"
+            f" | {format_cny(model.get('settled_cost', 0))} | {model['overshoot_calls']:,}"
             f" | {model['unresolved_calls']:,} |"
         )
     when = datetime.now(BEIJING).strftime("%Y-%m-%d %H:%M Beijing")

@@ -288,6 +288,7 @@ def report_command(
 def sessions_command(since: str | None, until: str | None, as_json: bool, **values: Any) -> None:
     """Runs with their totals, newest last."""
     from .audit import aggregate
+    from .prices import format_cny
 
     ledger = _open(_settings(values))
     start, end = _time_bound(since), _time_bound(until)
@@ -318,7 +319,7 @@ def sessions_command(since: str | None, until: str | None, as_json: bool, **valu
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started_at"]))
         click.echo(
             f"{row['session']}  {when}  exit {row['exit_code']}  {row['calls']} calls  {row['blocked_calls']} blocked"
-            f"  {row['settled_tokens']:,} tokens  ¥{row['cost_micro_cny'] / 1e6:,.4f}  {row['command'][:60]}"
+            f"  {row['settled_tokens']:,} tokens  {format_cny(row['cost_micro_cny'])}  {row['command'][:60]}"
         )
 
 

@@ -34,6 +34,7 @@ from ._log import warn
 from .estimate import Estimate, EstimateSettings, estimate_request
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .ledger.base import CallRecord, CallState
+from .prices import format_cny
 from .settings import Settings
 from .tokens import TokenizerUnavailable
 from .usage import SSEUsageReader, Usage, is_event_stream, usage_from_body
@@ -93,24 +94,19 @@ _RAISE_HINTS = {
 
 
 def block_message(model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int) -> str:
+    """The 429's message: which limit, its numbers (tokens, or CNY for the cost cap), how to raise it."""
     limit = verdict.blocking
     assert limit is not None
     used = counters.get(limit.scope, quota.Counters())
     hint = _RAISE_HINTS.get(limit.name, "see `quotawrap status`")
-    if limit.scope == "run_cost":
-        money = (used.settled, used.in_flight, reserve, used.settled + used.in_flight + reserve, limit.cap)
-        a, b, c, d, e = (f"¥{value / 1e6:,.4f}" for value in money)
-        return (
-            f"quotawrap blocked this request: call to {model} would exceed the cost_cap (settled {a} + in flight {b}"
-            f" + this call {c} = {d} > {e}); {hint}."
-        )
+    fmt = format_cny if limit.scope == "run_cost" else _fmt
     if limit.kind == "wall":
-        numbers = f"settled {_fmt(used.settled)} >= {_fmt(limit.cap)}"
+        numbers = f"settled {fmt(used.settled)} >= {fmt(limit.cap)}"
         what = f"model {model} is evicted for today ({limit.name}: {numbers})"
     else:
         numbers = (
-            f"settled {_fmt(used.settled)} + in flight {_fmt(used.in_flight)} + this call {_fmt(reserve)}"
-            f" = {_fmt(used.settled + used.in_flight + reserve)} > {_fmt(limit.cap)}"
+            f"settled {fmt(used.settled)} + in flight {fmt(used.in_flight)} + this call {fmt(reserve)}"
+            f" = {fmt(used.settled + used.in_flight + reserve)} > {fmt(limit.cap)}"
         )
         what = f"call to {model} would exceed the {limit.name} ({numbers})"
     detail = f" [{limit.detail}]" if limit.detail else ""

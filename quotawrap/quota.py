@@ -26,6 +26,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from ._errors import ConfigError
+from .prices import format_cny
 
 __all__ = [
     "BEIJING",
@@ -361,7 +362,7 @@ def cost_limits(cap_micro_cny: int | None) -> list[Limit]:
         return []
     if cap_micro_cny < 0:
         raise ConfigError(f"cap_cost must be >= 0, got {cap_micro_cny}")
-    return [Limit("cost_cap", "run_cost", cap_micro_cny, "hold", f"run cost cap ¥{cap_micro_cny / 1e6:,.4f}")]
+    return [Limit("cost_cap", "run_cost", cap_micro_cny, "hold", f"run cost cap {format_cny(cap_micro_cny)}")]
 
 
 def should_soft_evict(usage: int, effective: int, balance_at_sync: int | None, settings: QuotaSettings) -> bool:

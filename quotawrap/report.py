@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .ledger import ModelTotals, RunTotals
+from .prices import format_cny
 from .settings import Settings
 
 __all__ = ["append_step_summary", "format_summary", "read_unguarded", "run_report", "write_json"]
@@ -82,7 +83,7 @@ def format_summary(report: dict[str, Any]) -> str:
     watch = report["mode"] == "watch"
     lines = [
         f"quotawrap: session {report['session']}: {totals['calls']} guarded call(s),"
-        f" {totals['settled_tokens']:,} tokens settled (¥{totals['settled_cost'] / 1e6:,.4f}),"
+        f" {totals['settled_tokens']:,} tokens settled ({format_cny(totals['settled_cost'])}),"
         f" {totals['blocked_calls']} blocked"
         + (f", {totals['would_block_calls']} WOULD have been blocked (watch mode)" if watch else "")
     ]

@@ -21,7 +21,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,39 +63,103 @@ def _worker(url: str, index: int, pairs: int, start_at: float, out: multiprocess
         decision = ledger.reserve(request, limits_for)
         ledger.settle(decision.hold_id, Usage(100, 200 + i % 100, 300 + i % 100))
 
-    for i in range(WARMUP_PAIRS):  # connections, scripts, caches
-        pair(i)
-    while time.time() < start_at:
-        time.sleep(0.001)
-    latencies = []
-    began = time.perf_counter()
-    for i in range(pairs):
-        t0 = time.perf_counter()
-        pair(i)
-        latencies.append(time.perf_counter() - t0)
-    ended = time.perf_counter()
-    ledger.close()
-    out.put((began, ended, latencies, time.time()))
+    try:
+        for i in range(WARMUP_PAIRS):  # connections, scripts, caches
+            pair(i)
+        while time.time() < start_at:
+            time.sleep(0.001)
+        latencies = []
+        cpu0 = time.process_time()
+        for i in range(pairs):
+            t0 = time.perf_counter()
+            pair(i)
+            latencies.append(time.perf_counter() - t0)
+        cpu = time.process_time() - cpu0
+        ledger.close()
+    except BaseException:
+        # a failed worker must fail the run at once, not leave the parent waiting on the queue
+        out.put(traceback.format_exc())
+        raise
+    out.put((latencies, cpu, time.time()))
 
 
-def run_config(url: str, processes: int) -> tuple[float, float, float]:
-    """(pairs per second, p50 ms, p99 ms)."""
+@dataclass(frozen=True)
+class Result:
+    """One configuration's run: throughput, latency per pair, and CPU spent per pair on each side."""
+
+    store: str
+    processes: int
+    rate: float  # pairs per second
+    p50_ms: float
+    p99_ms: float
+    client_cpu_us: float  # CPU of the benchmark processes per pair (user + system)
+    server_cpu_us: float | None  # redis-server's CPU per pair (INFO cpu); None for SQLite
+
+
+@dataclass(frozen=True)
+class Summary:
+    store: str
+    processes: int
+    rate: float  # median pairs/s over the repeats
+    low: float
+    high: float
+    p50_ms: float
+    p99_ms: float
+    client_cpu_us: float
+    server_cpu_us: float | None
+    runs: int
+
+
+def _server_cpu(url: str) -> Callable[[], float] | None:
+    """redis-server's CPU seconds so far (user + system, every thread), or None for SQLite."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    import redis
+
+    client = redis.Redis.from_url(url)
+
+    def read() -> float:
+        info = client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    return read
+
+
+def run_config(store: str, url: str, processes: int) -> Result:
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     pairs = max(TOTAL_PAIRS // processes, 100)
     start_at = time.time() + 1.0 + 0.05 * processes
+    server_cpu = _server_cpu(url)
     workers = [context.Process(target=_worker, args=(url, i, pairs, start_at, queue)) for i in range(processes)]
     for worker in workers:
         worker.start()
-    results = [queue.get(timeout=600) for _ in workers]
+    while time.time() < start_at:
+        time.sleep(0.001)
+    server_cpu0 = server_cpu() if server_cpu else 0.0
+    results = []
+    for _ in workers:
+        result = queue.get(timeout=600)
+        if isinstance(result, str):
+            for worker in workers:
+                worker.kill()
+            raise SystemExit(f"bench_ledger: a {store} worker failed:\n{result}")
+        results.append(result)
+    server_used = server_cpu() - server_cpu0 if server_cpu else None
     for worker in workers:
         worker.join()
-    finished = max(r[3] for r in results)
-    latencies = sorted(lat for r in results for lat in r[2])
-    wall = finished - start_at
-    p50 = statistics.median(latencies) * 1000
-    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
-    return len(latencies) / wall, p50, p99
+    finished = max(r[2] for r in results)
+    latencies = sorted(lat for r in results for lat in r[0])
+    total = len(latencies)
+    return Result(
+        store,
+        processes,
+        total / (finished - start_at),
+        statistics.median(latencies) * 1000,
+        latencies[min(total - 1, int(total * 0.99))] * 1000,
+        sum(r[1] for r in results) / total * 1e6,
+        None if server_used is None else server_used / total * 1e6,
+    )
 
 
 def _redis_url() -> tuple[str, object | None]:
@@ -135,13 +201,42 @@ def machine() -> str:
     )
 
 
-def table(rows: Sequence[tuple[str, int, float, float, float]]) -> str:
+def summarise(results: Sequence[Result]) -> list[Summary]:
+    """Per store and process count: the median of each figure over the repeats, and the rate's range."""
+    summaries = []
+    for store in dict.fromkeys(r.store for r in results):
+        for processes in dict.fromkeys(r.processes for r in results if r.store == store):
+            runs = [r for r in results if (r.store, r.processes) == (store, processes)]
+            server = [r.server_cpu_us for r in runs if r.server_cpu_us is not None]
+            summaries.append(
+                Summary(
+                    store,
+                    processes,
+                    statistics.median(r.rate for r in runs),
+                    min(r.rate for r in runs),
+                    max(r.rate for r in runs),
+                    statistics.median(r.p50_ms for r in runs),
+                    statistics.median(r.p99_ms for r in runs),
+                    statistics.median(r.client_cpu_us for r in runs),
+                    statistics.median(server) if server else None,
+                    len(runs),
+                )
+            )
+    return summaries
+
+
+def table(rows: Sequence[Summary]) -> str:
     lines = [
-        "| store | processes | pairs/s | p50 ms/pair | p99 ms/pair |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| store | processes | pairs/s (median) | range over runs | p50 ms/pair | p99 ms/pair"
+        " | client CPU µs/pair | server CPU µs/pair |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for store, processes, rate, p50, p99 in rows:
-        lines.append(f"| {store} | {processes} | {rate:,.0f} | {p50:.3f} | {p99:.3f} |")
+    for r in rows:
+        server = "–" if r.server_cpu_us is None else f"{r.server_cpu_us:.0f}"
+        lines.append(
+            f"| {r.store} | {r.processes} | {r.rate:,.0f} | {r.low:,.0f}–{r.high:,.0f} | {r.p50_ms:.3f} |"
+            f" {r.p99_ms:.3f} | {r.client_cpu_us:.0f} | {server} |"
+        )
     return "\n".join(lines)
 
 
@@ -158,61 +253,66 @@ def write_docs(section: str) -> None:
     path.write_text(text.rstrip("\n") + "\n")
 
 
+def _load() -> str:
+    return "{:.1f} / {:.1f} / {:.1f}".format(*os.getloadavg())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--stores", default="SQLite,Redis", help="comma-separated: SQLite, Redis")
+    parser.add_argument("--processes", default=",".join(map(str, PROCESSES)), help="comma-separated counts")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds over every configuration (median, range)")
     args = parser.parse_args(argv)
-    rows: list[tuple[str, int, float, float, float]] = []
+    stores = [name.strip() for name in args.stores.split(",") if name.strip()]
+    counts = [int(n) for n in args.processes.split(",")]
+    results: list[Result] = []
+    load_before = _load()
     with tempfile.TemporaryDirectory() as tmp:
-        sqlite_url = f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"
-        redis_url, server = _redis_url()
+        urls = {"SQLite": f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"}
+        server = None
+        if "Redis" in stores:
+            urls["Redis"], server = _redis_url()
         try:
-            for store, url in (("SQLite", sqlite_url), ("Redis", redis_url)):
-                for processes in PROCESSES:
-                    rate, p50, p99 = run_config(url, processes)
-                    rows.append((store, processes, rate, p50, p99))
-                    print(f"{store:6} {processes:3} procs  {rate:9,.0f} pairs/s  p50 {p50:.3f} ms  p99 {p99:.3f} ms")
+            # whole rounds, so that a burst of other work on the machine spreads over every configuration
+            for round_ in range(1, args.repeat + 1):
+                for store in stores:
+                    for processes in counts:
+                        r = run_config(store, urls[store], processes)
+                        results.append(r)
+                        server_cpu = "" if r.server_cpu_us is None else f"  server {r.server_cpu_us:.0f} µs/pair"
+                        print(
+                            f"round {round_}  {store:6} {processes:3} procs  {r.rate:9,.0f} pairs/s"
+                            f"  p50 {r.p50_ms:.3f} ms  p99 {r.p99_ms:.3f} ms  client {r.client_cpu_us:.0f} µs/pair"
+                            f"{server_cpu}  load {_load()}",
+                            flush=True,
+                        )
         finally:
             if server is not None:
                 server.cleanup()  # type: ignore[attr-defined]
+    rows = summarise(results)
     print()
+    print(f"load average before: {load_before}; after: {_load()}")
     print(table(rows))
     if args.write_docs:
-        write_docs(section(rows))
+        write_docs(section(rows, load_before, args.repeat))
     return 0
 
 
-def section(rows: Sequence[tuple[str, int, float, float, float]]) -> str:
-    best = {store: max(r[2] for r in rows if r[0] == store) for store in ("SQLite", "Redis")}
-    p50_1 = {store: next(r[3] for r in rows if r[0] == store and r[1] == 1) for store in ("SQLite", "Redis")}
+def section(rows: Sequence[Summary], load_before: str, repeat: int) -> str:
+    best = {store: max((r.rate for r in rows if r.store == store), default=0.0) for store in ("SQLite", "Redis")}
+    p50_1 = {store: next((r.p50_ms for r in rows if r.store == store and r.processes == 1), 0.0) for store in best}
     return f"""{HEADING}
 
-`python bench/bench_ledger.py --write-docs` ({time.strftime("%Y-%m-%d")}). One reserve+settle
-pair is what a guarded call adds to the ledger: a hold taken atomically against a run cap and a
-model-day cap, then settled with real usage. P processes each run {TOTAL_PAIRS:,}/P pairs (after
-{WARMUP_PAIRS} warm-up pairs) from a common start; pairs/s is all pairs over the wall time,
-p50/p99 are per pair over every pair. Redis is a private `redis-server` on loopback TCP without
-persistence; SQLite is one WAL file on the local disk (`synchronous=NORMAL`).
+`python bench/bench_ledger.py --write-docs --repeat {repeat}` ({time.strftime("%Y-%m-%d")}).
 
-Machine: {machine()}. Load average when the run ended: {"{:.1f} / {:.1f} / {:.1f}".format(*os.getloadavg())}
-(1/5/15 min) — other work on the same 2 cores depresses these numbers; rerun on an idle machine.
+Machine: {machine()}. Load average (1/5/15 min) before the run: {load_before}; after: {_load()}.
 
 {table(rows)}
 
-Targets (issue 4): SQLite >= 2,000 pairs/s (best here {best["SQLite"]:,.0f}), Redis >= 5,000 pairs/s
-(best here {best["Redis"]:,.0f}), p50 added latency per guarded call <= 0.5 ms for both: the pair's
-p50 with one process is {p50_1["SQLite"]:.3f} ms (SQLite) and {p50_1["Redis"]:.3f} ms (Redis); a
-guarded call pays the reserve before it is sent and the settle after its answer, so this is
-the ledger's whole share of the added latency. On 2 cores, 16 processes contend with each other
-(and with redis-server) for the CPU: the per-pair latency then measures queueing, not the store.
-
-Where Redis's time goes (one process, `INFO commandstats` and cProfile): each of the pair's two
-EVALSHA calls costs the server about 70 µs (about 25 Redis commands per pair inside the scripts,
-plus the script's per-call setup of its Lua library), and the client spends roughly 0.3 ms of CPU
-per pair in redis-py (packing, two loopback round trips, reply parsing). With two cores shared by
-the clients and redis-server this bounds the rate near 2,000-3,000 pairs/s, below the 5,000 target.
-Ways forward, none done yet: Redis 7 `FUNCTION LOAD` (the library loaded once, not per call),
-the `hiredis` reply parser, fewer EXPIRE calls per script (refresh TTLs once per minute).
+Targets (issue 4): SQLite >= 2,000 pairs/s (best median here {best["SQLite"]:,.0f}), Redis >= 5,000
+pairs/s (best median here {best["Redis"]:,.0f}), p50 per pair with one process <= 0.5 ms:
+{p50_1["SQLite"]:.3f} ms (SQLite), {p50_1["Redis"]:.3f} ms (Redis).
 """
 
 

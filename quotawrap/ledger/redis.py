@@ -20,11 +20,14 @@ the key schema. The shape of the design:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
@@ -45,6 +48,8 @@ OWN_DAILY_USAGE_TTL_S = 48 * 3600  # the LiteLLM limiter's TTL for daily_usage k
 THEIR_SNAPSHOT_TTL_S = 24 * 3600  # the LiteLLM sync thread writes its snapshot keys with 24h (seed §7.5)
 OUR_SNAPSHOT_TTL_S = 48 * 3600
 BLOCKED_MARK_TTL_S = 60  # long enough for a retried reserve to find its first answer
+SNAPSHOT_REUSE_S = 1.0  # a process re-reads the balance snapshot at least this often (the script checks it anyway)
+KEY_CACHE_MAX = 4096  # (day, model, run) key tuples a process keeps before starting afresh
 SYNC_HISTORY_MAX = 1000
 MAX_RUNS_INDEXED = 10_000
 ACTIVE_KEEP_S = 3 * DAY_S
@@ -114,9 +119,11 @@ local function blocking(limits, run_only, rc, ms, mi, reserve, reserve_cost)
   return 0
 end
 
+-- the sum of the string keys KEYS[first..], in one MGET
 local function sum_keys(first)
+  if #KEYS < first then return 0 end
   local total = 0
-  for i = first, #KEYS do total = total + num(redis.call('GET', KEYS[i])) end
+  for _, v in ipairs(redis.call('MGET', unpack(KEYS, first))) do total = total + num(v) end
   return total
 end
 
@@ -311,9 +318,10 @@ local function transition_args(first)
 end
 """
 
-# KEYS: 1 meta  2 our snapshot  3 their balance_at_sync  4 their usage_at_sync  5 loc
-#       6 run counters  7 run holds  8 run model-days
-#       9 md counters  10 md open  11 md pids  12 hold  13 md run totals  14 md audit
+# KEYS: 1 hold  2 loc  (the call's own; the rest is the same for every call of a run on a model-day)
+#       3 meta  4 our snapshot  5 their balance_at_sync  6 their usage_at_sync
+#       7 run counters  8 run holds  9 run model-days
+#       10 md counters  11 md open  12 md pids  13 md run totals  14 md audit
 #       15.. the LiteLLM limiter's daily_usage keys of this model-day
 # ARGV: 1 epoch  2 snapshot fingerprint  3.. reserve_args
 # Returns {blocking, md settled, md in flight, held, run settled, run in flight, foreign, run cost
@@ -322,21 +330,21 @@ end
 _LUA_RESERVE_ONE = (
     _LUA_LIB
     + r"""
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return {-2} end
 local a = reserve_args(3)
-local lost = redis.call('HGET', KEYS[1], 'lost:' .. a.day)
-if lost then return {-3, lost} end
-local fp = (redis.call('HGET', KEYS[2], 'synced_at') or '') .. '|' .. (redis.call('GET', KEYS[3]) or '')
-  .. '|' .. (redis.call('GET', KEYS[4]) or '')
+local meta = redis.call('HMGET', KEYS[3], 'epoch', 'lost:' .. a.day)
+if meta[1] ~= ARGV[1] then return {-2} end
+if meta[2] then return {-3, meta[2]} end
+local theirs = redis.call('MGET', KEYS[5], KEYS[6])
+local fp = (redis.call('HGET', KEYS[4], 'synced_at') or '') .. '|' .. (theirs[1] or '') .. '|' .. (theirs[2] or '')
 if fp ~= ARGV[2] then return {-1} end
-local rc, taken = run_gate(KEYS[6], KEYS[7], KEYS[8], a)
-local k = {c = KEYS[9], open = KEYS[10], pids = KEYS[11], hold = KEYS[12], rt = KEYS[13], audit = KEYS[14]}
+local rc, taken = run_gate(KEYS[7], KEYS[8], KEYS[9], a)
+local k = {c = KEYS[10], open = KEYS[11], pids = KEYS[12], hold = KEYS[1], rt = KEYS[13], audit = KEYS[14]}
 local foreign = sum_keys(15)
 local r = md_reserve(k, a, rc, foreign)
 if r[4] == 1 then
-  redis.call('SET', KEYS[5], a.day .. '\t' .. a.model .. '\t' .. a.run, 'EXAT', a.expire_at)
+  redis.call('SET', KEYS[2], a.day .. '\t' .. a.model .. '\t' .. a.run, 'EXAT', a.expire_at)
 elseif taken == 1 then
-  run_apply(KEYS[6], KEYS[7], a.hold_id, 'gone', 0, 0, a.run_ttl)
+  run_apply(KEYS[7], KEYS[8], a.hold_id, 'gone', 0, 0, a.run_ttl)
 end
 return {r[1], r[2], r[3], r[4], rc[1], rc[2], foreign, rc[3], rc[4]}
 """
@@ -373,7 +381,7 @@ return run_apply(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber
 )
 
 # KEYS: 1 hold 2 md counters 3 open 4 pids 5 md run totals 6 series 7 audit
-#       8 run counters 9 run holds 10 loc 11 our daily_usage key. ARGV: transition_args.
+#       8 run counters 9 run holds 10 our daily_usage key 11 loc. ARGV: transition_args.
 _LUA_TRANSITION_ONE = (
     _LUA_LIB
     + r"""
@@ -384,10 +392,10 @@ local r = md_transition(k, a)
 if r[1] == 1 then
   run_apply(KEYS[8], KEYS[9], a.hold_id, r[2], r[4], r[7], a.run_ttl)
   if r[5] ~= 0 then
-    redis.call('INCRBY', KEYS[11], int(r[5]))
-    redis.call('EXPIRE', KEYS[11], a.own_ttl)
+    redis.call('INCRBY', KEYS[10], int(r[5]))
+    redis.call('EXPIRE', KEYS[10], a.own_ttl)
   end
-  if r[2] ~= 'unresolved' then redis.call('DEL', KEYS[10]) end
+  if r[2] ~= 'unresolved' then redis.call('DEL', KEYS[11]) end
 end
 return r
 """
@@ -543,13 +551,23 @@ def _int(value: Any) -> int:
     return int(float(text)) if text else 0
 
 
-def _day_end(day: str) -> float:
-    """The Unix time of the Beijing midnight that ends ``day`` (now + 2 days for an unknown format)."""
+@functools.lru_cache(maxsize=64)
+def _midnight_after(day: str) -> float | None:
+    """The Unix time of the Beijing midnight that ends ``day``; None for an unknown format.
+
+    Cached: every reserve and settle asks, and strptime costs more than the rest of the key math.
+    """
     try:
         start = datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=BEIJING)
     except ValueError:
-        return time.time() + 2 * DAY_S
+        return None
     return (start + timedelta(days=1)).timestamp()
+
+
+def _day_end(day: str) -> float:
+    """The Unix time of the Beijing midnight that ends ``day`` (now + 2 days for an unknown format)."""
+    end = _midnight_after(day)
+    return time.time() + 2 * DAY_S if end is None else end
 
 
 def _ordered(limits: Sequence[Limit]) -> list[Limit]:
@@ -602,8 +620,12 @@ class RedisLedger:
         self._scripts: dict[str, Any] = {}
         self._locs: dict[str, _Loc] = {}
         self._foreign: dict[tuple[str, str], _Foreign] = {}
-        self._snapshots: dict[str, tuple[str, Snapshot | None]] = {}
+        self._snapshots: dict[str, tuple[float, str, Snapshot | None]] = {}
         self._active_seen: dict[str, float] = {}
+        self._usage_dates: dict[str, str] = {}
+        self._key_cache: dict[tuple[str, str, str, str], tuple[str, ...]] = {}
+        self._local = threading.local()  # this thread's connection for the script calls
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
 
     # -- keys ----------------------------------------------------------------------------------
 
@@ -621,6 +643,47 @@ class RedisLedger:
             "audit": f"{tag}:audit",
             "sync": f"{tag}:sync",
         }
+
+    def _cached_keys(self, kind: str, day: str, model: str, run_id: str) -> tuple[str, ...]:
+        """The keys a script call needs besides the call's own, the same for a whole run on a model-day.
+
+        Built once per process: a guarded call otherwise formats a dozen key names twice.
+        """
+        cache_key = (kind, day, model, run_id)
+        keys = self._key_cache.get(cache_key)
+        if keys is not None:
+            return keys
+        mk, rk = self._md_keys(day, model, run_id), self._run_keys(run_id)
+        if kind == "reserve":  # KEYS[3..14] of the reserve script
+            keys = (
+                self._meta_key(),
+                self._snap_key(model),
+                *self._their_snapshot_keys(model),
+                rk["c"],
+                rk["h"],
+                rk["mds"],
+                mk["c"],
+                mk["open"],
+                mk["pids"],
+                mk["rt"],
+                mk["audit"],
+            )
+        else:  # KEYS[2..10] of the transition script
+            keys = (
+                mk["c"],
+                mk["open"],
+                mk["pids"],
+                mk["rt"],
+                mk["series"],
+                mk["audit"],
+                rk["c"],
+                rk["h"],
+                self.own_daily_usage_key(model, day),
+            )
+        if len(self._key_cache) >= KEY_CACHE_MAX:
+            self._key_cache.clear()
+        self._key_cache[cache_key] = keys
+        return keys
 
     def _hold_key(self, day: str, model: str, hold_id: str) -> str:
         return f"{self._md(day, model)}:h:{hold_id}"
@@ -661,10 +724,16 @@ class RedisLedger:
         return f"{prefix}:balance_at_sync:{model}", f"{prefix}:usage_at_sync:{model}"
 
     def _usage_date(self, day: str) -> str:
-        try:
-            return datetime.strptime(day, "%Y-%m-%d").strftime(self.options.date_format)
-        except ValueError:
-            return day
+        cached = self._usage_dates.get(day)
+        if cached is None:
+            try:
+                cached = datetime.strptime(day, "%Y-%m-%d").strftime(self.options.date_format)
+            except ValueError:
+                cached = day
+            if len(self._usage_dates) > 64:  # a long-lived process sees one new day a day
+                self._usage_dates.clear()
+            self._usage_dates[day] = cached
+        return cached
 
     def own_daily_usage_key(self, model: str, day: str) -> str:
         """Where our settled usage is mirrored for the LiteLLM limiter."""
@@ -676,35 +745,52 @@ class RedisLedger:
 
     # -- connection and errors -----------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
+    def _store_error(self, action: str, exc: BaseException) -> StoreError | None:
+        """The StoreError a redis or socket error becomes; None for anything else (it passes unchanged)."""
         import redis
 
+        if isinstance(exc, StoreError):
+            return None
+        if isinstance(exc, redis.exceptions.RedisError):
+            return StoreError(f"Redis ledger {action} failed: {type(exc).__name__}: {exc}", store=self._store)
+        if isinstance(exc, OSError):  # raised by some socket paths before redis-py wraps them
+            return StoreError(f"Redis ledger {action} failed: {exc}", store=self._store)
+        return None
+
+    @contextlib.contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
         try:
             yield
-        except StoreError:
-            raise
-        except redis.exceptions.RedisError as exc:
-            raise StoreError(f"Redis ledger {action} failed: {type(exc).__name__}: {exc}", store=self._store) from exc
-        except OSError as exc:  # raised by some socket paths before redis-py wraps them
-            raise StoreError(f"Redis ledger {action} failed: {exc}", store=self._store) from exc
+        except Exception as exc:
+            error = self._store_error(action, exc)
+            if error is None:
+                raise
+            raise error from exc
 
     def _retrying(self, action: str, fn: Callable[[], _T]) -> _T:
         """Run an idempotent step, again after a connection error (redis-py reconnects by itself)."""
+        try:  # the common case pays for one try block, not for a context manager per call
+            return fn()
+        except Exception as exc:
+            return self._retry_after(action, fn, exc)
+
+    def _retry_after(self, action: str, fn: Callable[[], _T], exc: Exception) -> _T:
         import redis
 
         attempt = 0
         while True:
+            error = self._store_error(action, exc)
+            if error is None:
+                raise exc
+            transient = isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError))
+            if not transient or attempt >= self.options.retries:
+                raise error from exc
+            attempt += 1
+            time.sleep(0.05 * attempt)
             try:
-                with self._errors(action):
-                    return fn()
-            except StoreError as exc:
-                cause = exc.__cause__
-                transient = isinstance(cause, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError))
-                if not transient or attempt >= self.options.retries:
-                    raise
-                attempt += 1
-                time.sleep(0.05 * attempt)
+                return fn()
+            except Exception as again:
+                exc = again
 
     def _connect(self) -> Any:
         import redis
@@ -799,6 +885,45 @@ class RedisLedger:
         self._redis()
         return self._scripts[name]
 
+    def _connection(self) -> Any:
+        """This thread's own connection for script calls (single node), opened on first use."""
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():  # never a connection inherited through fork()
+            pool = self._client.connection_pool
+            conn = pool.connection_class(**pool.connection_kwargs)  # same URL, TLS, timeouts as the pool's
+            local.conn, local.pid = conn, os.getpid()
+            with self._lock:
+                self._connections.add(conn)
+        return conn
+
+    def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a registered script on this thread's connection; after NOSCRIPT (a restart, SCRIPT FLUSH)
+        load it again and run it once more, as redis-py's Script does.
+
+        The reserve and the settle of every guarded call come here. Going around the pool skips its
+        per-command bookkeeping (a poll() for stale data, locks, metrics), which cost the client more
+        CPU than sending the command; instead a connection whose reply may be unread is closed.
+        """
+        from redis.exceptions import NoScriptError, ResponseError
+
+        script = self._scripts[name]
+        conn = self._connection()
+        try:
+            try:
+                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return conn.read_response()
+            except NoScriptError:
+                conn.send_command("SCRIPT", "LOAD", script.script)
+                script.sha = _text(conn.read_response())
+                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return conn.read_response()
+        except ResponseError:
+            raise  # an error reply: the connection is still in step
+        except BaseException:
+            conn.disconnect()  # anything else may leave a reply unread; redis-py connects again on the next command
+            raise
+
     # -- the LiteLLM limiter's daily_usage keys -------------------------------------------------
 
     def _foreign_names(self, model: str, day: str) -> list[str]:
@@ -811,7 +936,9 @@ class RedisLedger:
         own = self.own_daily_usage_key(model, day)
         base = f"{self.options.daily_usage_prefix}:{self._usage_date(day)}:{model}:"
         client = self._redis()
-        found = (_text(n) or "" for n in client.scan_iter(match=f"{_glob_escape(base)}*", count=1000))
+        found = self._retrying(
+            "scan", lambda: [_text(n) or "" for n in client.scan_iter(match=f"{_glob_escape(base)}*", count=1000)]
+        )
         # a model named "m:x" has keys under "m:*" too: the hash is the last part, without a colon
         names = sorted(name for name in found if name != own and ":" not in name[len(base) :])
         last = cached.last_sum if cached is not None else 0
@@ -854,15 +981,22 @@ class RedisLedger:
         return fingerprint, _pick_snapshot(record, _text(bal), _text(usage), int(ttl or -1))
 
     def _snapshot_for_reserve(self, model: str, *, fresh: bool) -> tuple[str, Snapshot | None]:
+        """(fingerprint, snapshot), read at most every SNAPSHOT_REUSE_S unless ``fresh``.
+
+        Reusing it is safe: the reserve script compares the fingerprint with the stored keys and
+        answers -1 when they changed, and the reserve then reads again with ``fresh``.
+        """
+        now = time.monotonic()
         cached = self._snapshots.get(model)
-        if cached is None or fresh:
-            cached = self._read_snapshot_raw(model)
+        if cached is None or fresh or now - cached[0] >= SNAPSHOT_REUSE_S:
+            fingerprint, snapshot = self._retrying("read", lambda: self._read_snapshot_raw(model))
+            cached = (now, fingerprint, snapshot)
             self._snapshots[model] = cached
-        return cached
+        return cached[1], cached[2]
 
     # -- reserve -------------------------------------------------------------------------------
 
-    def _reserve_args(self, request: HoldRequest, ordered: Sequence[Limit], expire_at: int) -> list[Any]:
+    def _reserve_args(self, request: HoldRequest, ordered: Sequence[Limit], expire_at: int) -> str:
         """The Lua reserve_args() record, as one JSON argument."""
         fields_ = {
             "hold_id": request.hold_id,
@@ -885,7 +1019,7 @@ class RedisLedger:
             "reserve_cost": int(request.reserve_cost),
             "limits": _limit_args(ordered),
         }
-        return [json.dumps(fields_, separators=(",", ":"))]
+        return json.dumps(fields_, separators=(",", ":"))
 
     def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         self._redis()
@@ -910,38 +1044,18 @@ class RedisLedger:
 
     def _reserve_one(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         """Single node: one script checks every limit and takes the hold in both slots."""
-        rk = self._run_keys(request.run_id)
-        mk = self._md_keys(request.day, request.model, request.run_id)
-        bal_key, usage_key = self._their_snapshot_keys(request.model)
-        expire_at = self._expire_at(request.day, request.expires_at)
-        script = self._script("reserve_one")
-        self._touch_active(request.day, request.model)
+        day, model = request.day, request.model
+        shared = self._cached_keys("reserve", day, model, request.run_id)
+        own = (self._hold_key(day, model, request.hold_id), self._loc_key(request.hold_id))
+        expire_at = self._expire_at(day, request.expires_at)
+        self._touch_active(day, model)
         fresh = False
         for _ in range(5):
-            fingerprint, snapshot = self._retrying(
-                "read", lambda f=fresh: self._snapshot_for_reserve(request.model, fresh=f)
-            )
+            fingerprint, snapshot = self._snapshot_for_reserve(model, fresh=fresh)
             ordered = _ordered(limits_for(snapshot))
-            foreign = self._retrying("scan", lambda: self._foreign_names(request.model, request.day))
-            keys = [
-                self._meta_key(),
-                self._snap_key(request.model),
-                bal_key,
-                usage_key,
-                self._loc_key(request.hold_id),
-                rk["c"],
-                rk["h"],
-                rk["mds"],
-                mk["c"],
-                mk["open"],
-                mk["pids"],
-                self._hold_key(request.day, request.model, request.hold_id),
-                mk["rt"],
-                mk["audit"],
-                *foreign,
-            ]
-            args = [self._epoch, fingerprint, *self._reserve_args(request, ordered, expire_at)]
-            result = self._retrying("reserve", lambda k=keys, a=args: script(keys=k, args=a))
+            keys = [*own, *shared, *self._foreign_names(model, day)]
+            args = (self._epoch, fingerprint, self._reserve_args(request, ordered, expire_at))
+            result = self._retrying("reserve", lambda k=keys, a=args: self._evalsha("reserve_one", k, a))
             code = int(result[0])
             if code == -1:  # the snapshot changed since it was read: read it again
                 fresh = True
@@ -979,10 +1093,10 @@ class RedisLedger:
         mk = self._md_keys(request.day, request.model, request.run_id)
         expire_at = self._expire_at(request.day, request.expires_at)
         self._retrying("read", lambda: self._check_meta(request.day))
-        _, snapshot = self._retrying("read", lambda: self._snapshot_for_reserve(request.model, fresh=True))
+        _, snapshot = self._snapshot_for_reserve(request.model, fresh=True)
         ordered = _ordered(limits_for(snapshot))
         foreign = self._retrying("read", lambda: self._foreign_sum(request.model, request.day))
-        args = self._reserve_args(request, ordered, expire_at)
+        args = [self._reserve_args(request, ordered, expire_at)]
         self._retrying(
             "reserve",
             lambda: client.set(
@@ -1068,18 +1182,10 @@ class RedisLedger:
         cost: int | None = None,
     ) -> tuple[bool, str]:
         """Apply settle/release/resolve to one hold. (changed, new state)."""
-        mk = self._md_keys(loc.day, loc.model, loc.run_id)
-        rk = self._run_keys(loc.run_id)
+        self._redis()  # connected again if close() came between the reserve and this
+        shared = self._cached_keys("transition", loc.day, loc.model, loc.run_id)
+        hold_key = self._hold_key(loc.day, loc.model, hold_id)
         now = self._clock()
-        md_keys = [
-            self._hold_key(loc.day, loc.model, hold_id),
-            mk["c"],
-            mk["open"],
-            mk["pids"],
-            mk["rt"],
-            mk["series"],
-            mk["audit"],
-        ]
         fields_ = {
             "hold_id": hold_id,
             "mode": mode,
@@ -1099,15 +1205,15 @@ class RedisLedger:
             "own_ttl": OWN_DAILY_USAGE_TTL_S,
             "cost": "" if cost is None else int(cost),
         }
-        args = [json.dumps(fields_, separators=(",", ":"))]
-        own_key = self.own_daily_usage_key(loc.model, loc.day)
+        args = (json.dumps(fields_, separators=(",", ":")),)
         if not self._cluster:
-            keys = [*md_keys, rk["c"], rk["h"], self._loc_key(hold_id), own_key]
-            script = self._script("transition_one")
-            result = self._retrying(mode, lambda: script(keys=keys, args=args))
+            keys = [hold_key, *shared, self._loc_key(hold_id)]
+            result = self._retrying(mode, lambda: self._evalsha("transition_one", keys, args))
             if not int(result[0]):
                 return False, ""
             return True, _text(result[1]) or ""
+        md_keys = [hold_key, *shared[:6]]
+        own_key = shared[8]
         result = self._retrying(mode, lambda: self._scripts["md_transition"](keys=md_keys, args=args))
         if not int(result[0]):
             return False, ""
@@ -1449,6 +1555,11 @@ class RedisLedger:
     def close(self) -> None:
         with self._lock:
             client, self._client, self._epoch = self._client, None, None
+            connections, self._connections = list(self._connections), weakref.WeakSet()
+            self._local = threading.local()
+        for conn in connections:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()

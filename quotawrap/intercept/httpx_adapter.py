@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from ..guard import GuardedCall
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the guard (and its imports) load on the first guarded call, not with the client
+    from ..guard import GuardedCall
 
 __all__ = ["patch", "unpatch"]
 

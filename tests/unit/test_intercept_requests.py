@@ -66,13 +66,13 @@ def make_guard(store: str, sim: ArkSimulator) -> Iterator[Callable[..., Guard]]:
     set_guard(None)
 
 
-def _settled(store: str, sim: ArkSimulator) -> None:
+def _assert_settled(store: str, sim: ArkSimulator) -> None:
     """One call, settled at exactly what the provider billed."""
     assert sim.billed_total() > 0
     assert [(row[0], row[2]) for row in _rows(store)] == [("settled", sim.billed_total())]
 
 
-def _charged_in_full(store: str) -> None:
+def _assert_charged_in_full(store: str) -> None:
     [(state, reserved, charged, _)] = _rows(store)
     assert (state, charged) == ("unresolved", reserved)
     assert reserved > 0
@@ -99,14 +99,14 @@ class TestJson:
         response = requests.post(sim.url + "/chat/completions", json=_chat(), headers=AUTH)
         assert response.json()["usage"]["total_tokens"] == sim.billed_total()
         assert response.request.headers["Accept-Encoding"] == "identity"
-        _settled(store, sim)
+        _assert_settled(store, sim)
 
     def test_stream_true_then_json(self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str) -> None:
         """stream=True then .json(): the body passes the tee all the same."""
         make_guard()
         response = requests.post(sim.url + "/chat/completions", json=_chat(), headers=AUTH, stream=True)
         assert response.json()["usage"]["total_tokens"] == sim.billed_total()
-        _settled(store, sim)
+        _assert_settled(store, sim)
 
     def test_raw_read_whole(self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str) -> None:
         """One `raw.read()` returns the whole body: that is its end, so the call settles (not charged whole)."""
@@ -115,7 +115,7 @@ class TestJson:
         body = json.loads(response.raw.read())
         response.close()
         assert body["usage"]["total_tokens"] == sim.billed_total()
-        _settled(store, sim)
+        _assert_settled(store, sim)
 
     def test_raw_read_in_pieces(self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str) -> None:
         """`raw.read(n)` until b'' settles at the empty read."""
@@ -125,7 +125,7 @@ class TestJson:
         while piece := response.raw.read(7):
             pieces.append(piece)
         assert json.loads(b"".join(pieces))["usage"]["total_tokens"] == sim.billed_total()
-        _settled(store, sim)
+        _assert_settled(store, sim)
 
     def test_responses_endpoint(self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str) -> None:
         """The Responses API's input/output usage shape settles too."""
@@ -133,7 +133,7 @@ class TestJson:
         body = {"model": MODEL, "input": "Say hi", "max_output_tokens": 64}
         response = requests.post(sim.url + "/responses", json=body, headers=AUTH)
         assert response.status_code == 200
-        _settled(store, sim)
+        _assert_settled(store, sim)
 
 
 class TestStreams:
@@ -147,7 +147,7 @@ class TestStreams:
         assert json.loads(response.request.body)["stream_options"] == {"include_usage": True}
         assert lines[-1] == b"data: [DONE]"
         assert not any(_is_usage_only(line) for line in lines)
-        _settled(store, sim)
+        _assert_settled(store, sim)
 
     def test_iter_content(self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str) -> None:
         """Byte chunks of any size: same hiding, same settlement."""
@@ -156,7 +156,7 @@ class TestStreams:
         text = b"".join(response.iter_content(chunk_size=5)).decode()
         assert '"choices":[]' not in text.replace(" ", "")
         assert text.rstrip().endswith("data: [DONE]")
-        _settled(store, sim)
+        _assert_settled(store, sim)
 
     def test_stream_false_on_an_event_stream(
         self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str
@@ -165,7 +165,7 @@ class TestStreams:
         make_guard()
         response = requests.post(sim.url + "/chat/completions", json=_chat(stream=True), headers=AUTH)
         assert not any(_is_usage_only(line) for line in response.text.splitlines() if line)
-        _settled(store, sim)
+        _assert_settled(store, sim)
 
     def test_caller_asked_for_usage(self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str) -> None:
         """The caller's own include_usage: its body is sent as is and the chunk is visible."""
@@ -176,7 +176,7 @@ class TestStreams:
         lines = [line for line in response.iter_lines() if line]
         assert response.request.body == raw
         assert any(_is_usage_only(line) for line in lines)
-        _settled(store, sim)
+        _assert_settled(store, sim)
 
     def test_early_close_charges_the_hold(
         self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str
@@ -192,7 +192,7 @@ class TestStreams:
         for _line in response.iter_lines():
             break
         response.close()
-        _charged_in_full(store)
+        _assert_charged_in_full(store)
 
     def test_cut_stream_charges_the_hold(self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str) -> None:
         """The provider drops the connection mid-stream: the caller sees the error, the hold is charged."""
@@ -202,7 +202,7 @@ class TestStreams:
         with pytest.raises(requests.exceptions.RequestException):
             for _line in response.iter_lines():
                 pass
-        _charged_in_full(store)
+        _assert_charged_in_full(store)
 
     def test_cut_json_charges_the_hold(self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str) -> None:
         """A JSON answer cut before its body: the hold is charged."""
@@ -210,7 +210,7 @@ class TestStreams:
         headers = {**AUTH, "x-sim-fault": "cut"}
         with pytest.raises(requests.exceptions.RequestException):
             requests.post(sim.url + "/chat/completions", json=_chat(), headers=headers)
-        _charged_in_full(store)
+        _assert_charged_in_full(store)
 
     def test_no_usage_in_the_stream_charges_the_hold(
         self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str
@@ -219,7 +219,7 @@ class TestStreams:
         make_guard()
         headers = {**AUTH, "x-sim-fault": "no_usage"}
         requests.post(sim.url + "/chat/completions", json=_chat(stream=True), headers=headers).close()
-        _charged_in_full(store)
+        _assert_charged_in_full(store)
 
 
 class TestBlocked:

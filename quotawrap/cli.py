@@ -187,13 +187,18 @@ def simulate_command(host: str, port: int, **overrides: Any) -> None:
 @click.option("--model", default="deepseek-v4-flash", show_default=True)
 @click.option("--cap-tokens", default=20_000, show_default=True, type=int)
 @click.option("--calls", default=24, show_default=True, type=int, help="Parallel calls the demo agent makes.")
-def demo_command(model: str, cap_tokens: int, calls: int) -> None:
+@settings_options(["store"])
+def demo_command(model: str, cap_tokens: int, calls: int, store: str | None) -> None:
     """Run examples/agent.py guarded: against Ark when ARK_API_KEY is set, else the bundled simulator."""
     import subprocess
     from pathlib import Path
 
-    agent = Path(__file__).resolve().parent.parent / "examples" / "agent.py"
+    here = Path(__file__).resolve().parent
+    # a checkout has examples/ beside the package; a wheel carries a copy inside it
+    agent = next(p for p in (here.parent / "examples" / "agent.py", here / "_demo" / "agent.py") if p.is_file())
     base = [sys.executable, "-m", "quotawrap", "--model", model, "--cap-tokens", str(cap_tokens)]
+    if store:
+        base += ["--store", store]
     env = {**os.environ, "DEMO_MODEL": model, "DEMO_CALLS": str(calls)}
     if os.environ.get("ARK_API_KEY"):
         sys.exit(subprocess.call([*base, "--", sys.executable, str(agent)], env=env))

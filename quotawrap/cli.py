@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from ._errors import ConfigError, QuotawrapError, StoreError
-from .settings import OPTIONS, Option, Settings, config_path, env_name, load_config_file
+from .settings import OPTIONS, Option, Settings, config_path, env_name, load_config_file, parse_value
 
 __all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "cli", "main"]
 
@@ -40,7 +40,9 @@ def _click_option(option: Option) -> Callable[[F], F]:
     if option.type is bool:
         return click.option(f"{flag}/--no-{flag[2:]}", option.name, default=None, **common)
     if option.multiple:
-        return click.option(flag, option.name, multiple=True, type=str, **common)
+        # Its variable is read in _settings, not by click (which would split it on whitespace).
+        help_text = f"{option.help} [env var: {env_name(option.name)}, comma-separated or a JSON list]"
+        return click.option(flag, option.name, multiple=True, type=str, help=help_text)
     return click.option(flag, option.name, type=option.type, default=None, **common)
 
 
@@ -57,12 +59,19 @@ def settings_options(names: Sequence[str] | None = None) -> Callable[[F], F]:
 
 
 def _settings(values: dict[str, Any]) -> Settings:
-    # click splits a multiple option's env var on whitespace; ours are comma-separated too.
+    """Settings from click's values; a repeatable option not given as a flag comes from its variable."""
+    ctx = click.get_current_context(silent=True)
     for option in OPTIONS:
-        if option.multiple and values.get(option.name):
-            values[option.name] = tuple(
-                part.strip() for item in values[option.name] for part in item.split(",") if part.strip()
-            )
+        if not option.multiple or option.name not in values:
+            continue
+        given = ctx is not None and ctx.get_parameter_source(option.name) == click.core.ParameterSource.COMMANDLINE
+        if not given:
+            raw = os.environ.get(env_name(option.name))
+            if raw is not None:
+                try:
+                    values[option.name] = parse_value(option, raw)
+                except ConfigError as exc:
+                    _fail(str(exc), EXIT_USAGE)
     return Settings.from_values(values)
 
 

@@ -10,6 +10,7 @@ Precedence: command-line flag > environment variable > ``quotawrap.toml`` > buil
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -219,7 +220,8 @@ class Settings:
             if value is None:
                 continue
             if option.multiple:
-                env[env_name(option.name)] = ",".join(value)
+                # JSON, so a value may hold commas (a tag "note=a,b"); users may write "a,b" by hand
+                env[env_name(option.name)] = json.dumps(list(value), ensure_ascii=False)
             elif option.type is bool:
                 env[env_name(option.name)] = "1" if value else "0"
             else:
@@ -241,7 +243,14 @@ def parse_value(option: Option, raw: Any) -> Any:
     """Turn an environment or toml value into the option's type, with a clear error."""
     try:
         if option.multiple:
-            items = raw if isinstance(raw, list) else [part for part in str(raw).split(",") if part.strip()]
+            if isinstance(raw, list):
+                items = raw
+            elif str(raw).lstrip().startswith("["):
+                items = json.loads(raw)
+                if not isinstance(items, list):
+                    raise ValueError(f"not a list: {raw!r}")
+            else:
+                items = [part for part in str(raw).split(",") if part.strip()]
             return tuple(str(item).strip() for item in items)
         if option.type is bool:
             if isinstance(raw, bool):

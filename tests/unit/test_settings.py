@@ -28,9 +28,9 @@ BOOL_OPTIONS = [option for option in OPTIONS if option.type is bool]
 
 # Environment variables cannot hold NUL, and os.environ refuses lone surrogates.
 _ENV_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20)
-# One item of a repeatable option: the child format is comma-separated and stripped, so an item
-# holds no comma and no surrounding whitespace (model ids, URLs and MODEL=TEXT pairs in practice).
-_ITEM = _ENV_TEXT.map(str.strip).filter(lambda item: item != "" and "," not in item)
+# One item of a repeatable option: the child format is a JSON list of stripped items, so an item
+# may hold commas (a tag "note=a,b") but no surrounding whitespace.
+_ITEM = _ENV_TEXT.map(str.strip).filter(lambda item: item != "")
 
 
 def _value_strategy(option: Option) -> st.SearchStrategy[Any]:
@@ -284,6 +284,17 @@ class TestPrecedence:
             tmp_path,
         )
         assert settings.model == ("a", "b")
+
+    def test_repeatable_flag_values_keep_their_commas(self, captured: list[Settings], tmp_path: Path) -> None:
+        """--tag note=a,b is one tag whose value has a comma, in the wrapper and in the child's env."""
+        settings = _invoke(["--tag", "note=a,b", "--tag", "team=x"], {}, {}, captured, tmp_path)
+        assert {"note=a,b", "team=x"} <= set(settings.tag)
+        assert Settings.from_env(settings.child_env()).tag == settings.tag
+
+    def test_repeatable_env_may_be_a_json_list(self, captured: list[Settings], tmp_path: Path) -> None:
+        """QUOTAWRAP_PACKAGE_MATCH='["m=a, b"]' is one entry with its comma."""
+        settings = _invoke([], {"QUOTAWRAP_PACKAGE_MATCH": '["m=a, b"]'}, {}, captured, tmp_path)
+        assert settings.package_match == ("m=a, b",)
 
     def test_repeatable_env_is_comma_separated(self, captured: list[Settings], tmp_path: Path) -> None:
         """QUOTAWRAP_BASE_URL='a,b' is two base URLs, beating the file's."""

@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from ._errors import ConfigError, QuotawrapError, StoreError
-from .settings import OPTIONS, Option, Settings, config_path, env_name, load_config_file, parse_value
+from .settings import OPTIONS, Option, Settings, env_name, load_config_file, parse_value
 
 __all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "cli", "main"]
 
@@ -402,9 +402,6 @@ def sync_command(balances: tuple[str, ...], loop: bool, calibrate: bool, days: i
 
 def main(argv: Sequence[str] | None = None) -> None:
     try:
-        found = config_path()
-        if found is not None:
-            os.environ["QUOTAWRAP_CONFIG"] = str(found)  # children read the same file, whatever their cwd
         config = load_config_file()
         default_map = {name: config for name in ("run", "status", "sync", "report", "sessions")}
     except ConfigError as exc:

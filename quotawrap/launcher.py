@@ -26,7 +26,7 @@ from ._errors import QuotawrapError
 from ._log import warn
 from .ledger import Ledger, RunTotals
 from .live import LiveView
-from .settings import OPTIONS, Settings, env_name
+from .settings import OPTIONS, Settings, config_path, env_name
 
 __all__ = [
     "HOOK_DIR",
@@ -67,6 +67,9 @@ def child_environment(settings: Settings, base: Mapping[str, str] | None = None)
     ]
     env["PYTHONPATH"] = os.pathsep.join([hook, *existing])
     env["QUOTAWRAP_HOME"] = str(PACKAGE_HOME)
+    found = config_path()
+    if found is not None:
+        env["QUOTAWRAP_CONFIG"] = str(found)  # the children read the wrapper's file, whatever their cwd
     # A leftover QUOTAWRAP_CAP_TOKENS="" from the caller's shell must not outlive an unset option.
     for option in OPTIONS:
         if option.child:

@@ -199,3 +199,29 @@ def test_ci_example_suite_is_cut_off_at_the_cap(sim: ArkSimulator, store: str, t
     assert data["totals"]["blocked_calls"] >= 1
     assert data["totals"]["settled_tokens"] == sim.billed_total() <= 700
     assert "failed" in result.stdout  # the blocked tests failed inside pytest, with the 429 in their output
+
+
+def test_quotawrap_toml_reaches_children_in_another_directory(sim: ArkSimulator, tmp_path: Path) -> None:
+    """./quotawrap.toml sets options and prices for the wrapper and for a child that changed directory."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "quotawrap.toml").write_text(
+        f'store = "sqlite:///{tmp_path / "ledger.sqlite3"}"\n'
+        'tag = ["team=from-toml"]\n'
+        '[prices."deepseek-v4-flash"]\ninput = 1000.0\ncached_input = 1000.0\noutput = 1000.0\n'
+    )
+    script = tmp_path / "elsewhere.py"
+    script.write_text(
+        "import os, runpy, sys\n"
+        f"os.chdir({str(tmp_path)!r})\n"
+        f"runpy.run_path({str(child('one_call.py')[1])!r}, run_name='__main__')\n"
+    )
+    result = run_quotawrap(
+        ["--base-url", sim.url], [sys.executable, str(script)], env={"SIM_URL": sim.url}, cwd=project
+    )
+    assert result.returncode == 0, result.stderr
+    store = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    ((charged, cost, tags),) = ledger_rows(store, "SELECT charged, charged_cost, tags FROM calls")
+    assert charged == sim.billed_total() > 0
+    assert cost == charged * 1000  # ¥1000 per million tokens = 1,000 micro-CNY per token
+    assert json.loads(tags)["team"] == "from-toml"

@@ -49,7 +49,7 @@ class _Finder:
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)
+                    spec.loader = _Loader(spec.loader)  # type: ignore[assignment]  # duck-typed Loader
                 return spec
         return None
 

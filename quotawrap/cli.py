@@ -126,17 +126,17 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         tags = merge_tags(automatic_tags(), parse_tags(settings.tag))
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE)
+    run_id = settings.run_id or new_run_id()
     settings = settings.replace(
-        run_id=settings.run_id or new_run_id(),
+        run_id=run_id,
         store=store,
         tag=tuple(f"{key}={value}" for key, value in tags.items()),
     )
-    assert settings.run_id is not None
     if settings.fail_open and not settings.unguarded_log:
-        settings = settings.replace(unguarded_log=str(default_unguarded_log(settings.run_id)))
+        settings = settings.replace(unguarded_log=str(default_unguarded_log(run_id)))
     ledger = _open(settings)
     try:
-        ledger.start_run(RunRecord(settings.run_id, time.time(), command=shlex.join(command), tags=tags))
+        ledger.start_run(RunRecord(run_id, time.time(), command=shlex.join(command), tags=tags))
     except QuotawrapError as exc:
         if not settings.fail_open:
             _fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)
@@ -155,7 +155,7 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         if sync_loop is not None:
             sync_loop.stop()
     with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
-        ledger.end_run(settings.run_id, result.exit_code, time.time())
+        ledger.end_run(run_id, result.exit_code, time.time())
     report = run_report(
         result.totals,
         settings=settings,
@@ -385,7 +385,7 @@ def sync_command(balances: tuple[str, ...], loop: bool, calibrate: bool, days: i
                 click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} recorded")
             return
         if loop:
-            sync_loop = SyncLoop(ledger, settings, check_every_s=10.0, on_error=lambda m: click.echo(m, err=True))
+            sync_loop = SyncLoop(ledger, settings, on_error=lambda m: click.echo(m, err=True))
             click.echo("quotawrap sync: looping; Ctrl-C to stop", err=True)
             try:
                 while True:

@@ -135,7 +135,9 @@ class Guard:
         self._quota = settings.quota
         self._run_id = settings.run_id or f"adhoc-{os.getpid()}"
         self._host = socket.gethostname()
-        self._eviction_cache: dict[tuple[str, str], tuple[float, Any]] = {}
+        self._eviction_cache: dict[
+            tuple[str, str], tuple[float, tuple[quota.Verdict, dict[str, quota.Counters]] | None]
+        ] = {}
         self._limits_cache: dict[tuple[quota.Snapshot | None, str], list[quota.Limit]] = {}
         self._warned_tokenizer = False
         self.tags = dict(entry.partition("=")[::2] for entry in settings.tag if "=" in entry)

@@ -159,7 +159,6 @@ class Settings:
     watch: bool = False
     fail_open: bool = False
     unguarded_log: str | None = None
-    unguarded_log: str | None = None
     inject_usage: bool = True
     run_id: str | None = None
     tag: tuple[str, ...] = ()

@@ -26,6 +26,9 @@ _MARK = "_quotawrap_patched"
 class _TeeRaw:
     """Stands in for the urllib3 response: tees what ``stream``/``read`` hand out."""
 
+    _inner: Any
+    _call: GuardedCall
+
     def __init__(self, inner: Any, call: GuardedCall) -> None:
         self.__dict__["_inner"] = inner
         self.__dict__["_call"] = call

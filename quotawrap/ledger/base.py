@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from ..quota import Counters, Limit, Snapshot, Verdict
+from ..quota import Counters, Limit, Package, Snapshot, Verdict
 from ..usage import Usage
 
 __all__ = [
@@ -222,5 +222,25 @@ class Ledger(Protocol):
     def end_run(self, run_id: str, exit_code: int, ended_at: float) -> None: ...
 
     def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]: ...
+
+    # -- balance sync (issue 3): the per-minute usage series, sync history, packages, one caller
+
+    def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
+        """(minute timestamp, cumulative settled tokens) of one model-day, ascending."""
+        ...
+
+    def sync_history(self, model: str, day: str) -> list[tuple[float, int]]:
+        """(synced_at, balance) of every sync of one model-day, ascending."""
+        ...
+
+    def put_packages(self, model: str, packages: Sequence[Package], synced_at: float) -> None: ...
+
+    def packages(self, model: str) -> list[Package]: ...
+
+    def known_models(self) -> list[str]: ...
+
+    def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool: ...
+
+    def release_lease(self, name: str, holder: str) -> None: ...
 
     def close(self) -> None: ...

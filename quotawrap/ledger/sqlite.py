@@ -585,7 +585,20 @@ class SQLiteLedger:
             )
         return [
             CallRecord(
-                *row[:14],
+                id=row[0],
+                run_id=row[1],
+                model=row[2],
+                day=row[3],
+                endpoint=row[4],
+                state=row[5],
+                reserved=row[6],
+                charged=row[7],
+                reserved_cost=row[8],
+                charged_cost=row[9],
+                prompt_tokens=row[10],
+                completion_tokens=row[11],
+                reasoning_tokens=row[12],
+                cached_tokens=row[13],
                 overshoot=bool(row[14]),
                 would_block=bool(row[15]),
                 blocked_by=row[16],

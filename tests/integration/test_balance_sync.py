@@ -328,3 +328,40 @@ class TestCalibrateCommand:
         result = _cli("sync", "--store", f"sqlite:///{path}", "--calibrate", "--days", "2")
         assert result.returncode == 0, result.stderr
         assert f"{MODEL}: billing lag ~14 min (spread 0 tokens)" in result.stdout
+
+
+class TestSyncLoop:
+    def test_sync_loop_daemon_syncs_and_stops_on_ctrl_c(self, store: str, tmp_path: Path) -> None:
+        """`sync --loop` syncs on its cadence until interrupted, then exits cleanly."""
+        import signal
+
+        script = tmp_path / "bal.py"
+        script.write_text(f"print('{MODEL}=777777')\n")
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "quotawrap",
+                "sync",
+                "--loop",
+                "--store",
+                store,
+                "--model",
+                MODEL,
+                "--balance-cmd",
+                f"{sys.executable} {script}",
+                "--sync-check",
+                "0.1",
+                "--sync-interval",
+                "0.3",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.0)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 0, stderr
+        assert stdout.count(f"{MODEL}: balance 777,777 synced (command)") >= 2
+        assert len(ledger_rows(store, "SELECT * FROM sync_history")) >= 2

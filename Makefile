@@ -26,5 +26,5 @@ test: $(BIN)/quotawrap redis-server  ## the whole test suite, lint included
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
-bench: $(BIN)/quotawrap
-	for script in bench/bench_*.py; do $(BIN)/python $$script || exit 1; done
+bench: $(BIN)/quotawrap redis-server  ## every figure of docs/benchmarks.md and docs/day-simulation.md
+	for script in bench/bench_*.py bench/day_simulation.py; do $(BIN)/python $$script || exit 1; done

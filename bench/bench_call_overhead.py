@@ -30,9 +30,7 @@ import gc
 import io
 import json
 import os
-import platform
 import pstats
-import socketserver
 import sqlite3
 import statistics
 import subprocess
@@ -44,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from _machine import load_average, machine_line  # bench/ is the script's directory
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
@@ -487,44 +487,11 @@ def profile(case: Case, calls: int) -> None:
 # -- main -------------------------------------------------------------------------------------------
 
 
-def load_average() -> str:
-    """Other work on the machine shows in the p90 more than in the medians; say how much there was."""
-    try:
-        return " ".join(f"{value:.2f}" for value in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
-def machine_line() -> str:
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{os.cpu_count()} CPU ({cpu}), Python {platform.python_version()}, {platform.system()}"
-
-
-def avoid_nagle_stall() -> bool:
-    """Let the simulator answer without the 40 ms Nagle / delayed-ACK stall; True if it had it.
-
-    The stdlib handler writes headers and body in two sends without TCP_NODELAY, so each answer
-    waits for the client's delayed ACK (~40 ms on Linux), which would drown the figure measured
-    here. Bench-only, and a no-op once the simulator disables Nagle itself.
-    """
-    if socketserver.StreamRequestHandler.disable_nagle_algorithm:
-        return False
-    socketserver.StreamRequestHandler.disable_nagle_algorithm = True
-    return True
-
-
 SIM_CHILD = """
 import sys
 sys.path.insert(0, {root!r})
 sys.path.insert(0, {bench!r})
-from bench_call_overhead import avoid_nagle_stall
 from quotawrap.simulator import ArkSimulator, run_forever
-print(f"nagle-stall-avoided {{avoid_nagle_stall()}}", flush=True)
 run_forever(ArkSimulator())
 """
 
@@ -537,19 +504,17 @@ def simulator(in_process: bool) -> Iterator[tuple[str, str]]:
     GIL with the timed client and the guard's extra work also delays the server's.
     """
     if in_process:
-        fixed = avoid_nagle_stall()
         with serve() as sim:
-            yield sim.url, "in this process" + (", TCP_NODELAY set by the bench" if fixed else "")
+            yield sim.url, "in this process"
         return
     code = SIM_CHILD.format(root=str(REPO_ROOT), bench=str(Path(__file__).resolve().parent))
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
-        fixed = process.stdout.readline().split()[-1] == "True"
         url = process.stdout.readline().rsplit(" ", 1)[-1].strip()
         if not url.startswith("http"):
             raise RuntimeError("the simulator did not start")
-        yield url, f"own process (pid {process.pid})" + (", TCP_NODELAY set by the bench" if fixed else "")
+        yield url, f"own process (pid {process.pid})"
     finally:
         process.terminate()
         try:

@@ -73,9 +73,7 @@ def short_chat(model: str) -> dict[str, Any]:
 
 
 def ten_messages(model: str) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "你是一个乐于助人的助手。Answer briefly."}
-    ]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "你是一个乐于助人的助手。Answer briefly."}]
     for turn in range(3):
         messages.append({"role": "user", "content": f"第{turn}个问题：彩虹有几种颜色？Why is the sky blue?"})
         messages.append(

@@ -29,9 +29,7 @@ beside quotawrap's sources) is compiled in every child.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,6 +38,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from _machine import machine_line  # bench/ is the script's directory
 
 __all__ = ["main"]
 
@@ -259,16 +259,6 @@ def bytecode_text(no_pyc: bool) -> str:
     return "none written (--no-pyc); quotawrap/__pycache__ " + (
         "exists, so quotawrap loads from it" if compiled else "absent: quotawrap compiled in every child"
     )
-
-
-def machine_line() -> str:
-    cpu = "unknown CPU"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{os.cpu_count()} CPU ({cpu}), Python {platform.python_version()}, {platform.system()}"
 
 
 def main(argv: list[str] | None = None) -> int:

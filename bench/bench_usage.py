@@ -51,11 +51,7 @@ def chat_stream(*, cumulative: bool = False) -> bytes:
     """A stream the way Ark sends it under include_usage (or chunk_include_usage when cumulative)."""
     parts = []
     for i in range(CHUNKS):
-        usage = (
-            {"prompt_tokens": 812, "completion_tokens": i + 1, "total_tokens": 813 + i}
-            if cumulative
-            else None
-        )
+        usage = {"prompt_tokens": 812, "completion_tokens": i + 1, "total_tokens": 813 + i} if cumulative else None
         parts.append(_chunk(i, WORDS[i % len(WORDS)], usage))
     final = {
         "id": "021752345678901234567890abcdef0123456789abcdef",

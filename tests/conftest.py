@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,6 +64,20 @@ def run_quotawrap(
 
 def child(name: str, *args: str) -> list[str]:
     return [sys.executable, str(CHILDREN / name), *args]
+
+
+def run_python(script: str, *, cwd: str | Path, env: dict[str, str]) -> tuple[Any, str]:
+    """Run ``script`` in a fresh interpreter; it prints one JSON value as its last line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
 def ledger_rows(store_url: str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:

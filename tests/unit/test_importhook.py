@@ -6,15 +6,13 @@ in a subprocess with a throwaway module written to tmp_path.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import run_python
 
 PACKAGE_HOME = Path(__file__).resolve().parents[2]
 
@@ -23,16 +21,7 @@ def _run(tmp_path: Path, script: str) -> tuple[Any, str]:
     """Run ``script`` with tmp_path importable; it prints one JSON value as its last line."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(PACKAGE_HOME)])}
     env.pop("QUOTAWRAP_RUN_ID", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    return run_python(script, cwd=tmp_path, env=env)
 
 
 @pytest.fixture

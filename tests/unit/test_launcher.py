@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +11,7 @@ import pytest
 from quotawrap import bootstrap
 from quotawrap.launcher import HOOK_DIR, PACKAGE_HOME, child_environment, injection_blockers
 from quotawrap.settings import Settings
+from tests.conftest import run_python
 
 HOOK = str(HOOK_DIR)
 PATCHED_PROBE = "import json, httpx\nprint(json.dumps(hasattr(httpx.Client._send_single_request, '__wrapped__')))"
@@ -27,17 +24,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def _child(tmp_path: Path, env: dict[str, str], script: str) -> tuple[Any, str]:
-    """Run a fresh interpreter with ``env``; the script prints one JSON value as its last line."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    return run_python(script, cwd=tmp_path, env=env)
 
 
 class TestChildEnvironment:

@@ -400,10 +400,127 @@ def sync_command(balances: tuple[str, ...], loop: bool, calibrate: bool, days: i
         _fail(str(exc), EXIT_STORE if isinstance(exc, StoreError) else 1)
 
 
+_CONSUME_OPTIONS = [
+    "store",
+    "model",
+    "base_url",
+    "daily_cap",
+    "small_buffer",
+    "balance_lag",
+    "balance_cmd",
+    "billing_endpoint",
+    "package_match",
+    "hold_ttl",
+    "report_json",
+    "quiet",
+]
+
+
+@cli.command("consume")
+@settings_options(_CONSUME_OPTIONS)
+@click.option("--dry-run", is_flag=True, help="Print each model's plan and spend nothing.")
+@click.option("--force", is_flag=True, help="Run even if consume already ran today (the day's lease is taken).")
+@click.option("--at", "at", default=None, metavar="HH:MM", help="Wait until this Beijing time first.")
+@click.option("--max-tokens-per-call", default=16_384, show_default=True, type=click.IntRange(256))
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64), help="Calls at once.")
+@click.option(
+    "--stop-before",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Minutes before Beijing midnight to stop.",
+)
+@click.option(
+    "--max-errors", default=5, show_default=True, type=click.IntRange(1), help="Stop after this many errors in a row."
+)
+def consume_command(
+    dry_run: bool,
+    force: bool,
+    at: str | None,
+    max_tokens_per_call: int,
+    concurrency: int,
+    stop_before: float,
+    max_errors: int,
+    **values: Any,
+) -> None:
+    """Spend what is left of today's free collection through guarded calls (the seed's 23:20 task)."""
+    from . import quota
+    from ._log import warn
+    from .consume import DEFAULT_BASE_URL, ConsumeOptions, consume_models, make_plans, run_consume
+    from .consume_plan import parse_at, render_plan, seconds_until
+    from .launcher import new_run_id
+    from .ledger.base import RunRecord
+    from .report import run_report, write_json
+    from .sync import sync_once, sync_source
+
+    settings = _settings(values)
+    api_key = os.environ.get("ARK_API_KEY", "")
+    if not api_key and not dry_run:
+        _fail("consume calls Ark itself: set ARK_API_KEY", EXIT_USAGE)
+    base_url = settings.base_url[0] if settings.base_url else os.environ.get("ARK_BASE_URL") or DEFAULT_BASE_URL
+    try:
+        wait = seconds_until(time.time(), *parse_at(at)) if at else 0.0
+    except ValueError as exc:
+        _fail(str(exc), EXIT_USAGE)
+
+    def say(line: str) -> None:
+        if not settings.quiet:
+            click.echo(f"quotawrap consume: {line}", err=True)
+
+    if wait > 0 and not dry_run:
+        say(f"waiting until {at} Beijing time ({wait / 60:,.0f} min)")
+        time.sleep(wait)
+    ledger = _open(settings)
+    now = time.time()
+    day = quota.beijing_day(now)
+    if sync_source(settings):
+        try:
+            sync_once(ledger, settings, now)
+        except QuotawrapError as exc:
+            warn(f"balance sync failed ({exc}); planning on the stored snapshot")
+    models = consume_models(ledger, settings, day)
+    if not models:
+        _fail("no model to consume: pass --model, or sync a balance today (`quotawrap sync`)", EXIT_USAGE)
+    if dry_run:
+        for plan in make_plans(ledger, settings, models, now):
+            click.echo(render_plan(plan))
+        return
+    options = ConsumeOptions(
+        api_key=api_key,
+        base_url=base_url,
+        max_tokens_per_call=max_tokens_per_call,
+        concurrency=concurrency,
+        stop_before_s=stop_before * 60,
+        max_errors=max_errors,
+        force=force,
+    )
+    run_id = f"consume-{new_run_id()}"
+    tags = {"task": "consume"}
+    try:
+        ledger.start_run(RunRecord(run_id, now, command="quotawrap consume", tags=tags))
+        result = run_consume(ledger, settings, options, models, run_id=run_id, progress=say)
+        code = 1 if result.failed else 0
+        ledger.end_run(run_id, code, time.time())
+        totals = ledger.run_totals(run_id)
+    except QuotawrapError as exc:
+        _fail(str(exc), EXIT_STORE)
+    if result.skipped:
+        click.echo(f"quotawrap consume: {result.skipped}", err=True)
+    for outcome in result.outcomes:
+        say(f"{outcome.plan.model}: spent {outcome.spent:,} of a plan of {outcome.plan.budget:,}; {outcome.stop}")
+        if outcome.last_error:
+            say(f"{outcome.plan.model}: last error: {outcome.last_error}")
+    if settings.report_json:
+        report = run_report(totals, settings=settings.replace(run_id=run_id), exit_code=code, tags=tags)
+        report["consume"] = result.as_json()
+        write_json(report, settings.report_json)
+    sys.exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = load_config_file()
-        default_map = {name: config for name in ("run", "status", "sync", "report", "sessions")}
+        default_map = {name: config for name in ("run", "status", "sync", "report", "sessions", "consume")}
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE)
     cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)

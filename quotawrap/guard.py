@@ -122,8 +122,12 @@ class Guard:
         ledger: Ledger | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        soft_walls: bool = True,
     ) -> None:
+        """``soft_walls=False`` (``quotawrap consume`` only): the §7.6 soft-evict walls do not apply,
+        every hold limit (caps, the synced pool) still does."""
         self.settings = settings
+        self._soft_walls = soft_walls
         self._ledger = ledger
         self._ledger_lock = threading.Lock()
         self._clock = clock
@@ -166,6 +170,8 @@ class Guard:
                 *quota.cost_limits(self._cost_cap),
                 *quota.model_day_limits(snapshot, self._quota, today=day),
             ]
+            if not self._soft_walls:
+                limits = [limit for limit in limits if limit.kind != "wall"]
             if len(self._limits_cache) > 64:
                 self._limits_cache.clear()
             self._limits_cache[key] = limits

@@ -1,0 +1,205 @@
+"""`quotawrap consume` end to end: the real CLI, a real guarded agent, the simulator's bill."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quotawrap import quota
+from quotawrap.consume import ConsumeOptions, run_consume
+from quotawrap.consume_plan import LEASE_TTL_S, lease_name
+from quotawrap.ledger import model_day_key, open_ledger
+from quotawrap.settings import Settings
+from quotawrap.simulator import ArkSimulator
+from quotawrap.sync import record_balance
+from tests.conftest import child, run_quotawrap
+
+MODEL = "deepseek-v4-flash"
+BALANCE = 900_000
+SMALL_BUFFER = 50_000
+AGENT_TOKENS = 300_000
+PER_CALL = 100_000  # a few big calls keep the test at a few seconds
+ENV = {"ARK_API_KEY": "sk-consume-test"}
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "quotawrap", *args],
+        env={**os.environ, **ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _consume_args(sim: ArkSimulator, store: str, *extra: str) -> list[str]:
+    return [
+        "consume",
+        "--store",
+        store,
+        "--model",
+        MODEL,
+        "--base-url",
+        sim.url,
+        "--max-tokens-per-call",
+        str(PER_CALL),
+        "--stop-before",
+        "0",
+        *extra,
+    ]
+
+
+@pytest.fixture
+def spent_day(sim: ArkSimulator, store: str) -> ArkSimulator:
+    """The acceptance setup: a 900,000 balance synced, then a guarded agent spends ~300,000 of it."""
+    sim.configure(reply_tokens=AGENT_TOKENS, tokens_per_chunk=4096)
+    assert _cli("sync", "--store", store, "--balance", f"{MODEL}={BALANCE}").returncode == 0
+    agent = run_quotawrap(
+        ["--store", store, "--base-url", sim.url],
+        child("one_call.py"),
+        env={"SIM_URL": sim.url, "MAX_TOKENS": str(AGENT_TOKENS)},
+    )
+    assert agent.returncode == 0 and "TOTAL" in agent.stdout, agent.stdout + agent.stderr
+    assert AGENT_TOKENS <= sim.billed_total() < AGENT_TOKENS + 100
+    return sim
+
+
+def _left(sim: ArkSimulator) -> int:
+    return BALANCE - SMALL_BUFFER - sim.billed_total()
+
+
+class TestAcceptance:
+    def test_consume_spends_what_is_left_and_never_more(
+        self, spent_day: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """The day's bill stays <= min(2M, 900,000 - 50,000) and consume spends >= 90% of what was left."""
+        left = _left(spent_day)
+        before = spent_day.billed_total()
+        report = tmp_path / "consume.json"
+        result = _cli(*_consume_args(spent_day, store, "--report-json", str(report)))
+        assert result.returncode == 0, result.stderr
+        spent = spent_day.billed_total() - before
+        assert spent_day.billed_total() <= min(2_000_000, BALANCE - SMALL_BUFFER)
+        assert spent >= 0.9 * left
+        assert "spent" in result.stderr and "plan spent" in result.stderr
+        data = json.loads(report.read_text())
+        assert data["consume"]["models"][MODEL]["spent"] == spent
+        assert data["totals"]["settled_tokens"] == spent  # the guard settled exactly what was billed
+        ledger = open_ledger(store)
+        key = model_day_key(MODEL, quota.beijing_day(time.time()))
+        assert ledger.counters([key])[key].settled == spent_day.billed_total()  # counted in today's usage
+
+    def test_a_second_run_the_same_day_spends_nothing_and_says_why(self, spent_day: ArkSimulator, store: str) -> None:
+        """consume:last_run:{date} makes a second consume a no-op that names the lease and --force."""
+        assert _cli(*_consume_args(spent_day, store)).returncode == 0
+        billed = spent_day.billed_total()
+        again = _cli(*_consume_args(spent_day, store))
+        assert again.returncode == 0, again.stderr
+        assert spent_day.billed_total() == billed
+        day = quota.beijing_day(time.time())
+        assert f"already ran for Beijing day {day}" in again.stderr
+        assert lease_name(day) in again.stderr and "--force" in again.stderr
+
+    def test_two_started_at_once_spend_the_plan_once(self, spent_day: ArkSimulator, store: str) -> None:
+        """Two consume processes started together: one spends the plan, the other nothing."""
+        left = _left(spent_day)
+        before = spent_day.billed_total()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "quotawrap", *_consume_args(spent_day, store)],
+                env={**os.environ, **ENV},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+        assert [proc.returncode for proc in procs] == [0, 0], outputs
+        assert sum("already ran" in err for _, err in outputs) == 1
+        spent = spent_day.billed_total() - before
+        assert 0.9 * left <= spent <= left
+
+
+class TestLeaseAndForce:
+    def test_force_runs_although_the_day_was_leased(self, spent_day: ArkSimulator, store: str) -> None:
+        """Another host's lease on today stops a plain run; --force spends anyway."""
+        day = quota.beijing_day(time.time())
+        assert open_ledger(store).try_lease(lease_name(day), "other-host:1", LEASE_TTL_S, time.time())
+        before = spent_day.billed_total()
+        plain = _cli(*_consume_args(spent_day, store))
+        assert "already ran" in plain.stderr and spent_day.billed_total() == before
+        forced = _cli(*_consume_args(spent_day, store, "--force"))
+        assert forced.returncode == 0, forced.stderr
+        assert spent_day.billed_total() - before >= 0.9 * (BALANCE - SMALL_BUFFER - before)
+
+    def test_dry_run_prints_the_plan_and_spends_nothing(self, spent_day: ArkSimulator, store: str) -> None:
+        """--dry-run shows both clamps and the budget; it neither calls Ark nor takes the day's lease."""
+        before = spent_day.billed_total()
+        result = _cli(*_consume_args(spent_day, store, "--dry-run"))
+        assert result.returncode == 0, result.stderr
+        assert f"{MODEL}: plan {BALANCE - SMALL_BUFFER - before:,} tokens" in result.stdout
+        assert "daily cap" in result.stdout and "small buffer" in result.stdout
+        assert spent_day.billed_total() == before
+        day = quota.beijing_day(time.time())
+        assert open_ledger(store).try_lease(lease_name(day), "someone-else", 1.0, time.time())
+
+
+class TestStops:
+    def test_an_error_streak_stops_the_run(self, sim: ArkSimulator, store: str) -> None:
+        """A provider answering 500 each time: consume stops after --max-errors, exits 1, bills nothing."""
+        assert _cli("sync", "--store", store, "--balance", f"{MODEL}={BALANCE}").returncode == 0
+        sim.configure(fault="error_500")
+        result = _cli(*_consume_args(sim, store, "--max-errors", "2", "--concurrency", "1"))
+        assert result.returncode == 1
+        assert "stopped after 2 errors in a row" in result.stderr and "HTTP 500" in result.stderr
+        assert sim.billed_total() == 0
+
+    def test_no_balance_synced_today_plans_nothing(self, sim: ArkSimulator, store: str) -> None:
+        """Without today's balance the plan is 0: spending blind up to the daily cap is refused."""
+        result = _cli(*_consume_args(sim, store))
+        assert result.returncode == 0, result.stderr
+        assert "no balance synced today" in result.stderr
+        assert sim.billed_total() == 0
+
+    def test_without_an_api_key_it_names_the_cure(self, sim: ArkSimulator, store: str) -> None:
+        """No ARK_API_KEY: one line naming it, exit 2, no traceback."""
+        result = _cli(*_consume_args(sim, store), env={"ARK_API_KEY": ""})
+        assert result.returncode == 2
+        assert "set ARK_API_KEY" in result.stderr and "Traceback" not in result.stderr
+
+
+class TestSoftWalls:
+    def test_consume_passes_the_usage_wall_but_not_the_pool(self, spent_day: ArkSimulator, store: str) -> None:
+        """A usage wall below today's usage evicts the agent, yet consume spends up to the pool limit."""
+        from quotawrap.guard import Guard
+
+        ledger = open_ledger(store)
+        settings = Settings(store=store, usage_wall=100_000)
+        day = quota.beijing_day(time.time())
+        walls = [limit.name for limit in Guard(settings, ledger).limits_for(ledger.snapshot(MODEL), day)]
+        assert "usage_wall" in walls  # the agent's guard stands behind it
+        options = ConsumeOptions(api_key="sk-x", base_url=spent_day.url, max_tokens_per_call=PER_CALL, stop_before_s=0)
+        left = _left(spent_day)
+        result = run_consume(ledger, settings, options, [MODEL], run_id="consume-walls")
+        (outcome,) = result.outcomes
+        assert outcome.stop == "plan spent"
+        assert 0.9 * left <= outcome.spent <= left
+        assert spent_day.billed_total() <= BALANCE - SMALL_BUFFER
+
+    def test_a_lower_balance_synced_meanwhile_is_respected(self, spent_day: ArkSimulator, store: str) -> None:
+        """A fresher, smaller balance lowers the gate's limit; consume stays inside it."""
+        ledger = open_ledger(store)
+        now = time.time()
+        usage = spent_day.billed_total()
+        record_balance(ledger, MODEL, 200_000, now, quota.QuotaSettings(), source="manual", settled=True)
+        options = ConsumeOptions(api_key="sk-x", base_url=spent_day.url, max_tokens_per_call=PER_CALL, stop_before_s=0)
+        result = run_consume(ledger, Settings(store=store), options, [MODEL], run_id="consume-lower")
+        assert result.outcomes[0].plan.budget == 200_000 - SMALL_BUFFER
+        assert spent_day.billed_total() - usage <= 200_000 - SMALL_BUFFER

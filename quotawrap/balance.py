@@ -134,8 +134,8 @@ def _item_dict(entry: Any) -> dict[str, Any]:
     return {entry.attribute_map.get(key, key): value for key, value in data.items()}
 
 
-def parse_balance_args(values: Sequence[str]) -> dict[str, int]:
-    """``MODEL=N`` pairs from ``quotawrap sync --balance``."""
+def parse_balance_args(values: Sequence[str], flag: str = "--balance") -> dict[str, int]:
+    """``MODEL=N`` pairs from ``quotawrap sync --balance`` (or ``--b0``)."""
     balances: dict[str, int] = {}
     for value in values:
         model, sep, number = value.rpartition("=")
@@ -144,9 +144,9 @@ def parse_balance_args(values: Sequence[str]) -> dict[str, int]:
                 raise ValueError
             balances[model] = int(number.replace(",", "").replace("_", ""))
         except ValueError:
-            raise ConfigError(f"--balance expects MODEL=TOKENS, got {value!r}") from None
+            raise ConfigError(f"{flag} expects MODEL=TOKENS, got {value!r}") from None
         if balances[model] < 0:
-            raise ConfigError(f"--balance {value!r}: a balance cannot be negative")
+            raise ConfigError(f"{flag} {value!r}: a balance cannot be negative")
     return balances
 
 

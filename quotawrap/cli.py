@@ -145,6 +145,12 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     if sync_loop is not None:
         sync_loop.tick()  # before the child's first call: until a sync, only the daily cap applies
         sync_loop.start()
+    if not settings.quiet:
+        from .status import expiry_warnings
+
+        with contextlib.suppress(QuotawrapError):  # a warning must not stop the run
+            for line in expiry_warnings(ledger, settings, time.time()):
+                warn(line)
     try:
         result = run_child(settings, command, ledger)
     except FileNotFoundError:
@@ -355,14 +361,23 @@ _SYNC_OPTIONS = [
 @cli.command("sync")
 @settings_options(_SYNC_OPTIONS)
 @click.option("--balance", "balances", multiple=True, metavar="MODEL=N", help="The console's free balance now.")
+@click.option(
+    "--b0",
+    "b0s",
+    multiple=True,
+    metavar="MODEL=N",
+    help="The console's initial balance of today (B0, before any use); see docs/quota-math.md.",
+)
 @click.option("--loop", is_flag=True, help="Keep syncing on the cadence (a daemon).")
 @click.option("--calibrate", is_flag=True, help="Estimate the billing lag from the stored sync history.")
 @click.option("--days", default=7, show_default=True, help="Days of history --calibrate looks at.")
-def sync_command(balances: tuple[str, ...], loop: bool, calibrate: bool, days: int, **values: Any) -> None:
+def sync_command(
+    balances: tuple[str, ...], b0s: tuple[str, ...], loop: bool, calibrate: bool, days: int, **values: Any
+) -> None:
     """Record the free balance per model (manual, command or billing API) as today's snapshot."""
     from . import quota
     from .balance import parse_balance_args
-    from .sync import SyncLoop, record_balance, sync_once
+    from .sync import SyncLoop, record_b0, record_balance, sync_once
     from .sync import calibrate as calibrate_lag
 
     settings = _settings(values)
@@ -379,10 +394,20 @@ def sync_command(balances: tuple[str, ...], loop: bool, calibrate: bool, days: i
                     continue
                 click.echo(f"{model}: billing lag ~{lag / 60:.0f} min (spread {spread:,.0f} tokens)")
             return
+        if balances and b0s:
+            _fail("give either --balance (the balance now) or --b0 (today's initial balance), not both", EXIT_USAGE)
         if balances:
             for model, balance in parse_balance_args(balances).items():
                 snap = record_balance(ledger, model, balance, now, settings.quota, source="manual", settled=True)
                 click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} recorded")
+            return
+        if b0s:
+            for model, b0 in parse_balance_args(b0s, "--b0").items():
+                snap = record_b0(ledger, model, b0, now)
+                click.echo(
+                    f"{model}: initial balance {b0:,} recorded (pool {quota.pool_estimate(snap, settings.quota):,}"
+                    f" at usage {snap.usage_at_sync:,})"
+                )
             return
         if loop:
             sync_loop = SyncLoop(ledger, settings, on_error=lambda m: click.echo(m, err=True))

@@ -133,6 +133,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("low_balance", int, 300_000, "Remaining free balance below which syncs come more often."),
     Option("sync_burst", int, 100_000, "Sync at once after this many tokens since the last sync."),
     Option("sync_check", float, 10.0, "Seconds between checks whether a sync is due."),
+    Option(
+        "expiry_warning_days",
+        float,
+        3.0,
+        "Warn at the start of a run when a model's free packages expire within this many days.",
+        child=False,
+    ),
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),
     Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
@@ -173,6 +180,7 @@ class Settings:
     low_balance: int = 300_000
     sync_burst: int = 100_000
     sync_check: float = 10.0
+    expiry_warning_days: float = 3.0
     report_json: str | None = None
     fail_on_block: bool = False
     quiet: bool = False

@@ -9,7 +9,7 @@ from . import quota
 from .ledger import Ledger, model_day_key
 from .settings import Settings
 
-__all__ = ["model_status", "render_status"]
+__all__ = ["expiry_warnings", "model_status", "render_status"]
 
 
 def model_status(ledger: Ledger, settings: Settings, now: float) -> list[dict[str, Any]]:
@@ -24,7 +24,7 @@ def model_status(ledger: Ledger, settings: Settings, now: float) -> list[dict[st
         hold = next(limit for limit in limits if limit.kind == "hold")
         evicted = quota.evicted_by(limits, {"model_day": counters})
         packages = ledger.packages(model)
-        advice = quota.keep_alive_daily_usage(packages, now)
+        advice = quota.keep_alive_daily_usage(packages, now, daily_cap=qsettings.daily_cap)
         rows.append(
             {
                 "model": model,
@@ -47,7 +47,11 @@ def model_status(ledger: Ledger, settings: Settings, now: float) -> list[dict[st
                 "expiring_within_9_days": [
                     {"available": p.available, "expires_at": p.expires_at} for a in advice for p in a.expiring
                 ],
-                "keep_alive_daily_usage": advice[0].daily_usage if advice else None,
+                # capped at the daily cap: usage past it is not returned (§1.2)
+                "keep_alive_daily_usage": advice[0].advised_daily_usage if advice else None,
+                "keep_alive_needed": advice[0].daily_usage if advice else None,
+                "keep_alive_shortfall": advice[0].shortfall if advice else None,
+                "keep_alive_advice": advice[0].text() if advice else None,
                 "seconds_to_reset": round(quota.seconds_to_beijing_midnight(now), 1),
             }
         )
@@ -81,8 +85,30 @@ def render_status(rows: list[dict[str, Any]]) -> str:
             lines.append("  balance: unknown today, so this model is guarded by its daily cap alone")
         for package in row["expiring_within_9_days"]:
             lines.append(f"  package of {package['available']:,} expires {_when(package['expires_at'])}")
-        if row["keep_alive_daily_usage"]:
-            lines.append(f"  use {row['keep_alive_daily_usage']:,} a day to consume them before they expire")
+        if row["keep_alive_advice"]:
+            lines.append(f"  {row['keep_alive_advice']}")
         hours, rest = divmod(int(row["seconds_to_reset"]), 3600)
         lines.append(f"  resets at Beijing midnight in {hours}h{rest // 60:02d}m")
     return "\n".join(lines)
+
+
+def expiry_warnings(ledger: Ledger, settings: Settings, now: float) -> list[str]:
+    """One line per model this run may use whose packages expire within ``expiry_warning_days``.
+
+    Said at the start of a run: the cure (use, or ``quotawrap consume``) is only possible before
+    the expiry, and a guarded agent is the moment someone looks.
+    """
+    from .endpoints import model_matches
+
+    window = settings.expiry_warning_days
+    lines = []
+    for model in ledger.known_models():
+        if settings.model and not model_matches(model, settings.model):
+            continue
+        for advice in quota.keep_alive_daily_usage(ledger.packages(model), now, window, settings.daily_cap):
+            lines.append(
+                f"{model}: {advice.expiring_tokens:,} free tokens in {len(advice.expiring)} package(s) expire"
+                f" within {window:g} days (first {_when(advice.first_expiry_at)} Beijing); {advice.text()},"
+                " or run `quotawrap consume`"
+            )
+    return lines

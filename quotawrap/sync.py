@@ -7,7 +7,11 @@ the billing lag is within ``--balance-lag`` (docs/quota-math.md). A console read
 
 Cadence (wrapper and ``sync --loop``): every ``sync_interval`` (30 min); every
 ``sync_interval_low`` (5 min) when the remaining free balance is low; at once after a burst
-of more than ``sync_burst`` tokens since the last sync. One process per ledger calls the
+of more than ``sync_burst`` tokens since the last sync; and just after each known package's
+``ExpiryTime`` (+ ``EXPIRY_MARGIN_S``), because an expiry drops the balance without any usage.
+A package that expires before the next cadence sync is left out of the balance at once: the pool
+must not count tokens that vanish before anyone looks again (notes §7.5, remaining risk 2).
+One process per ledger calls the
 billing API at a time (a lease in the ledger); the others read the stored snapshot. A
 failed sync keeps the old snapshot and says how old it is.
 """
@@ -29,9 +33,20 @@ from .balance import BalanceUnavailable, read_balance_command, read_billing_api
 from .ledger import Ledger, model_day_key
 from .settings import Settings
 
-__all__ = ["SyncLoop", "calibrate", "record_balance", "sync_due", "sync_once", "sync_source"]
+__all__ = [
+    "EXPIRY_MARGIN_S",
+    "SyncLoop",
+    "calibrate",
+    "record_b0",
+    "record_balance",
+    "sync_due",
+    "sync_once",
+    "sync_source",
+]
 
 BILLING_LEASE = "billing-api"
+# Billing flips a package to Expired at its ExpiryTime; a minute later the listing is sure to show it.
+EXPIRY_MARGIN_S = 60.0
 
 
 def record_balance(
@@ -59,6 +74,20 @@ def record_balance(
             ledger.usage_series(model, yesterday),
         )
     snapshot = quota.Snapshot(balance, usage, lagged, now, day, source)
+    ledger.put_snapshot(model, snapshot)
+    return snapshot
+
+
+def record_b0(ledger: Ledger, model: str, b0: int, now: float) -> quota.Snapshot:
+    """Store the console's initial balance of the day (B0, read at usage 0) as today's snapshot.
+
+    B0 is settled by construction (§4.2: the reading the notes trust to judge charges), so the
+    pool is B0 itself at any lag: stored as the balance ``B0 - usage`` at today's usage, a
+    settled reading. A usage already past B0 stores balance 0 (the limit is then 0 anyway).
+    """
+    day = quota.beijing_day(now)
+    usage = ledger.counters([model_day_key(model, day)])[model_day_key(model, day)].settled
+    snapshot = quota.Snapshot(max(0, b0 - usage), usage, usage, now, day, "console-b0")
     ledger.put_snapshot(model, snapshot)
     return snapshot
 
@@ -109,9 +138,11 @@ def sync_once(ledger: Ledger, settings: Settings, now: float) -> dict[str, quota
             if model not in packages and _had_packages(ledger, model):
                 packages[model] = []
         snapshots = {}
+        horizon = now + settings.sync_interval + EXPIRY_MARGIN_S  # the latest the next sync can come
         for model, owned in packages.items():
             ledger.put_packages(model, owned, now)
-            balance = sum(p.available for p in owned if p.expires_at > now)
+            gone = quota.expiring_before(owned, now, horizon)
+            balance = sum(p.available for p in owned if p.expires_at > now and p not in gone)
             snapshots[model] = record_balance(ledger, model, balance, now, qsettings, source="billing-api")
         return snapshots
     raise BalanceUnavailable(
@@ -124,9 +155,17 @@ def _had_packages(ledger: Ledger, model: str) -> bool:
     return bool(ledger.packages(model)) or (snapshot is not None and snapshot.source == "billing-api")
 
 
-def sync_due(snapshot: quota.Snapshot | None, settled_now: int, now: float, settings: Settings) -> bool:
+def sync_due(
+    snapshot: quota.Snapshot | None,
+    settled_now: int,
+    now: float,
+    settings: Settings,
+    packages: Sequence[quota.Package] = (),
+) -> bool:
     """Whether a model's snapshot should be refreshed now (the cadence of the module docstring)."""
     if snapshot is None or snapshot.day != quota.beijing_day(now):
+        return True
+    if any(snapshot.synced_at < p.expires_at + EXPIRY_MARGIN_S <= now for p in packages):
         return True
     age = now - snapshot.synced_at
     used_since = settled_now - snapshot.usage_at_sync
@@ -157,7 +196,7 @@ class SyncLoop:
         due = []
         for model in candidate_models(self.ledger, self.settings):
             settled = self.ledger.counters([model_day_key(model, day)])[model_day_key(model, day)].settled
-            if sync_due(self.ledger.snapshot(model), settled, now, self.settings):
+            if sync_due(self.ledger.snapshot(model), settled, now, self.settings, self.ledger.packages(model)):
                 due.append(model)
         return due
 

@@ -18,7 +18,7 @@ Each scenario runs twice on identical traffic, each time with a fresh simulator 
 Measured per run (docs/day-simulation.md explains each column): real consumption (the simulator's
 bill); overspend, the tokens no free package covered (the bill replayed FIFO as the simulator
 draws it; with no package expiring that day it is ``max(0, consumption - B0)``); the usable pool
-``min(2M, B0 - expired - SMALL_BUFFER)`` and the share of it used for free; the most the limit in
+``min(2M, B0 + granted - expired - SMALL_BUFFER)`` and the share of it used for free; the most the limit in
 force ever stood above the one the true pool allows; blocked calls, and how many of them the same
 limits would have admitted had billing shown the truth at once ("early").
 """
@@ -128,6 +128,11 @@ class Scenario:
         """The true free pool at midnight: packages in force then."""
         return sum(p.total for p in self.packages if p.effective_h <= 0 < p.expiry_h)
 
+    @property
+    def granted(self) -> int:
+        """Packages that take effect during the day (the grant of yesterday's usage, §1.1)."""
+        return sum(p.total for p in self.packages if 0 < p.effective_h < 24)
+
 
 _KEPT = PackagePlan(1_500_000, -7 * 24, 23 * 24)  # a 1.5M pool that outlives the day
 
@@ -152,6 +157,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         (PackagePlan(1_500_000, -30 * 24 + 15, 15),),
         14 * 60,
         "the model's only package expires: the sync finds no package and records nothing",
+    ),
+    Scenario(
+        "150k at 0:00, 1.2M grant 09:30, Δ 14 min",
+        (PackagePlan(150_000, -29 * 24, 24), PackagePlan(1_200_000, 9.5, 9.5 + 30 * 24)),
+        14 * 60,
+        "the 0:00-to-grant window: yesterday's return arrives late in the morning",
     ),
 )
 HEADLINE = SCENARIOS[0]
@@ -299,7 +310,7 @@ class RunResult:
     consumption: int = 0
     overspend: int = 0
     expired: int = 0
-    usable_pool: int = 0  # min(daily cap, B0 - expired - small buffer)
+    usable_pool: int = 0  # min(daily cap, B0 + granted - expired - small buffer)
     calls: int = 0
     blocked: int = 0
     blocked_early: int = 0  # blocked, but the same limits on a balance without lag would have admitted it
@@ -307,6 +318,7 @@ class RunResult:
     max_excess: int = 0  # the most the limit in force ever stood above min(2M, true pool - S)
     blocked_by: Counter[str] = field(default_factory=Counter)
     syncs: int = 0
+    bills: tuple[tuple[float, int], ...] = ()  # (seconds after midnight, tokens) of each billed call
 
     @property
     def free_used(self) -> int:
@@ -479,10 +491,11 @@ def run_variant(
     finally:
         ledger.close()
         sim.stop()
+    result.bills = tuple((b.t - DAY_START, b.total_tokens) for b in bills)
     result.consumption = sum(b.total_tokens for b in bills)
     result.overspend, result.expired, _ = free_and_paid(packages, bills)
     qs = settings.quota
-    result.usable_pool = max(0, min(qs.daily_cap, scenario.b0 - result.expired - qs.small_buffer))
+    result.usable_pool = max(0, min(qs.daily_cap, scenario.b0 + scenario.granted - result.expired - qs.small_buffer))
     return result
 
 

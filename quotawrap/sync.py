@@ -8,9 +8,10 @@ the billing lag is within ``--balance-lag`` (docs/quota-math.md). A console read
 Cadence (wrapper and ``sync --loop``): every ``sync_interval`` (30 min); every
 ``sync_interval_low`` (5 min) when the remaining free balance is low; at once after a burst
 of more than ``sync_burst`` tokens since the last sync; and just after each known package's
-``ExpiryTime`` (+ ``EXPIRY_MARGIN_S``), because an expiry drops the balance without any usage.
-A package that expires before the next cadence sync is left out of the balance at once: the pool
-must not count tokens that vanish before anyone looks again (notes §7.5, remaining risk 2).
+``ExpiryTime`` (``EXPIRY_LEAD_S`` before and ``EXPIRY_MARGIN_S`` after), because an expiry
+drops the balance without any usage. A package that expires before the next sync can come is
+left out of the balance at once: the pool must not count tokens that vanish before anyone looks
+again (notes §7.5, remaining risk 2).
 One process per ledger calls the
 billing API at a time (a lease in the ledger); the others read the stored snapshot. A
 failed sync keeps the old snapshot and says how old it is.
@@ -34,6 +35,7 @@ from .ledger import Ledger, model_day_key
 from .settings import Settings
 
 __all__ = [
+    "EXPIRY_LEAD_S",
     "EXPIRY_MARGIN_S",
     "SyncLoop",
     "calibrate",
@@ -47,6 +49,9 @@ __all__ = [
 BILLING_LEASE = "billing-api"
 # Billing flips a package to Expired at its ExpiryTime; a minute later the listing is sure to show it.
 EXPIRY_MARGIN_S = 60.0
+# The background loop also syncs this long before each expiry and leaves the package out then:
+# the pool stops counting it shortly before it vanishes, not a whole cadence interval before.
+EXPIRY_LEAD_S = 300.0
 
 
 def record_balance(
@@ -108,8 +113,15 @@ def candidate_models(ledger: Ledger, settings: Settings) -> list[str]:
     return sorted({*exact, *ledger.known_models(), *settings.package_matches})
 
 
-def sync_once(ledger: Ledger, settings: Settings, now: float) -> dict[str, quota.Snapshot]:
-    """Read the configured source once and store a snapshot per model it names."""
+def sync_once(
+    ledger: Ledger, settings: Settings, now: float, *, expiry_horizon_s: float | None = None
+) -> dict[str, quota.Snapshot]:
+    """Read the configured source once and store a snapshot per model it names.
+
+    Packages expiring within ``expiry_horizon_s`` are left out of the balance. A one-off sync
+    cannot count on another one soon, so by default that is a whole cadence interval; the
+    background loop, which also syncs just before each expiry, passes a shorter one.
+    """
     source = sync_source(settings)
     qsettings = settings.quota
     if source == "command":
@@ -138,7 +150,8 @@ def sync_once(ledger: Ledger, settings: Settings, now: float) -> dict[str, quota
             if model not in packages and _had_packages(ledger, model):
                 packages[model] = []
         snapshots = {}
-        horizon = now + settings.sync_interval + EXPIRY_MARGIN_S  # the latest the next sync can come
+        ahead = settings.sync_interval + EXPIRY_MARGIN_S if expiry_horizon_s is None else expiry_horizon_s
+        horizon = now + ahead  # the latest the next sync can come
         for model, owned in packages.items():
             ledger.put_packages(model, owned, now)
             gone = quota.expiring_before(owned, now, horizon)
@@ -165,8 +178,9 @@ def sync_due(
     """Whether a model's snapshot should be refreshed now (the cadence of the module docstring)."""
     if snapshot is None or snapshot.day != quota.beijing_day(now):
         return True
-    if any(snapshot.synced_at < p.expires_at + EXPIRY_MARGIN_S <= now for p in packages):
-        return True
+    for package in packages:
+        if any(snapshot.synced_at < package.expires_at + edge <= now for edge in (-EXPIRY_LEAD_S, EXPIRY_MARGIN_S)):
+            return True
     age = now - snapshot.synced_at
     used_since = settled_now - snapshot.usage_at_sync
     if used_since > settings.sync_burst:
@@ -205,7 +219,9 @@ class SyncLoop:
         if not self.due_models(now):
             return {}
         try:
-            result = sync_once(self.ledger, self.settings, now)
+            # the next sync comes at the latest one cadence check after the next expiry lead
+            horizon = EXPIRY_LEAD_S + self.settings.sync_check + EXPIRY_MARGIN_S
+            result = sync_once(self.ledger, self.settings, now, expiry_horizon_s=horizon)
             self.last_error = None
             return result
         except QuotawrapError as exc:

@@ -15,7 +15,7 @@ from quotawrap.ledger import open_ledger
 from quotawrap.ledger.base import HoldRequest
 from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator, PackageSpec
-from quotawrap.sync import EXPIRY_MARGIN_S, SyncLoop, sync_due, sync_once
+from quotawrap.sync import EXPIRY_LEAD_S, EXPIRY_MARGIN_S, SyncLoop, sync_due, sync_once
 from quotawrap.usage import Usage
 
 MODEL = "deepseek-v4-flash"
@@ -72,20 +72,23 @@ class TestExpiryAwarePool:
         assert len(open_ledger(store).packages(MODEL)) == 3  # status still lists what expires
 
     def test_a_sync_is_due_just_after_each_known_expiry(self, sim: ArkSimulator, store: str) -> None:
-        """Between cadence syncs, a package's ExpiryTime + margin makes the next check sync."""
+        """Between cadence syncs, a package's ExpiryTime - lead and + margin each make the next check sync."""
         now = time.time()
         snap = quota.Snapshot(1_000_000, 0, 0, now, quota.beijing_day(now))
-        package = quota.Package(MODEL, 300_000, now + 120)
         settings = Settings()
-        assert not sync_due(snap, 0, now + 120, settings, [package])
-        assert sync_due(snap, 0, now + 120 + EXPIRY_MARGIN_S, settings, [package])
-        synced_after = quota.Snapshot(1_000_000, 0, 0, now + 200, quota.beijing_day(now))
-        assert not sync_due(synced_after, 0, now + 300, settings, [package])  # already seen
+        package = quota.Package(MODEL, 300_000, now + 1200)
+        assert not sync_due(snap, 0, now + 1200 - EXPIRY_LEAD_S - 1, settings, [package])
+        assert sync_due(snap, 0, now + 1200 - EXPIRY_LEAD_S, settings, [package])
+        before = quota.Snapshot(1_000_000, 0, 0, now + 1000, quota.beijing_day(now))
+        assert not sync_due(before, 0, now + 1200, settings, [package])
+        assert sync_due(before, 0, now + 1200 + EXPIRY_MARGIN_S, settings, [package])
+        after = quota.Snapshot(1_000_000, 0, 0, now + 1300, quota.beijing_day(now))
+        assert not sync_due(after, 0, now + 1400, settings, [package])  # both edges already seen
 
     def test_the_loop_syncs_at_expiry_and_the_pool_drops(
         self, sim: ArkSimulator, store: str, credentials: object
     ) -> None:
-        """The background loop, on a clock past a package's expiry, syncs off-cadence and drops it."""
+        """The background loop syncs off-cadence just before and just after an expiry; the pool drops first."""
         start = time.time()
         sim.set_packages(
             [
@@ -102,9 +105,12 @@ class TestExpiryAwarePool:
         assert loop.tick()[MODEL].balance == 900_000
         clock["t"] = start + 1500  # not due on the cadence (30 min), and nothing expired
         assert loop.tick() == {}
-        clock["t"] = start + 3600 + EXPIRY_MARGIN_S  # 31 min after the last sync, but due at the expiry
-        synced = loop.tick()
-        assert synced[MODEL].balance == 500_000
+        clock["t"] = start + 3600 - EXPIRY_LEAD_S  # 5 min before the expiry: due, and the package is out
+        assert loop.tick()[MODEL].balance == 500_000
+        clock["t"] += 60
+        assert loop.tick() == {}
+        clock["t"] = start + 3600 + EXPIRY_MARGIN_S  # just after the expiry: due again, off the cadence
+        assert loop.tick()[MODEL].balance == 500_000
 
 
 class TestExpiryWarnings:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,41 @@ class TestSoftWalls:
         result = run_consume(ledger, Settings(store=store), options, [MODEL], run_id="consume-lower")
         assert result.outcomes[0].plan.budget == 200_000 - SMALL_BUFFER
         assert spent_day.billed_total() - usage <= 200_000 - SMALL_BUFFER
+
+
+class TestRedis:
+    @pytest.fixture
+    def redis_url(self) -> Iterator[str]:
+        from tests.redis_server import session_url
+
+        with session_url() as url:
+            yield url
+
+    def test_consume_counts_in_the_limiters_keys_and_leases_across_hosts(
+        self, sim: ArkSimulator, redis_url: str
+    ) -> None:
+        """On Redis: LiteLLM's own daily_usage counts against the plan, consume INCRs the shared keys,
+        and of two runs started at once (two "hosts") one spends and one says why not."""
+        import redis
+
+        sim.configure(reply_tokens=AGENT_TOKENS, tokens_per_chunk=4096)
+        client = redis.Redis.from_url(redis_url)
+        day = quota.beijing_day(time.time())
+        assert _cli("sync", "--store", redis_url, "--balance", f"{MODEL}={BALANCE}").returncode == 0
+        client.set(f"daily_usage:{day}:{MODEL}:ba0383d3", AGENT_TOKENS, ex=48 * 3600)  # then the proxy's users
+        left = BALANCE - SMALL_BUFFER - AGENT_TOKENS
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "quotawrap", *_consume_args(sim, redis_url)],
+                env={**os.environ, **ENV},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+        assert [proc.returncode for proc in procs] == [0, 0], outputs
+        assert sum("already ran" in err for _, err in outputs) == 1
+        assert 0.9 * left <= sim.billed_total() <= left
+        assert int(client.get(f"daily_usage:{day}:{MODEL}:quotawrap") or 0) == sim.billed_total()

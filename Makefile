@@ -27,4 +27,4 @@ test: $(BIN)/quotawrap redis-server  ## the whole test suite, lint included
 	$(BIN)/pytest -q
 
 bench: $(BIN)/quotawrap redis-server  ## every figure of docs/benchmarks.md and docs/day-simulation.md
-	for script in bench/bench_*.py bench/day_simulation.py; do $(BIN)/python $$script || exit 1; done
+	for script in bench/bench_*.py bench/day_simulation.py bench/day_simulation_stress.py; do $(BIN)/python $$script || exit 1; done

@@ -6,6 +6,9 @@ simulator's clock. `report_packages` replays that log against the configured pac
 * each bill draws FIFO from its model's packages that were effective when it was billed
   (earliest effective_time first); what no package covers is post-paid and draws nothing;
 * the billing view lags: at time `now` only bills made at or before `now - balance_lag_s` count;
+  with batch settlement (`settle_every_s`), only those up to the last batch boundary before that
+  (`settled_until`): the lag then saws between the delay and the delay + one period (§4.2's
+  "periodic convergence");
 * a package whose expiry_time has passed reports Status "Expired" and AvailableAmount "0";
   one not yet effective reports "NotEffective"; an emptied one "UsedUp"; otherwise "Effective".
 
@@ -32,6 +35,7 @@ __all__ = [
     "BillingRequestError",
     "list_resource_packages",
     "report_packages",
+    "settled_until",
 ]
 
 MAX_RESULTS_LIMIT = 20
@@ -166,11 +170,23 @@ def _item(balance: _Balance, now: float) -> dict[str, str]:
     }
 
 
+def settled_until(now: float, delay_s: float, settle_every_s: float = 0.0) -> float:
+    """The latest bill time the billing view shows at `now`: `now - delay`, rounded down to a batch."""
+    visible = now - delay_s
+    if settle_every_s <= 0:
+        return visible
+    return (visible // settle_every_s) * settle_every_s
+
+
 def report_packages(
-    specs: Sequence[PackageSpec], bills: Sequence[BillRecord], now: float, balance_lag_s: float
+    specs: Sequence[PackageSpec],
+    bills: Sequence[BillRecord],
+    now: float,
+    balance_lag_s: float,
+    settle_every_s: float = 0.0,
 ) -> list[dict[str, str]]:
     """The billing API's items at `now`, newest effective first (the API sorts newest-created first)."""
-    balances = _replay(specs, bills, now - balance_lag_s)
+    balances = _replay(specs, bills, settled_until(now, balance_lag_s, settle_every_s))
     balances.sort(key=lambda b: (b.spec.effective_time, b.index), reverse=True)
     return [_item(balance, now) for balance in balances]
 

@@ -475,6 +475,7 @@ def consume_command(
     from .consume_plan import parse_at, render_plan, seconds_until
     from .launcher import new_run_id
     from .ledger.base import RunRecord
+    from .live import LiveView
     from .report import run_report, write_json
     from .sync import sync_once, sync_source
 
@@ -523,7 +524,10 @@ def consume_command(
     tags = {"task": "consume"}
     try:
         ledger.start_run(RunRecord(run_id, now, command="quotawrap consume", tags=tags))
-        result = run_consume(ledger, settings, options, models, run_id=run_id, progress=say)
+        # on a terminal the guarded run's live bars sit below the progress lines; in logs the lines suffice
+        view = None if settings.quiet else LiveView(ledger, settings.replace(run_id=run_id), run_id)
+        with view if view is not None and view.is_terminal else contextlib.nullcontext():
+            result = run_consume(ledger, settings, options, models, run_id=run_id, progress=say)
         code = 1 if result.failed else 0
         ledger.end_run(run_id, code, time.time())
         totals = ledger.run_totals(run_id)

@@ -118,11 +118,17 @@ class ConsumeResult:
 
 
 def consume_models(ledger: Ledger, settings: Settings, today: str) -> list[str]:
-    """The models named with --model (exact ids), else every model with a balance synced today."""
+    """The exact ids given with --model; else the models with a balance synced today (matching any pattern)."""
+    from .endpoints import model_matches
+
     exact = [m for m in settings.model if not any(ch in m for ch in "*?[")]
     if exact:
         return exact
-    return [m for m in ledger.known_models() if (s := ledger.snapshot(m)) is not None and s.day == today]
+    return [
+        m
+        for m in ledger.known_models()
+        if (s := ledger.snapshot(m)) is not None and s.day == today and model_matches(m, settings.model)
+    ]
 
 
 def make_plans(ledger: Ledger, settings: Settings, models: Sequence[str], now: float) -> list[ConsumePlan]:

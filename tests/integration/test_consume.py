@@ -162,6 +162,29 @@ class TestStops:
         assert "stopped after 2 errors in a row" in result.stderr and "HTTP 500" in result.stderr
         assert sim.billed_total() == 0
 
+    def test_the_midnight_margin_stops_before_any_call(self, spent_day: ArkSimulator, store: str) -> None:
+        """With the whole day inside --stop-before, consume says so and calls nothing."""
+        before = spent_day.billed_total()
+        result = _cli(*_consume_args(spent_day, store), "--stop-before", "1440")
+        assert result.returncode == 0, result.stderr
+        assert "stopped 1440 min before Beijing midnight" in result.stderr
+        assert spent_day.billed_total() == before
+
+    def test_at_a_time_already_passed_runs_at_once_and_bad_times_are_refused(
+        self, spent_day: ArkSimulator, store: str
+    ) -> None:
+        """--at 00:00 has passed today: no wait. --at 25:00 is one clear line, exit 2."""
+        bad = _cli(*_consume_args(spent_day, store, "--at", "25:00"))
+        assert bad.returncode == 2 and "--at expects HH:MM" in bad.stderr and "Traceback" not in bad.stderr
+        now = _cli(*_consume_args(spent_day, store, "--at", "00:00", "--dry-run"))
+        assert now.returncode == 0 and "plan" in now.stdout and "waiting" not in now.stderr
+
+    def test_without_model_it_takes_the_models_synced_today(self, spent_day: ArkSimulator, store: str) -> None:
+        """No --model: every model with today's balance (a glob filters them); others are left alone."""
+        base = ["consume", "--store", store, "--base-url", spent_day.url, "--dry-run"]
+        assert f"{MODEL}: plan" in _cli(*base).stdout
+        assert _cli(*base, "--model", "doubao-*").returncode == 2  # nothing matches: one clear line
+
     def test_no_balance_synced_today_plans_nothing(self, sim: ArkSimulator, store: str) -> None:
         """Without today's balance the plan is 0: spending blind up to the daily cap is refused."""
         result = _cli(*_consume_args(sim, store))
@@ -242,3 +265,34 @@ class TestRedis:
         assert sum("already ran" in err for _, err in outputs) == 1
         assert 0.9 * left <= sim.billed_total() <= left
         assert int(client.get(f"daily_usage:{day}:{MODEL}:quotawrap") or 0) == sim.billed_total()
+
+
+class TestLiveView:
+    def test_a_terminal_shows_the_models_bar_filling_up(self, spent_day: ArkSimulator, store: str) -> None:
+        """On a terminal, consume draws the guarded run's live bar; it ends full at the day's limit."""
+        import io
+        import re
+
+        import pexpect
+        import pyte
+
+        transcript = io.StringIO()
+        terminal = pexpect.spawn(
+            sys.executable,
+            ["-m", "quotawrap", *_consume_args(spent_day, store)],
+            env={**os.environ, **ENV, "TERM": "xterm"},
+            encoding="utf-8",
+            dimensions=(24, 100),
+            timeout=60,
+        )
+        terminal.logfile_read = transcript
+        try:
+            terminal.expect(pexpect.EOF)
+        finally:
+            terminal.close(force=True)
+        assert terminal.exitstatus == 0, transcript.getvalue()
+        screen = pyte.Screen(100, 24)
+        pyte.Stream(screen).feed(transcript.getvalue())
+        lines = [line.rstrip() for line in screen.display if line.strip()]
+        assert any(re.fullmatch(rf"{MODEL} +850k / 850k [█░]+ (99|100)%", line) for line in lines), "\n".join(lines)
+        assert any("plan spent" in line for line in lines)

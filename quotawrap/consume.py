@@ -352,9 +352,13 @@ def run_consume(
         fail_open=False,
     )
     guard = Guard(guarded, ledger, clock=clock, soft_walls=False)
+    plans = make_plans(ledger, settings, models, now)
+    if not options.force and all(plan.binding == "no_balance" for plan in plans):
+        # nothing was planned for want of a balance: a run after `quotawrap sync` must not be refused
+        ledger.release_lease(lease_name(day), holder)
     timeout = httpx.Timeout(options.timeout_s, connect=30.0, read=300.0)
     with httpx.Client(timeout=timeout) as client:
-        for plan in make_plans(ledger, settings, models, now):
+        for plan in plans:
             if plan.budget <= 0:
                 result.outcomes.append(ModelOutcome(plan, stop=f"nothing to spend: {plan.detail}"))
                 continue

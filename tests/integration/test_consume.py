@@ -191,6 +191,8 @@ class TestStops:
         assert result.returncode == 0, result.stderr
         assert "no balance synced today" in result.stderr
         assert sim.billed_total() == 0
+        day = quota.beijing_day(time.time())
+        assert open_ledger(store).try_lease(lease_name(day), "later-run", 1.0, time.time())  # not taken
 
     def test_without_an_api_key_it_names_the_cure(self, sim: ArkSimulator, store: str) -> None:
         """No ARK_API_KEY: one line naming it, exit 2, no traceback."""

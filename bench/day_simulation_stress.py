@@ -105,7 +105,7 @@ class _Shape:
 
 
 def _body(call: Any, index: int, shape: _Shape) -> dict[str, Any]:
-    body = day._request_body(call, index)
+    body: dict[str, Any] = day._request_body(call, index)
     if not shape.thinking:
         body["thinking"] = {"type": "disabled"}
     return body

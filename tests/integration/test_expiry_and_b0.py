@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -34,7 +35,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def credentials() -> object:
+def credentials() -> Iterator[None]:
+    """The billing SDK signs with these; the simulator only checks a signature is there."""
     saved = {key: os.environ.get(key) for key in CREDENTIALS}
     os.environ.update(CREDENTIALS)
     yield None
@@ -55,7 +57,7 @@ def _spend(store: str, tokens: int) -> None:
 
 class TestExpiryAwarePool:
     def test_a_package_expiring_before_the_next_sync_is_left_out(
-        self, sim: ArkSimulator, store: str, credentials: object
+        self, sim: ArkSimulator, store: str, credentials: None
     ) -> None:
         """400k expiring in 10 min (< the 30 min cadence) is out of the pool now; one in 2 h stays in."""
         now = time.time()
@@ -86,7 +88,7 @@ class TestExpiryAwarePool:
         assert not sync_due(after, 0, now + 1400, settings, [package])  # both edges already seen
 
     def test_the_loop_syncs_at_expiry_and_the_pool_drops(
-        self, sim: ArkSimulator, store: str, credentials: object
+        self, sim: ArkSimulator, store: str, credentials: None
     ) -> None:
         """The background loop syncs off-cadence just before and just after an expiry; the pool drops first."""
         start = time.time()

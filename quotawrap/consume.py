@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import quota
+from ._errors import QuotawrapError
 from .consume_plan import (
     LEASE_TTL_S,
     ConsumePlan,
@@ -83,6 +84,7 @@ class ModelOutcome:
     errors: int = 0
     stop: str = ""
     last_error: str | None = None
+    failed: bool = False  # stopped by errors, not by the plan, a limit or the clock
 
 
 @dataclass
@@ -94,7 +96,7 @@ class ConsumeResult:
 
     @property
     def failed(self) -> bool:
-        return any(outcome.stop.startswith("stopped after") for outcome in self.outcomes)
+        return any(outcome.failed for outcome in self.outcomes)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +113,7 @@ class ConsumeResult:
                     "errors": o.errors,
                     "stop": o.stop,
                     "last_error": o.last_error,
+                    "failed": o.failed,
                 }
                 for o in self.outcomes
             },
@@ -238,9 +241,14 @@ class _ModelRun:
             self._stop = f"quotawrap does not guard {self.url}; refusing to spend unguarded"
             return None
         if call.blocked is not None:
-            self._blocked_by = dict(call.blocked.headers).get("x-quotawrap-blocked", "a")
-            self._stop = f"stopped at the {self._blocked_by} limit"
             self.outcome.last_error = json.loads(call.blocked.body)["error"]["message"]
+            blocked_by = dict(call.blocked.headers).get("x-quotawrap-blocked")
+            if call.blocked.status == 429 and blocked_by:
+                self._blocked_by = blocked_by
+                self._stop = f"stopped at the {blocked_by} limit"
+            else:  # the ledger is unreachable (503): never spend unguarded
+                self._stop = f"stopped: quotawrap refused the call ({call.blocked.status})"
+                self.outcome.failed = True
             return None
         hold = self.prompt_tokens + max_tokens
         self._in_flight += hold
@@ -257,6 +265,7 @@ class _ModelRun:
                 self._streak += 1
                 self.outcome.errors += 1
                 self.outcome.last_error = error
+                self.outcome.failed = self.outcome.failed or self._streak >= self.options.max_errors
             spent = self._spent()
             self.outcome.spent = spent
         budget = self.plan.budget
@@ -295,15 +304,21 @@ class _ModelRun:
             return f"{type(exc).__name__}: {exc}"
 
     def worker(self, client: Any) -> None:
-        while True:
-            taken = self._next()
-            if taken is None:
-                return
-            call, body, hold = taken
-            error = self._send(client, call, body)
-            self._done(hold, error)
-            if error is not None:
-                time.sleep(min(1.0 * self._streak, 10.0))  # a failing provider gets a breath
+        try:
+            while True:
+                taken = self._next()
+                if taken is None:
+                    return
+                call, body, hold = taken
+                error = self._send(client, call, body)
+                self._done(hold, error)
+                if error is not None:
+                    time.sleep(min(1.0 * self._streak, 10.0))  # a failing provider gets a breath
+        except QuotawrapError as exc:  # the ledger failed mid-run: stop every worker, say why
+            with self._cond:
+                self._stop = self._stop or f"stopped: {exc}"
+                self.outcome.failed = True
+                self._cond.notify_all()
 
     def run(self, client: Any) -> ModelOutcome:
         workers = [

@@ -194,6 +194,13 @@ class TestStops:
         day = quota.beijing_day(time.time())
         assert open_ledger(store).try_lease(lease_name(day), "later-run", 1.0, time.time())  # not taken
 
+    def test_an_unreachable_store_spends_nothing_and_says_so(self, sim: ArkSimulator) -> None:
+        """No ledger, no consume: one line naming the store, exit 4, and no call to Ark."""
+        result = _cli(*_consume_args(sim, "redis://127.0.0.1:1/0"))
+        assert result.returncode == 4, result.stderr
+        assert "127.0.0.1:1" in result.stderr and "Traceback" not in result.stderr
+        assert sim.billed_total() == 0 and sim.calls() == 0
+
     def test_without_an_api_key_it_names_the_cure(self, sim: ArkSimulator, store: str) -> None:
         """No ARK_API_KEY: one line naming it, exit 2, no traceback."""
         result = _cli(*_consume_args(sim, store), env={"ARK_API_KEY": ""})
@@ -234,6 +241,7 @@ class TestSoftWalls:
 class TestRedis:
     @pytest.fixture
     def redis_url(self) -> Iterator[str]:
+        """A Redis server shared by the session (tests/redis_server.py)."""
         from tests.redis_server import session_url
 
         with session_url() as url:

@@ -495,7 +495,10 @@ def consume_command(
 
     if wait > 0 and not dry_run:
         say(f"waiting until {at} Beijing time ({wait / 60:,.0f} min)")
-        time.sleep(wait)
+        try:
+            time.sleep(wait)
+        except KeyboardInterrupt:
+            _fail("consume interrupted while waiting for --at; nothing spent", 130)
     ledger = _open(settings)
     now = time.time()
     day = quota.beijing_day(now)
@@ -533,6 +536,16 @@ def consume_command(
         totals = ledger.run_totals(run_id)
     except QuotawrapError as exc:
         _fail(str(exc), EXIT_STORE)
+    except KeyboardInterrupt:
+        charged = 0
+        with contextlib.suppress(QuotawrapError):  # the holds are charged whole: the safe side
+            charged = ledger.resolve_run(run_id)
+            ledger.end_run(run_id, 130, time.time())
+        _fail(
+            f"consume interrupted: {charged} call(s) in flight charged at their hold;"
+            " the day's lease stays taken (--force to run again)",
+            130,
+        )
     if result.skipped:
         click.echo(f"quotawrap consume: {result.skipped}", err=True)
     for outcome in result.outcomes:

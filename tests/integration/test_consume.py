@@ -201,6 +201,30 @@ class TestStops:
         assert "127.0.0.1:1" in result.stderr and "Traceback" not in result.stderr
         assert sim.billed_total() == 0 and sim.calls() == 0
 
+    def test_ctrl_c_charges_the_calls_in_flight_and_says_so(self, sim: ArkSimulator, store: str) -> None:
+        """SIGINT mid-run: exit 130, one line, and every open hold charged (none left held)."""
+        import signal
+
+        assert _cli("sync", "--store", store, "--balance", f"{MODEL}={BALANCE}").returncode == 0
+        sim.configure(latency_s=60.0)  # every call waits before its first byte; stop() ends the wait
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "quotawrap", *_consume_args(sim, store, "--concurrency", "2")],
+            env={**os.environ, **ENV},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        while sum(sim.requests_by_path().values()) < 2:  # both workers' calls reached the provider
+            assert proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stderr
+        assert "consume interrupted: 2 call(s) in flight charged at their hold" in stderr
+        assert "Traceback" not in stderr
+        records = open_ledger(store).call_records()
+        assert len(records) == 2 and {record.state for record in records} == {"unresolved"}
+
     def test_without_an_api_key_it_names_the_cure(self, sim: ArkSimulator, store: str) -> None:
         """No ARK_API_KEY: one line naming it, exit 2, no traceback."""
         result = _cli(*_consume_args(sim, store), env={"ARK_API_KEY": ""})

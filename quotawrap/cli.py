@@ -471,12 +471,8 @@ def consume_command(
     """Spend what is left of today's free collection through guarded calls (the seed's 23:20 task)."""
     from . import quota
     from ._log import warn
-    from .consume import DEFAULT_BASE_URL, ConsumeOptions, consume_models, make_plans, run_consume
+    from .consume import DEFAULT_BASE_URL, ConsumeOptions, consume_models, execute, make_plans
     from .consume_plan import parse_at, render_plan, seconds_until
-    from .launcher import new_run_id
-    from .ledger.base import RunRecord
-    from .live import LiveView
-    from .report import run_report, write_json
     from .sync import sync_once, sync_source
 
     settings = _settings(values)
@@ -523,39 +519,10 @@ def consume_command(
         max_errors=max_errors,
         force=force,
     )
-    run_id = f"consume-{new_run_id()}"
-    tags = {"task": "consume"}
     try:
-        ledger.start_run(RunRecord(run_id, now, command="quotawrap consume", tags=tags))
-        # on a terminal the guarded run's live bars sit below the progress lines; in logs the lines suffice
-        view = None if settings.quiet else LiveView(ledger, settings.replace(run_id=run_id), run_id)
-        with view if view is not None and view.is_terminal else contextlib.nullcontext():
-            result = run_consume(ledger, settings, options, models, run_id=run_id, progress=say)
-        code = 1 if result.failed else 0
-        ledger.end_run(run_id, code, time.time())
-        totals = ledger.run_totals(run_id)
+        code = execute(ledger, settings, options, models, say=say, shout=lambda line: click.echo(line, err=True))
     except QuotawrapError as exc:
         _fail(str(exc), EXIT_STORE)
-    except KeyboardInterrupt:
-        charged = 0
-        with contextlib.suppress(QuotawrapError):  # the holds are charged whole: the safe side
-            charged = ledger.resolve_run(run_id)
-            ledger.end_run(run_id, 130, time.time())
-        _fail(
-            f"consume interrupted: {charged} call(s) in flight charged at their hold;"
-            " the day's lease stays taken (--force to run again)",
-            130,
-        )
-    if result.skipped:
-        click.echo(f"quotawrap consume: {result.skipped}", err=True)
-    for outcome in result.outcomes:
-        say(f"{outcome.plan.model}: spent {outcome.spent:,} of a plan of {outcome.plan.budget:,}; {outcome.stop}")
-        if outcome.last_error:
-            say(f"{outcome.plan.model}: last error: {outcome.last_error}")
-    if settings.report_json:
-        report = run_report(totals, settings=settings.replace(run_id=run_id), exit_code=code, tags=tags)
-        report["consume"] = result.as_json()
-        write_json(report, settings.report_json)
     sys.exit(code)
 
 

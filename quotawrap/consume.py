@@ -50,6 +50,7 @@ __all__ = [
     "ConsumeResult",
     "ModelOutcome",
     "consume_models",
+    "execute",
     "make_plans",
     "run_consume",
 ]
@@ -380,3 +381,58 @@ def run_consume(
             progress(f"{plan.model}: spending a plan of {plan.budget:,} tokens (bound by {plan.binding})")
             result.outcomes.append(_ModelRun(plan, guard, options, clock, progress).run(client))
     return result
+
+
+def execute(
+    ledger: Ledger,
+    settings: Settings,
+    options: ConsumeOptions,
+    models: Sequence[str],
+    *,
+    say: Callable[[str], None],
+    shout: Callable[[str], None],
+) -> int:
+    """``quotawrap consume`` after its checks: a recorded run, the live view, the summary; the exit code.
+
+    ``say`` is progress (silenced by --quiet), ``shout`` what must be seen anyway. Store errors
+    raise; Ctrl-C charges the calls in flight at their hold and returns 130.
+    """
+    import contextlib
+
+    from .launcher import new_run_id
+    from .ledger.base import RunRecord
+    from .live import LiveView
+    from .report import run_report, write_json
+
+    run_id = f"consume-{new_run_id()}"
+    tags = {"task": "consume"}
+    ledger.start_run(RunRecord(run_id, time.time(), command="quotawrap consume", tags=tags))
+    # on a terminal the guarded run's live bars sit below the progress lines; in logs the lines suffice
+    view = None if settings.quiet else LiveView(ledger, settings.replace(run_id=run_id), run_id)
+    try:
+        with view if view is not None and view.is_terminal else contextlib.nullcontext():
+            result = run_consume(ledger, settings, options, models, run_id=run_id, progress=say)
+    except KeyboardInterrupt:
+        charged = 0
+        with contextlib.suppress(QuotawrapError):  # the holds are charged whole: the safe side
+            charged = ledger.resolve_run(run_id)
+            ledger.end_run(run_id, 130, time.time())
+        shout(
+            f"quotawrap: consume interrupted: {charged} call(s) in flight charged at their hold;"
+            " the day's lease stays taken (--force to run again)"
+        )
+        return 130
+    code = 1 if result.failed else 0
+    ledger.end_run(run_id, code, time.time())
+    if result.skipped:
+        shout(f"quotawrap consume: {result.skipped}")
+    for outcome in result.outcomes:
+        say(f"{outcome.plan.model}: spent {outcome.spent:,} of a plan of {outcome.plan.budget:,}; {outcome.stop}")
+        if outcome.last_error:
+            say(f"{outcome.plan.model}: last error: {outcome.last_error}")
+    if settings.report_json:
+        totals = ledger.run_totals(run_id)
+        report = run_report(totals, settings=settings.replace(run_id=run_id), exit_code=code, tags=tags)
+        report["consume"] = result.as_json()
+        write_json(report, settings.report_json)
+    return code

@@ -129,6 +129,24 @@ class TestAcceptance:
 
 
 class TestLeaseAndForce:
+    def test_two_forced_runs_at_once_still_stay_inside_the_pool(self, spent_day: ArkSimulator, store: str) -> None:
+        """--force skips the lease, not the gate: two forced runs together never pass pool - S."""
+        left = _left(spent_day)
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "quotawrap", *_consume_args(spent_day, store, "--force")],
+                env={**os.environ, **ENV},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        outputs = [proc.communicate(timeout=120) for proc in procs]
+        assert [proc.returncode for proc in procs] == [0, 0], outputs
+        assert spent_day.billed_total() <= BALANCE - SMALL_BUFFER
+        assert spent_day.billed_total() >= BALANCE - SMALL_BUFFER - 0.1 * left
+
     def test_force_runs_although_the_day_was_leased(self, spent_day: ArkSimulator, store: str) -> None:
         """Another host's lease on today stops a plain run; --force spends anyway."""
         day = quota.beijing_day(time.time())

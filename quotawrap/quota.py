@@ -59,6 +59,7 @@ __all__ = [
     "lag_fit",
     "lagged_usage",
     "model_day_limits",
+    "ordered",
     "pool_estimate",
     "run_limits",
     "seconds_to_beijing_midnight",
@@ -106,6 +107,14 @@ class Verdict:
         return "evicted" if self.blocking.kind == "wall" else "over_limit"
 
 
+def ordered(limits: Sequence[Limit]) -> list[Limit]:
+    """The order ``verdict`` checks limits in: walls first, otherwise as given (sorted() is stable).
+
+    The Redis ledger sends limits in this order and its Lua check walks them as sent.
+    """
+    return sorted(limits, key=lambda limit: limit.kind != "wall")
+
+
 def verdict(
     limits: Sequence[Limit], counters: Mapping[str, Counters], reserve: int, *, reserve_cost: int = 0
 ) -> Verdict:
@@ -116,8 +125,7 @@ def verdict(
     decision is reproduced by ``cap = limit - 1``). Walls are identical to the seed's
     ``usage >= line`` soft-evict test.
     """
-    ordered = sorted(limits, key=lambda limit: limit.kind != "wall")
-    for limit in ordered:
+    for limit in ordered(limits):
         c = counters.get(limit.scope, Counters())
         if limit.kind == "wall":
             if c.settled >= limit.cap:

@@ -1,12 +1,6 @@
 """The ledger seam: what every store (SQLite, Redis) must do, and the records it keeps.
 
-A hold moves through one small state machine::
-
-    reserve ─┬─ blocked                       (refused: nothing held, nothing charged)
-             └─ held ─┬─ settled             (actual usage charged; ``overshoot`` if it beat the hold)
-                      ├─ released            (never reached generation: nothing charged)
-                      └─ unresolved          (outcome unknown: the whole hold is charged)
-
+A hold moves through one small state machine, written once in :mod:`quotawrap.ledger.holds`.
 ``unresolved`` is the crash-safe default: a hold whose owner died or whose usage never came
 is charged at its reserved amount, never silently dropped. A late ``settle`` with real usage
 may still correct it (settle is idempotent per hold id and always adjusts the counters of
@@ -19,10 +13,12 @@ import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from ..quota import Counters, Limit, Package, Snapshot, Verdict
 from ..usage import Usage
+from .holds import HoldState
+from .scopes import model_day_key, run_cost_key, run_key
 
 __all__ = [
     "CallRecord",
@@ -41,7 +37,7 @@ __all__ = [
     "run_key",
 ]
 
-CallState = Literal["blocked", "held", "settled", "released", "unresolved"]
+CallState = HoldState
 LimitsFor = Callable[[Snapshot | None], Sequence[Limit]]
 
 
@@ -58,18 +54,6 @@ def pid_alive(pid: int) -> bool:
 
 def new_hold_id() -> str:
     return uuid.uuid4().hex
-
-
-def run_key(run_id: str) -> str:
-    return f"run:{run_id}"
-
-
-def model_day_key(model: str, day: str) -> str:
-    return f"md:{day}:{model}"
-
-
-def run_cost_key(run_id: str) -> str:
-    return f"cost:{run_id}"  # micro-CNY
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.resources
 import json
 import os
 import socket
@@ -34,10 +35,12 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .. import quota
 from .._errors import ConfigError, StoreError
 from ..quota import BEIJING, Counters, Limit, Package, Snapshot, Verdict, beijing_day
 from ..usage import Usage
 from .base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
+from .scopes import ModelDay, Run, RunCost, parse_counter_key
 
 __all__ = ["RedisLedger", "RedisOptions"]
 
@@ -58,375 +61,16 @@ FINAL_STATES = ("settled", "released", "gone")
 
 # ------------------------------------------------------------------------------------------- Lua
 
-# Shared functions; every script below is this library plus a short main. Keys are passed as
-# arguments to the functions so the same code runs as one script (single node) or as one
-# script per slot (Cluster).
-_LUA_LIB = r"""
-local function num(v)
-  if not v then return 0 end
-  return tonumber(v) or 0
-end
-
--- integers as Redis wants them ("-0" or "1e+15" are no integers to HINCRBY)
-local function int(x)
-  return string.format('%d', x)
-end
-
-local function counters(key)
-  local v = redis.call('HMGET', key, 'settled', 'in_flight')
-  return num(v[1]), num(v[2])
-end
-
--- a run's tokens and cost (micro-CNY): {settled, in flight, cost settled, cost in flight}
-local function run_counters(key)
-  local v = redis.call('HMGET', key, 'settled', 'in_flight', 'cost_settled', 'cost_in_flight')
-  return {num(v[1]), num(v[2]), num(v[3]), num(v[4])}
-end
-
--- limits from ARGV[first]: a count, then (scope, kind, cap, name) each; walls come first already
-local function limits_at(first)
-  local n = tonumber(ARGV[first])
-  local limits = {}
-  for i = 0, n - 1 do
-    local b = first + 1 + 4 * i
-    limits[i + 1] = {ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2]), ARGV[b + 3]}
-  end
-  return limits
-end
-
--- quota.verdict: index of the first limit that refuses the call, 0 when every limit fits.
--- Scopes: 'r' run tokens, 'c' run cost (checked with the call's cost), 'm' model-day tokens,
--- 'x' unknown (zero counters). run_only: the run scopes alone (the Cluster run gate).
-local function blocking(limits, run_only, rc, ms, mi, reserve, reserve_cost)
-  for i, l in ipairs(limits) do
-    local scope = l[1]
-    if not run_only or scope == 'r' or scope == 'c' then
-      local s, f, amount = 0, 0, reserve
-      if scope == 'r' then
-        s, f = rc[1], rc[2]
-      elseif scope == 'c' then
-        s, f, amount = rc[3], rc[4], reserve_cost
-      elseif scope == 'm' then
-        s, f = ms, mi
-      end
-      if l[2] == 'w' then
-        if s >= l[3] then return i end
-      elseif s + f + amount > l[3] then
-        return i
-      end
-    end
-  end
-  return 0
-end
-
--- the sum of the string keys KEYS[first..], in one MGET
-local function sum_keys(first)
-  if #KEYS < first then return 0 end
-  local total = 0
-  for _, v in ipairs(redis.call('MGET', unpack(KEYS, first))) do total = total + num(v) end
-  return total
-end
-
-local function expire_all(keys, at)
-  for _, k in ipairs(keys) do redis.call('EXPIREAT', k, at) end
-end
-
--- The run slot's copy of a hold: state, reserved, charged, reserved cost, charged cost, day, model.
-local function mirror(state, reserved, charged, rcost, ccost, day, model)
-  return table.concat({state, int(reserved), int(charged), int(rcost), int(ccost), day, model}, '\t')
-end
-
-local function parse_mirror(text)
-  local state, reserved, charged, rcost, ccost, day, model =
-    string.match(text, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
-  return state, tonumber(reserved), tonumber(charged), tonumber(rcost), tonumber(ccost), day, model
-end
-
--- Check the run limits and take the run's share of the hold. Returns (run counters before, taken).
-local function run_gate(uc, uh, umds, a)
-  local rc = run_counters(uc)
-  local mine = redis.call('HGET', uh, a.hold_id)
-  if mine then  -- a retried reserve: report the counters as they were before it
-    local _, reserved, _, rcost = parse_mirror(mine)
-    return {rc[1], rc[2] - reserved, rc[3], rc[4] - rcost}, 1
-  end
-  local taken = 0
-  if a.enforce == '0' or blocking(a.limits, true, rc, 0, 0, a.reserve, a.reserve_cost) == 0 then
-    redis.call('HINCRBY', uc, 'in_flight', int(a.reserve))
-    if a.reserve_cost ~= 0 then redis.call('HINCRBY', uc, 'cost_in_flight', int(a.reserve_cost)) end
-    redis.call('HSET', uh, a.hold_id, mirror('held', a.reserve, 0, a.reserve_cost, 0, a.day, a.model))
-    taken = 1
-  end
-  redis.call('SADD', umds, a.day .. '\t' .. a.model)
-  for _, k in ipairs({uc, uh, umds}) do redis.call('EXPIRE', k, a.run_ttl) end
-  return rc, taken
-end
-
-local RANK = {held = 0, unresolved = 1, settled = 2, released = 2, gone = 2}
-
--- Move the run slot's copy of a hold to target (charged: actual, actual_cost). State based, so
--- applying a transition twice, or two transitions out of order, converges on the same counters.
-local function run_apply(uc, uh, hold_id, target, actual, actual_cost, ttl)
-  local cur = redis.call('HGET', uh, hold_id)
-  if not cur then return 0 end
-  local state, reserved, charged, rcost, ccost, day, model = parse_mirror(cur)
-  if RANK[target] <= RANK[state] then return 0 end
-  if state == 'held' then
-    redis.call('HINCRBY', uc, 'in_flight', int(0 - reserved))
-    if rcost ~= 0 then redis.call('HINCRBY', uc, 'cost_in_flight', int(0 - rcost)) end
-  end
-  if actual ~= charged then redis.call('HINCRBY', uc, 'settled', int(actual - charged)) end
-  if actual_cost ~= ccost then redis.call('HINCRBY', uc, 'cost_settled', int(actual_cost - ccost)) end
-  if target == 'unresolved' then
-    redis.call('HSET', uh, hold_id, mirror('unresolved', reserved, actual, rcost, actual_cost, day, model))
-  else
-    redis.call('HDEL', uh, hold_id)
-  end
-  redis.call('EXPIRE', uc, ttl)
-  return 1
-end
-
--- k: c open pids hold rt audit. Returns {blocking, settled seen, in flight seen, held}.
-local function md_reserve(k, a, rc, foreign)
-  local ms, mi = counters(k.c)
-  ms = ms + foreign
-  local prior = redis.call('HMGET', k.hold, 'state', 'blocking', 'reserved')
-  if prior[1] then  -- a retried reserve: the same answer again
-    local held = (prior[1] == 'blocked') and 0 or 1
-    return {tonumber(prior[2]), ms, mi - held * num(prior[3]), held}
-  end
-  local blk = blocking(a.limits, false, rc, ms, mi, a.reserve, a.reserve_cost)
-  local held = (blk == 0 or a.enforce == '0')
-  local blocked_by, would_block = '', 0
-  if blk ~= 0 then blocked_by, would_block = a.limits[blk][4], 1 end
-  if held then
-    redis.call('HINCRBY', k.c, 'in_flight', int(a.reserve))
-    redis.call('HSET', k.hold, 'state', 'held', 'run', a.run, 'reserved', int(a.reserve), 'charged', 0,
-      'reserved_cost', int(a.reserve_cost), 'charged_cost', 0, 'pid', a.pid, 'host', a.host,
-      'expires', a.expires, 'started', a.now, 'endpoint', a.endpoint, 'kf', a.kf, 'tags', a.tags,
-      'blocking', blk, 'blocked_by', blocked_by, 'would_block', would_block)
-    redis.call('EXPIREAT', k.hold, a.expire_at)
-    redis.call('ZADD', k.open, a.expires, a.hold_id)
-    redis.call('HINCRBY', k.pids, a.host .. '|' .. a.pid, 1)
-    redis.call('HINCRBY', k.rt, 'calls', 1)
-    redis.call('HINCRBY', k.rt, 'reserved_open_tokens', int(a.reserve))
-  else
-    redis.call('HSET', k.hold, 'state', 'blocked', 'blocking', blk, 'reserved', int(a.reserve))
-    redis.call('EXPIRE', k.hold, a.blocked_ttl)
-    redis.call('HINCRBY', k.rt, 'blocked_calls', 1)
-    redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', a.run,
-      'state', 'blocked', 'endpoint', a.endpoint, 'reserved', int(a.reserve), 'charged', 0,
-      'reserved_cost', int(a.reserve_cost), 'charged_cost', 0, 'prompt', '', 'completion', '',
-      'reasoning', '', 'cached', '', 'overshoot', 0, 'would_block', 1, 'blocked_by', blocked_by,
-      'kf', a.kf, 'tags', a.tags, 'started', a.now, 'ended', '', 'latency', '', 'pid', a.pid, 'host', a.host)
-  end
-  if blk ~= 0 then redis.call('HINCRBY', k.rt, 'would_block_calls', 1) end
-  expire_all({k.c, k.open, k.pids, k.rt, k.audit}, a.expire_at)
-  return {blk, ms, mi, held and 1 or 0}
-end
-
--- mode: settle | release | resolve. k: hold c open pids rt series audit.
--- Returns {changed, target, reserved, actual, settled delta, run, actual cost}.
-local function md_transition(k, a)
-  local f = redis.call('HMGET', k.hold, 'state', 'reserved', 'charged', 'run', 'pid', 'host', 'endpoint',
-    'started', 'reserved_cost', 'charged_cost', 'kf', 'tags', 'would_block', 'blocked_by')
-  local state = f[1]
-  if not state then return {0} end
-  local reserved, charged, rcost, ccost = num(f[2]), num(f[3]), num(f[9]), num(f[10])
-  local usage = a.has_usage == '1'
-  local target, actual, acost, dset, dfl
-  if a.mode == 'settle' then
-    if usage and a.cost ~= '' then acost = tonumber(a.cost) else acost = rcost end
-    if state == 'held' then
-      if usage then actual = tonumber(a.total) else actual = reserved end
-      dset, dfl = actual, 0 - reserved
-    elseif state == 'unresolved' and usage then
-      -- charged in full when its owner vanished; real usage arrived after all: correct it
-      actual = tonumber(a.total)
-      dset, dfl = actual - charged, 0
-    else
-      return {0}
-    end
-    if usage then target = 'settled' else target = 'unresolved' end
-  elseif state ~= 'held' then
-    return {0}
-  elseif a.mode == 'release' then
-    target, actual, acost, dset, dfl = 'released', 0, 0, 0, 0 - reserved
-  else
-    target, actual, acost, dset, dfl = 'unresolved', reserved, rcost, reserved, 0 - reserved
-  end
-  if dset ~= 0 then redis.call('HINCRBY', k.c, 'settled', int(dset)) end
-  if dfl ~= 0 then redis.call('HINCRBY', k.c, 'in_flight', int(dfl)) end
-  if state == 'held' then
-    redis.call('ZREM', k.open, a.hold_id)
-    local pk = f[6] .. '|' .. f[5]
-    if redis.call('HINCRBY', k.pids, pk, -1) <= 0 then redis.call('HDEL', k.pids, pk) end
-    redis.call('HINCRBY', k.rt, 'reserved_open_tokens', int(0 - reserved))
-  else
-    redis.call('HINCRBY', k.rt, 'unresolved_calls', -1)
-  end
-  if dset ~= 0 then redis.call('HINCRBY', k.rt, 'settled_tokens', int(dset)) end
-  if acost ~= ccost then redis.call('HINCRBY', k.rt, 'settled_cost', int(acost - ccost)) end
-  if target == 'unresolved' then
-    redis.call('HINCRBY', k.rt, 'unresolved_calls', 1)
-  elseif target == 'released' then
-    redis.call('HINCRBY', k.rt, 'released_calls', 1)
-  end
-  local prompt, completion, reasoning, cached, overshoot = '', '', '', '', 0
-  if usage and target == 'settled' then
-    prompt, completion, reasoning, cached = a.prompt, a.completion, a.reasoning, a.cached
-    redis.call('HINCRBY', k.rt, 'prompt_tokens', int(prompt))
-    redis.call('HINCRBY', k.rt, 'completion_tokens', int(completion))
-    redis.call('HINCRBY', k.rt, 'reasoning_tokens', int(reasoning))
-    redis.call('HINCRBY', k.rt, 'cached_tokens', int(cached))
-    if actual > reserved then
-      overshoot = 1
-      redis.call('HINCRBY', k.rt, 'overshoot_calls', 1)
-    end
-  end
-  if dset ~= 0 then
-    local cumulative = num(redis.call('HGET', k.c, 'settled')) + tonumber(a.foreign)
-    redis.call('HSET', k.series, a.minute, int(cumulative))
-  end
-  if target == 'unresolved' then
-    redis.call('HSET', k.hold, 'state', 'unresolved', 'charged', int(actual), 'charged_cost', int(acost))
-  else
-    redis.call('DEL', k.hold)
-  end
-  redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', f[4],
-    'state', target, 'endpoint', f[7], 'reserved', int(reserved), 'charged', int(actual),
-    'reserved_cost', int(rcost), 'charged_cost', int(acost), 'prompt', prompt, 'completion', completion,
-    'reasoning', reasoning, 'cached', cached, 'overshoot', overshoot, 'would_block', f[13] or 0,
-    'blocked_by', f[14] or '', 'kf', f[11] or '', 'tags', f[12] or '', 'started', f[8] or a.now,
-    'ended', a.now, 'latency', a.latency, 'pid', f[5] or 0, 'host', f[6] or '')
-  expire_all({k.c, k.rt, k.series, k.audit}, a.expire_at)
-  return {1, target, reserved, actual, dset, f[4], acost}
-end
-
--- The call's fields come as one JSON argument: packing one string costs the client far less
--- than packing twenty (redis-py's per-argument encoding is the hot spot of a reserve).
-local function reserve_args(first)
-  local a = cjson.decode(ARGV[first])
-  local limits = {}
-  for i, l in ipairs(a.limits) do limits[i] = {l[1], l[2], tonumber(l[3]), l[4]} end
-  a.limits = limits
-  return a
-end
-
-local function transition_args(first)
-  return cjson.decode(ARGV[first])
-end
-"""
-
-# KEYS: 1 hold  2 loc  (the call's own; the rest is the same for every call of a run on a model-day)
-#       3 meta  4 our snapshot  5 their balance_at_sync  6 their usage_at_sync
-#       7 run counters  8 run holds  9 run model-days
-#       10 md counters  11 md open  12 md pids  13 md run totals  14 md audit
-#       15.. the LiteLLM limiter's daily_usage keys of this model-day
-# ARGV: 1 epoch  2 snapshot fingerprint  3.. reserve_args
-# Returns {blocking, md settled, md in flight, held, run settled, run in flight, foreign, run cost
-# settled, run cost in flight}, or {-1} the snapshot changed since it was read, {-2} the store lost
-# its data, {-3, at} the day is marked lost.
-_LUA_RESERVE_ONE = (
-    _LUA_LIB
-    + r"""
-local a = reserve_args(3)
-local meta = redis.call('HMGET', KEYS[3], 'epoch', 'lost:' .. a.day)
-if meta[1] ~= ARGV[1] then return {-2} end
-if meta[2] then return {-3, meta[2]} end
-local theirs = redis.call('MGET', KEYS[5], KEYS[6])
-local fp = (redis.call('HGET', KEYS[4], 'synced_at') or '') .. '|' .. (theirs[1] or '') .. '|' .. (theirs[2] or '')
-if fp ~= ARGV[2] then return {-1} end
-local rc, taken = run_gate(KEYS[7], KEYS[8], KEYS[9], a)
-local k = {c = KEYS[10], open = KEYS[11], pids = KEYS[12], hold = KEYS[1], rt = KEYS[13], audit = KEYS[14]}
-local foreign = sum_keys(15)
-local r = md_reserve(k, a, rc, foreign)
-if r[4] == 1 then
-  redis.call('SET', KEYS[2], a.day .. '\t' .. a.model .. '\t' .. a.run, 'EXAT', a.expire_at)
-elseif taken == 1 then
-  run_apply(KEYS[7], KEYS[8], a.hold_id, 'gone', 0, 0, a.run_ttl)
-end
-return {r[1], r[2], r[3], r[4], rc[1], rc[2], foreign, rc[3], rc[4]}
-"""
-)
-
-# Cluster, run slot. KEYS: run counters, run holds, run model-days. ARGV: reserve_args.
-# Returns {run settled, run in flight, run cost settled, run cost in flight, taken}.
-_LUA_RUN_GATE = (
-    _LUA_LIB
-    + r"""
-local rc, taken = run_gate(KEYS[1], KEYS[2], KEYS[3], reserve_args(1))
-return {rc[1], rc[2], rc[3], rc[4], taken}
-"""
-)
-
-# Cluster, model-day slot. KEYS: md counters, open, pids, hold, run totals, audit.
-# ARGV: 1-4 the run counters the gate saw  5 foreign usage  6.. reserve_args.
-_LUA_MD_RESERVE = (
-    _LUA_LIB
-    + r"""
-local a = reserve_args(6)
-local k = {c = KEYS[1], open = KEYS[2], pids = KEYS[3], hold = KEYS[4], rt = KEYS[5], audit = KEYS[6]}
-local rc = {tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])}
-return md_reserve(k, a, rc, tonumber(ARGV[5]))
-"""
-)
-
-# Cluster, run slot. KEYS: run counters, run holds. ARGV: hold_id, target, actual, actual cost, ttl.
-_LUA_RUN_APPLY = (
-    _LUA_LIB
-    + r"""
-return run_apply(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5])
-"""
-)
-
-# KEYS: 1 hold 2 md counters 3 open 4 pids 5 md run totals 6 series 7 audit
-#       8 run counters 9 run holds 10 our daily_usage key 11 loc. ARGV: transition_args.
-_LUA_TRANSITION_ONE = (
-    _LUA_LIB
-    + r"""
-local a = transition_args(1)
-local k = {hold = KEYS[1], c = KEYS[2], open = KEYS[3], pids = KEYS[4], rt = KEYS[5], series = KEYS[6],
-  audit = KEYS[7]}
-local r = md_transition(k, a)
-if r[1] == 1 then
-  run_apply(KEYS[8], KEYS[9], a.hold_id, r[2], r[4], r[7], a.run_ttl)
-  if r[5] ~= 0 then
-    redis.call('INCRBY', KEYS[10], int(r[5]))
-    redis.call('EXPIRE', KEYS[10], a.own_ttl)
-  end
-  if r[2] ~= 'unresolved' then redis.call('DEL', KEYS[11]) end
-end
-return r
-"""
-)
-
-# Cluster, model-day slot. KEYS 1-7 as above. ARGV: transition_args.
-_LUA_MD_TRANSITION = (
-    _LUA_LIB
-    + r"""
-local a = transition_args(1)
-local k = {hold = KEYS[1], c = KEYS[2], open = KEYS[3], pids = KEYS[4], rt = KEYS[5], series = KEYS[6],
-  audit = KEYS[7]}
-return md_transition(k, a)
-"""
-)
+_WITH_LIB = ("reserve_one", "run_gate", "md_reserve", "run_apply", "transition_one", "md_transition")
 
 
-# KEYS: the lease. ARGV: holder, now, until, ttl seconds (garbage collection only: "until" decides,
-# so a simulated clock works). Returns 1 when the holder has the lease.
-_LUA_LEASE = r"""
-local holder, untl = unpack(redis.call('HMGET', KEYS[1], 'holder', 'until'))
-if holder and holder ~= ARGV[1] and tonumber(untl) > tonumber(ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'until', ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1
-"""
+def _lua(name: str) -> str:
+    return (importlib.resources.files(__package__) / "redis_lua" / f"{name}.lua").read_text()
 
-_LUA_UNLEASE = r"""
-if redis.call('HGET', KEYS[1], 'holder') == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 0
-"""
+
+def _sources() -> dict[str, str]:
+    lib = _lua("lib")
+    return {name: (lib + _lua(name) if name in _WITH_LIB else _lua(name)) for name in (*_WITH_LIB, "lease", "unlease")}
 
 
 def _lease_ttl(ttl_s: float) -> int:
@@ -570,17 +214,9 @@ def _day_end(day: str) -> float:
     return time.time() + 2 * DAY_S if end is None else end
 
 
-def _ordered(limits: Sequence[Limit]) -> list[Limit]:
-    """quota.verdict's order: walls first, otherwise as given (sorted() is stable)."""
-    return sorted(limits, key=lambda limit: limit.kind != "wall")
-
-
 def _limit_args(ordered: Sequence[Limit]) -> list[list[Any]]:
-    scopes = {"run": "r", "model_day": "m", "run_cost": "c"}
-    return [
-        [scopes.get(limit.scope, "x"), "w" if limit.kind == "wall" else "h", int(limit.cap), limit.name]
-        for limit in ordered
-    ]
+    """The limits as lib.lua's blocking() reads them, in quota.ordered's order."""
+    return [[limit.scope, limit.kind, int(limit.cap), limit.name] for limit in ordered]
 
 
 @dataclass(frozen=True)
@@ -827,16 +463,7 @@ class RedisLedger:
             if self._client is None:
                 with self._errors("connect"):
                     self._client, self._cluster = self._connect()
-                sources = {
-                    "reserve_one": _LUA_RESERVE_ONE,
-                    "run_gate": _LUA_RUN_GATE,
-                    "md_reserve": _LUA_MD_RESERVE,
-                    "run_apply": _LUA_RUN_APPLY,
-                    "transition_one": _LUA_TRANSITION_ONE,
-                    "md_transition": _LUA_MD_TRANSITION,
-                    "lease": _LUA_LEASE,
-                    "unlease": _LUA_UNLEASE,
-                }
+                sources = _sources()
                 self._scripts = {name: self._client.register_script(src) for name, src in sources.items()}
             if self._epoch is None:
                 self._retrying("open", self._load_meta)
@@ -1010,7 +637,7 @@ class RedisLedger:
             "host": request.host,
             "now": repr(self._clock()),
             "endpoint": request.endpoint,
-            "kf": request.key_fingerprint or "",
+            "key_fingerprint": request.key_fingerprint or "",
             "tags": json.dumps(dict(request.tags)) if request.tags else "",
             "expire_at": expire_at,
             "run_ttl": self.options.run_ttl_s,
@@ -1052,7 +679,7 @@ class RedisLedger:
         fresh = False
         for _ in range(5):
             fingerprint, snapshot = self._snapshot_for_reserve(model, fresh=fresh)
-            ordered = _ordered(limits_for(snapshot))
+            ordered = quota.ordered(limits_for(snapshot))
             keys = [*own, *shared, *self._foreign_names(model, day)]
             args = (self._epoch, fingerprint, self._reserve_args(request, ordered, expire_at))
             result = self._retrying("reserve", lambda k=keys, a=args: self._evalsha("reserve_one", k, a))
@@ -1094,7 +721,7 @@ class RedisLedger:
         expire_at = self._expire_at(request.day, request.expires_at)
         self._retrying("read", lambda: self._check_meta(request.day))
         _, snapshot = self._snapshot_for_reserve(request.model, fresh=True)
-        ordered = _ordered(limits_for(snapshot))
+        ordered = quota.ordered(limits_for(snapshot))
         foreign = self._retrying("read", lambda: self._foreign_sum(request.model, request.day))
         args = [self._reserve_args(request, ordered, expire_at)]
         self._retrying(
@@ -1327,17 +954,17 @@ class RedisLedger:
         client = self._redis()
         found: dict[str, Counters] = {}
         for key in keys:
-            if key.startswith("run:"):
-                values = self._retrying(
-                    "read", lambda k=key: client.hmget(self._run_keys(k[4:])["c"], ["settled", "in_flight"])
-                )
+            scope = parse_counter_key(key)
+            if isinstance(scope, Run):
+                fields_ = self._run_keys(scope.run_id)["c"], ["settled", "in_flight"]
+                values = self._retrying("read", lambda f=fields_: client.hmget(*f))
                 found[key] = Counters(_int(values[0]), _int(values[1]))
-            elif key.startswith("cost:"):
-                cost_key = self._run_keys(key[5:])["c"]
-                values = self._retrying("read", lambda k=cost_key: client.hmget(k, ["cost_settled", "cost_in_flight"]))
+            elif isinstance(scope, RunCost):
+                fields_ = self._run_keys(scope.run_id)["c"], ["cost_settled", "cost_in_flight"]
+                values = self._retrying("read", lambda f=fields_: client.hmget(*f))
                 found[key] = Counters(_int(values[0]), _int(values[1]))
-            elif key.startswith("md:") and ":" in key[3:]:
-                day, _, model = key[3:].partition(":")
+            elif isinstance(scope, ModelDay):
+                day, model = scope.day, scope.model
                 values = self._retrying(
                     "read",
                     lambda d=day, m=model: client.hmget(f"{self._md(d, m)}:c", ["settled", "in_flight"]),

@@ -19,21 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import StoreCorrupt, StoreError
-from ..quota import Counters, Package, Snapshot, verdict
+from ..quota import Counters, Package, Scope, Snapshot, verdict
 from ..usage import Usage
-from .base import (
-    CallRecord,
-    Decision,
-    HoldRequest,
-    LimitsFor,
-    ModelTotals,
-    RunRecord,
-    RunTotals,
-    model_day_key,
-    pid_alive,
-    run_cost_key,
-    run_key,
-)
+from .base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
+from .holds import Deltas, Event, step
+from .scopes import counter_key, model_day_key, run_cost_key, run_key, scope_of
 
 __all__ = ["SQLiteLedger"]
 
@@ -281,25 +271,16 @@ class SQLiteLedger:
         balance, usage_at_sync, lagged, synced_at, day, source = row
         return Snapshot(balance, usage_at_sync, lagged, synced_at, day, source)
 
-    def _charge(
-        self,
-        conn: sqlite3.Connection,
-        call: tuple[Any, ...],
-        tokens: int,
-        tokens_held: int,
-        cost: int,
-        cost_held: int,
-    ) -> None:
-        """Move a call's amounts between in flight and settled on every counter it belongs to."""
+    def _charge(self, conn: sqlite3.Connection, call: tuple[str, str, str], deltas: Deltas) -> None:
+        """Add a transition's deltas to every counter the call belongs to, and the usage series."""
         run_id, model, day = call
-        for key in (run_key(run_id), model_day_key(model, day)):
-            self._bump(conn, key, tokens, tokens_held)
-        if cost or cost_held:
-            self._bump(conn, run_cost_key(run_id), cost, cost_held)
-        if tokens:
-            cumulative = conn.execute(
-                "SELECT settled FROM counters WHERE key = ?", (model_day_key(model, day),)
-            ).fetchone()[0]
+        day_key = model_day_key(model, day)
+        for key in (run_key(run_id), day_key):
+            self._bump(conn, key, deltas.settled, deltas.in_flight)
+        if deltas.cost_settled or deltas.cost_in_flight:
+            self._bump(conn, run_cost_key(run_id), deltas.cost_settled, deltas.cost_in_flight)
+        if deltas.settled:
+            cumulative = conn.execute("SELECT settled FROM counters WHERE key = ?", (day_key,)).fetchone()[0]
             conn.execute(
                 "INSERT INTO usage_series VALUES (?, ?, ?, ?) ON CONFLICT (model, day, minute) "
                 "DO UPDATE SET cumulative = excluded.cumulative",
@@ -309,16 +290,15 @@ class SQLiteLedger:
     # -- the Ledger interface ------------------------------------------------------------------
 
     def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
-        keys = (
-            run_key(request.run_id),
-            model_day_key(request.model, request.day),
-            run_cost_key(request.run_id),
-        )
+        scopes: dict[Scope, str] = {
+            kind: counter_key(scope_of(kind, request.run_id, request.model, request.day))
+            for kind in ("run", "model_day", "run_cost")
+        }
         with self._write("reserve") as conn:
-            counters = self._read_counters(conn, keys)
+            counters = self._read_counters(conn, tuple(scopes.values()))
             snapshot = self._read_snapshot(conn, request.model)
             limits = limits_for(snapshot)
-            scoped = dict(zip(("run", "model_day", "run_cost"), (counters[key] for key in keys), strict=True))
+            scoped = {kind: counters[key] for kind, key in scopes.items()}
             result = verdict(limits, scoped, request.reserve, reserve_cost=request.reserve_cost)
             held = result.allowed or not request.enforce
             conn.execute(
@@ -345,86 +325,81 @@ class SQLiteLedger:
                 ),
             )
             if held:
-                self._charge(
-                    conn,
-                    (request.run_id, request.model, request.day),
-                    0,
-                    request.reserve,
-                    0,
-                    request.reserve_cost,
-                )
+                taken = Deltas(0, request.reserve, 0, request.reserve_cost)  # nothing settled, all in flight
+                self._charge(conn, (request.run_id, request.model, request.day), taken)
         return Decision(request.hold_id, result, held, scoped)
+
+    _HOLD_COLUMNS = "id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost"
+
+    def _step(
+        self,
+        conn: sqlite3.Connection,
+        row: tuple[Any, ...],
+        event: Event,
+        usage: Usage | None = None,
+        cost: int | None = None,
+        latency_s: float | None = None,
+    ) -> bool:
+        """Apply holds.step to one call row (``_HOLD_COLUMNS``); whether it changed anything."""
+        hold_id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost = row
+        moved = step(
+            state,
+            event,
+            reserved=reserved,
+            charged=charged,
+            reserved_cost=reserved_cost,
+            charged_cost=charged_cost,
+            usage_total=None if usage is None else usage.total_tokens,
+            cost=cost,
+        )
+        if moved is None:
+            return False
+        self._charge(conn, (run_id, model, day), moved.deltas)
+        conn.execute(
+            "UPDATE calls SET state = ?, charged = ?, charged_cost = ?, prompt_tokens = ?, completion_tokens = ?,"
+            " reasoning_tokens = ?, cached_tokens = ?, overshoot = ?, ended_at = ?, latency_s = ? WHERE id = ?",
+            (
+                moved.state,
+                moved.charged,
+                moved.charged_cost,
+                usage.prompt_tokens if usage else None,
+                usage.completion_tokens if usage else None,
+                usage.reasoning_tokens if usage else None,
+                usage.cached_tokens if usage else None,
+                int(moved.overshoot),
+                self._clock(),
+                latency_s,
+                hold_id,
+            ),
+        )
+        return True
+
+    def _hold_row(self, conn: sqlite3.Connection, hold_id: str) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = conn.execute(
+            f"SELECT {self._HOLD_COLUMNS} FROM calls WHERE id = ?", (hold_id,)
+        ).fetchone()
+        return row
 
     def settle(
         self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None, cost: int | None = None
     ) -> None:
         with self._write("settle") as conn:
-            row = conn.execute(
-                "SELECT run_id, model, day, state, reserved, charged, reserved_cost, charged_cost"
-                " FROM calls WHERE id = ?",
-                (hold_id,),
-            ).fetchone()
-            if row is None:
-                return
-            run_id, model, day, state, reserved, charged, reserved_cost, charged_cost = row
-            call = (run_id, model, day)
-            actual_cost = reserved_cost if usage is None or cost is None else cost
-            if state == "held":
-                actual = reserved if usage is None else usage.total_tokens
-                self._charge(conn, call, actual, -reserved, actual_cost, -reserved_cost)
-            elif state == "unresolved" and usage is not None:
-                # Charged in full when its owner vanished; real usage arrived after all: correct it.
-                actual = usage.total_tokens
-                self._charge(conn, call, actual - charged, 0, actual_cost - charged_cost, 0)
-            else:
-                return
-            new_state = "unresolved" if usage is None else "settled"
-            conn.execute(
-                "UPDATE calls SET state = ?, charged = ?, charged_cost = ?, prompt_tokens = ?,"
-                " completion_tokens = ?, reasoning_tokens = ?, cached_tokens = ?, overshoot = ?, ended_at = ?,"
-                " latency_s = ? WHERE id = ?",
-                (
-                    new_state,
-                    actual,
-                    actual_cost,
-                    usage.prompt_tokens if usage else None,
-                    usage.completion_tokens if usage else None,
-                    usage.reasoning_tokens if usage else None,
-                    usage.cached_tokens if usage else None,
-                    int(usage is not None and actual > reserved),
-                    self._clock(),
-                    latency_s,
-                    hold_id,
-                ),
-            )
+            row = self._hold_row(conn, hold_id)
+            if row is not None:
+                self._step(conn, row, "settle", usage, cost, latency_s)
 
     def release(self, hold_id: str) -> None:
         with self._write("release") as conn:
-            row = conn.execute(
-                "SELECT run_id, model, day, reserved, reserved_cost FROM calls WHERE id = ? AND state = 'held'",
-                (hold_id,),
-            ).fetchone()
-            if row is None:
-                return
-            run_id, model, day, reserved, reserved_cost = row
-            self._charge(conn, (run_id, model, day), 0, -reserved, 0, -reserved_cost)
-            conn.execute("UPDATE calls SET state = 'released', ended_at = ? WHERE id = ?", (self._clock(), hold_id))
+            row = self._hold_row(conn, hold_id)
+            if row is not None:
+                self._step(conn, row, "release")
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:
             rows = conn.execute(
-                f"SELECT id, run_id, model, day, reserved, reserved_cost FROM calls WHERE state = 'held' AND {where}",
-                params,
+                f"SELECT {self._HOLD_COLUMNS} FROM calls WHERE state = 'held' AND {where}", params
             ).fetchall()
-            now = self._clock()
-            for hold_id, run_id, model, day, reserved, reserved_cost in rows:
-                self._charge(conn, (run_id, model, day), reserved, -reserved, reserved_cost, -reserved_cost)
-                conn.execute(
-                    "UPDATE calls SET state = 'unresolved', charged = reserved, charged_cost = reserved_cost,"
-                    " ended_at = ? WHERE id = ?",
-                    (now, hold_id),
-                )
-        return len(rows)
+            return sum(self._step(conn, row, "resolve") for row in rows)
 
     def resolve_run(self, run_id: str) -> int:
         return self._charge_open("run_id = ?", (run_id,))

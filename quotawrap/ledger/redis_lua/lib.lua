@@ -1,0 +1,280 @@
+-- lib.lua: the functions every ledger script shares; each script is this library plus a short main.
+--
+-- Keys are passed to the functions, never read from KEYS here, so the same code runs as one
+-- script (single node: every slot at once) or as one script per slot (Cluster).
+-- Two rules are mirrored from Python and must stay equal to it (tests/unit/test_ledger_lua.py
+-- runs both on generated cases): blocking() is quota.verdict, hold_step()/hold_follow() are
+-- ledger/holds.py. Stored field names are listed in docs/redis.md ("Glossary").
+
+local function num(v)
+  if not v then return 0 end
+  return tonumber(v) or 0
+end
+
+-- integers as Redis wants them ("-0" or "1e+15" are no integers to HINCRBY)
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- a model-day's tokens: settled, in flight
+local function counters(key)
+  local v = redis.call('HMGET', key, 'settled', 'in_flight')
+  return num(v[1]), num(v[2])
+end
+
+-- a run's tokens and cost (micro-CNY): {settled, in flight, cost settled, cost in flight}
+local function run_counters(key)
+  local v = redis.call('HMGET', key, 'settled', 'in_flight', 'cost_settled', 'cost_in_flight')
+  return {num(v[1]), num(v[2]), num(v[3]), num(v[4])}
+end
+
+-- quota.verdict: the index of the first limit that refuses the call, 0 when every limit fits.
+-- limits: {scope, kind, cap, name} each, already in quota.ordered's order (walls first).
+-- Scopes: run (tokens), run_cost (micro-CNY, checked with the call's cost), model_day (tokens);
+-- any other scope has zero counters. run_only: check the run scopes alone (the Cluster run gate).
+local function blocking(limits, run_only, run, md_settled, md_in_flight, reserve, reserve_cost)
+  for i, limit in ipairs(limits) do
+    local scope = limit[1]
+    if not run_only or scope == 'run' or scope == 'run_cost' then
+      local settled, in_flight, amount = 0, 0, reserve
+      if scope == 'run' then
+        settled, in_flight = run[1], run[2]
+      elseif scope == 'run_cost' then
+        settled, in_flight, amount = run[3], run[4], reserve_cost
+      elseif scope == 'model_day' then
+        settled, in_flight = md_settled, md_in_flight
+      end
+      if limit[2] == 'wall' then
+        if settled >= limit[3] then return i end
+      elseif settled + in_flight + amount > limit[3] then
+        return i
+      end
+    end
+  end
+  return 0
+end
+
+-- holds.RANK: a transition must move a hold strictly forward
+local RANK = {held = 0, unresolved = 1, settled = 2, released = 2, gone = 2}
+
+-- holds.follow: the counter deltas that move a hold from state to target, nil when not forward
+local function hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, new_charged,
+                           new_charged_cost)
+  if RANK[state] == nil or RANK[target] <= RANK[state] then return nil end
+  local in_flight, cost_in_flight = 0, 0
+  if state == 'held' then in_flight, cost_in_flight = 0 - reserved, 0 - reserved_cost end
+  return {settled = new_charged - charged, in_flight = in_flight,
+          cost_settled = new_charged_cost - charged_cost, cost_in_flight = cost_in_flight}
+end
+
+-- holds.step: event settle | release | resolve; usage_total and cost are nil when unknown.
+-- Returns {state, charged, charged_cost, overshoot, deltas}, or nil when nothing changes.
+local function hold_step(state, event, reserved, charged, reserved_cost, charged_cost, usage_total, cost)
+  local target, actual, actual_cost
+  if event == 'settle' then
+    if not (state == 'held' or (state == 'unresolved' and usage_total ~= nil)) then return nil end
+    if usage_total == nil then
+      target, actual, actual_cost = 'unresolved', reserved, reserved_cost
+    else
+      target, actual, actual_cost = 'settled', usage_total, reserved_cost
+      if cost ~= nil then actual_cost = cost end
+    end
+  elseif state ~= 'held' then
+    return nil
+  elseif event == 'release' then
+    target, actual, actual_cost = 'released', 0, 0
+  else
+    target, actual, actual_cost = 'unresolved', reserved, reserved_cost
+  end
+  local deltas = hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, actual, actual_cost)
+  if not deltas then return nil end
+  return {state = target, charged = actual, charged_cost = actual_cost,
+          overshoot = (target == 'settled' and actual > reserved), deltas = deltas}
+end
+
+-- the sum of the string keys KEYS[first..], in one MGET
+local function sum_keys(first)
+  if #KEYS < first then return 0 end
+  local total = 0
+  for _, v in ipairs(redis.call('MGET', unpack(KEYS, first))) do total = total + num(v) end
+  return total
+end
+
+local function expire_all(keys, at)
+  for _, k in ipairs(keys) do redis.call('EXPIREAT', k, at) end
+end
+
+-- The run slot's copy of a hold (a field of the run's holds hash), tab separated:
+-- state, reserved, charged, reserved cost, charged cost, day, model (records.parse_run_hold reads it).
+local function run_hold(state, reserved, charged, reserved_cost, charged_cost, day, model)
+  return table.concat({state, int(reserved), int(charged), int(reserved_cost), int(charged_cost), day, model}, '\t')
+end
+
+local function parse_run_hold(text)
+  local state, reserved, charged, reserved_cost, charged_cost, day, model =
+    string.match(text, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  return state, tonumber(reserved), tonumber(charged), tonumber(reserved_cost), tonumber(charged_cost), day, model
+end
+
+-- Check the run limits and take the run's share of the hold. Returns (run counters before, taken).
+local function run_gate(run_counters_key, run_holds_key, run_model_days_key, a)
+  local run = run_counters(run_counters_key)
+  local mine = redis.call('HGET', run_holds_key, a.hold_id)
+  if mine then  -- a retried reserve: report the counters as they were before it
+    local _, reserved, _, reserved_cost = parse_run_hold(mine)
+    return {run[1], run[2] - reserved, run[3], run[4] - reserved_cost}, 1
+  end
+  local taken = 0
+  if a.enforce == '0' or blocking(a.limits, true, run, 0, 0, a.reserve, a.reserve_cost) == 0 then
+    redis.call('HINCRBY', run_counters_key, 'in_flight', int(a.reserve))
+    if a.reserve_cost ~= 0 then redis.call('HINCRBY', run_counters_key, 'cost_in_flight', int(a.reserve_cost)) end
+    redis.call('HSET', run_holds_key, a.hold_id, run_hold('held', a.reserve, 0, a.reserve_cost, 0, a.day, a.model))
+    taken = 1
+  end
+  redis.call('SADD', run_model_days_key, a.day .. '\t' .. a.model)
+  for _, k in ipairs({run_counters_key, run_holds_key, run_model_days_key}) do redis.call('EXPIRE', k, a.run_ttl) end
+  return run, taken
+end
+
+-- Move the run slot's copy of a hold to target, charged new_charged tokens and new_charged_cost.
+-- State based (hold_follow), so applying a move twice, or two moves out of order, converges.
+local function run_apply(run_counters_key, run_holds_key, hold_id, target, new_charged, new_charged_cost, ttl)
+  local copy = redis.call('HGET', run_holds_key, hold_id)
+  if not copy then return 0 end
+  local state, reserved, charged, reserved_cost, charged_cost, day, model = parse_run_hold(copy)
+  local d = hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, new_charged, new_charged_cost)
+  if not d then return 0 end
+  if d.in_flight ~= 0 then redis.call('HINCRBY', run_counters_key, 'in_flight', int(d.in_flight)) end
+  if d.cost_in_flight ~= 0 then redis.call('HINCRBY', run_counters_key, 'cost_in_flight', int(d.cost_in_flight)) end
+  if d.settled ~= 0 then redis.call('HINCRBY', run_counters_key, 'settled', int(d.settled)) end
+  if d.cost_settled ~= 0 then redis.call('HINCRBY', run_counters_key, 'cost_settled', int(d.cost_settled)) end
+  if target == 'unresolved' then
+    redis.call('HSET', run_holds_key, hold_id,
+      run_hold('unresolved', reserved, new_charged, reserved_cost, new_charged_cost, day, model))
+  else
+    redis.call('HDEL', run_holds_key, hold_id)
+  end
+  redis.call('EXPIRE', run_counters_key, ttl)
+  return 1
+end
+
+-- Check every limit and take the model-day's share of the hold.
+-- k: counters open pids hold run_totals audit. run: the run counters the gate saw; foreign: the
+-- LiteLLM limiter's usage of this model-day. Returns {blocking, settled seen, in flight seen, held}.
+local function md_reserve(k, a, run, foreign)
+  local md_settled, md_in_flight = counters(k.counters)
+  md_settled = md_settled + foreign
+  local prior = redis.call('HMGET', k.hold, 'state', 'blocking', 'reserved')
+  if prior[1] then  -- a retried reserve: the same answer again
+    local held = (prior[1] == 'blocked') and 0 or 1
+    return {tonumber(prior[2]), md_settled, md_in_flight - held * num(prior[3]), held}
+  end
+  local refused_by = blocking(a.limits, false, run, md_settled, md_in_flight, a.reserve, a.reserve_cost)
+  local held = (refused_by == 0 or a.enforce == '0')
+  local blocked_by, would_block = '', 0
+  if refused_by ~= 0 then blocked_by, would_block = a.limits[refused_by][4], 1 end
+  if held then
+    redis.call('HINCRBY', k.counters, 'in_flight', int(a.reserve))
+    redis.call('HSET', k.hold, 'state', 'held', 'run', a.run, 'reserved', int(a.reserve), 'charged', 0,
+      'reserved_cost', int(a.reserve_cost), 'charged_cost', 0, 'pid', a.pid, 'host', a.host,
+      'expires', a.expires, 'started', a.now, 'endpoint', a.endpoint, 'kf', a.key_fingerprint, 'tags', a.tags,
+      'blocking', refused_by, 'blocked_by', blocked_by, 'would_block', would_block)
+    redis.call('EXPIREAT', k.hold, a.expire_at)
+    redis.call('ZADD', k.open, a.expires, a.hold_id)
+    redis.call('HINCRBY', k.pids, a.host .. '|' .. a.pid, 1)
+    redis.call('HINCRBY', k.run_totals, 'calls', 1)
+    redis.call('HINCRBY', k.run_totals, 'reserved_open_tokens', int(a.reserve))
+  else
+    redis.call('HSET', k.hold, 'state', 'blocked', 'blocking', refused_by, 'reserved', int(a.reserve))
+    redis.call('EXPIRE', k.hold, a.blocked_ttl)
+    redis.call('HINCRBY', k.run_totals, 'blocked_calls', 1)
+    redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', a.run,
+      'state', 'blocked', 'endpoint', a.endpoint, 'reserved', int(a.reserve), 'charged', 0,
+      'reserved_cost', int(a.reserve_cost), 'charged_cost', 0, 'prompt', '', 'completion', '',
+      'reasoning', '', 'cached', '', 'overshoot', 0, 'would_block', 1, 'blocked_by', blocked_by,
+      'kf', a.key_fingerprint, 'tags', a.tags, 'started', a.now, 'ended', '', 'latency', '', 'pid', a.pid,
+      'host', a.host)
+  end
+  if refused_by ~= 0 then redis.call('HINCRBY', k.run_totals, 'would_block_calls', 1) end
+  expire_all({k.counters, k.open, k.pids, k.run_totals, k.audit}, a.expire_at)
+  return {refused_by, md_settled, md_in_flight, held and 1 or 0}
+end
+
+-- Apply a.mode (settle | release | resolve: holds.step's event) to a model-day's hold.
+-- k: hold counters open pids run_totals series audit.
+-- Returns {changed, new state, reserved, charged, settled delta, run, charged cost}, or {0}.
+local function md_transition(k, a)
+  local f = redis.call('HMGET', k.hold, 'state', 'reserved', 'charged', 'run', 'pid', 'host', 'endpoint',
+    'started', 'reserved_cost', 'charged_cost', 'kf', 'tags', 'would_block', 'blocked_by')
+  local state = f[1]
+  if not state then return {0} end
+  local reserved, charged, reserved_cost, charged_cost = num(f[2]), num(f[3]), num(f[9]), num(f[10])
+  local usage_total, cost = nil, nil
+  if a.has_usage == '1' then
+    usage_total = tonumber(a.total)
+    if a.cost ~= '' then cost = tonumber(a.cost) end
+  end
+  local s = hold_step(state, a.mode, reserved, charged, reserved_cost, charged_cost, usage_total, cost)
+  if not s then return {0} end
+  local d = s.deltas
+  if d.settled ~= 0 then redis.call('HINCRBY', k.counters, 'settled', int(d.settled)) end
+  if d.in_flight ~= 0 then redis.call('HINCRBY', k.counters, 'in_flight', int(d.in_flight)) end
+  if state == 'held' then
+    redis.call('ZREM', k.open, a.hold_id)
+    local owner = f[6] .. '|' .. f[5]
+    if redis.call('HINCRBY', k.pids, owner, -1) <= 0 then redis.call('HDEL', k.pids, owner) end
+    redis.call('HINCRBY', k.run_totals, 'reserved_open_tokens', int(0 - reserved))
+  else
+    redis.call('HINCRBY', k.run_totals, 'unresolved_calls', -1)
+  end
+  if d.settled ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_tokens', int(d.settled)) end
+  if d.cost_settled ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_cost', int(d.cost_settled)) end
+  if s.state == 'unresolved' then
+    redis.call('HINCRBY', k.run_totals, 'unresolved_calls', 1)
+  elseif s.state == 'released' then
+    redis.call('HINCRBY', k.run_totals, 'released_calls', 1)
+  end
+  local prompt, completion, reasoning, cached, overshoot = '', '', '', '', 0
+  if s.state == 'settled' then
+    prompt, completion, reasoning, cached = a.prompt, a.completion, a.reasoning, a.cached
+    redis.call('HINCRBY', k.run_totals, 'prompt_tokens', int(prompt))
+    redis.call('HINCRBY', k.run_totals, 'completion_tokens', int(completion))
+    redis.call('HINCRBY', k.run_totals, 'reasoning_tokens', int(reasoning))
+    redis.call('HINCRBY', k.run_totals, 'cached_tokens', int(cached))
+    if s.overshoot then
+      overshoot = 1
+      redis.call('HINCRBY', k.run_totals, 'overshoot_calls', 1)
+    end
+  end
+  if d.settled ~= 0 then
+    local cumulative = num(redis.call('HGET', k.counters, 'settled')) + tonumber(a.foreign)
+    redis.call('HSET', k.series, a.minute, int(cumulative))
+  end
+  if s.state == 'unresolved' then
+    redis.call('HSET', k.hold, 'state', 'unresolved', 'charged', int(s.charged), 'charged_cost', int(s.charged_cost))
+  else
+    redis.call('DEL', k.hold)
+  end
+  redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', f[4],
+    'state', s.state, 'endpoint', f[7], 'reserved', int(reserved), 'charged', int(s.charged),
+    'reserved_cost', int(reserved_cost), 'charged_cost', int(s.charged_cost), 'prompt', prompt,
+    'completion', completion, 'reasoning', reasoning, 'cached', cached, 'overshoot', overshoot,
+    'would_block', f[13] or 0, 'blocked_by', f[14] or '', 'kf', f[11] or '', 'tags', f[12] or '',
+    'started', f[8] or a.now, 'ended', a.now, 'latency', a.latency, 'pid', f[5] or 0, 'host', f[6] or '')
+  expire_all({k.counters, k.run_totals, k.series, k.audit}, a.expire_at)
+  return {1, s.state, reserved, s.charged, d.settled, f[4], s.charged_cost}
+end
+
+-- The call's fields come as one JSON argument: packing one string costs the client far less
+-- than packing twenty (redis-py's per-argument encoding is the hot spot of a reserve).
+local function reserve_args(first)
+  local a = cjson.decode(ARGV[first])
+  local limits = {}
+  for i, l in ipairs(a.limits) do limits[i] = {l[1], l[2], tonumber(l[3]), l[4]} end
+  a.limits = limits
+  return a
+end
+
+local function transition_args(first)
+  return cjson.decode(ARGV[first])
+end

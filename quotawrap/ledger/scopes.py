@@ -1,0 +1,95 @@
+"""Where a counter lives: typed scopes, and the counter keys callers pass to ``Ledger.counters``.
+
+A counter key is a string so that callers can build one without importing a store, but it is
+written and parsed here only: ``counter_key(scope)`` and ``parse_counter_key(key)`` are inverses
+(model names may contain ``:``; a day never does). The limit scopes of ``quota.Scope`` map onto
+these one to one (``scope_of``), which is how a verdict's counters are named in either store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..quota import Scope
+
+__all__ = [
+    "CounterScope",
+    "ModelDay",
+    "Run",
+    "RunCost",
+    "counter_key",
+    "model_day_key",
+    "parse_counter_key",
+    "run_cost_key",
+    "run_key",
+    "scope_of",
+]
+
+
+@dataclass(frozen=True)
+class Run:
+    """The tokens of one run, over every model and day."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """The cost of one run in micro-CNY."""
+
+    run_id: str
+
+
+@dataclass(frozen=True)
+class ModelDay:
+    """The tokens of one model on one Beijing day (what the provider's daily cap counts)."""
+
+    model: str
+    day: str
+
+
+CounterScope = Run | RunCost | ModelDay
+
+_RUN, _COST, _MODEL_DAY = "run:", "cost:", "md:"
+
+
+def counter_key(scope: CounterScope) -> str:
+    if isinstance(scope, Run):
+        return f"{_RUN}{scope.run_id}"
+    if isinstance(scope, RunCost):
+        return f"{_COST}{scope.run_id}"
+    return f"{_MODEL_DAY}{scope.day}:{scope.model}"
+
+
+def parse_counter_key(key: str) -> CounterScope | None:
+    """The scope a counter key names; None for a key no ledger keeps (its counters read as zero)."""
+    if key.startswith(_RUN):
+        return Run(key.removeprefix(_RUN))
+    if key.startswith(_COST):
+        return RunCost(key.removeprefix(_COST))
+    if key.startswith(_MODEL_DAY):
+        day, sep, model = key.removeprefix(_MODEL_DAY).partition(":")
+        if sep:
+            return ModelDay(model, day)
+    return None
+
+
+def scope_of(kind: Scope, run_id: str, model: str, day: str) -> CounterScope:
+    """The counter a limit of scope ``kind`` is checked against, for one call."""
+    if kind == "run":
+        return Run(run_id)
+    if kind == "run_cost":
+        return RunCost(run_id)
+    return ModelDay(model, day)
+
+
+def run_key(run_id: str) -> str:
+    return counter_key(Run(run_id))
+
+
+def run_cost_key(run_id: str) -> str:
+    return counter_key(RunCost(run_id))  # micro-CNY
+
+
+def model_day_key(model: str, day: str) -> str:
+    return counter_key(ModelDay(model, day))

@@ -3,14 +3,12 @@
 A counter key is a string so that callers can build one without importing a store, but it is
 written and parsed here only: ``counter_key(scope)`` and ``parse_counter_key(key)`` are inverses
 (model names may contain ``:``; a day never does). The limit scopes of ``quota.Scope`` map onto
-these one to one (``scope_of``), which is how a verdict's counters are named in either store.
+these one to one (``scope_keys``), which is how a verdict's counters are named in either store.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from ..quota import Scope
 
 __all__ = [
     "CounterScope",
@@ -22,7 +20,7 @@ __all__ = [
     "parse_counter_key",
     "run_cost_key",
     "run_key",
-    "scope_of",
+    "scope_keys",
 ]
 
 
@@ -53,12 +51,24 @@ CounterScope = Run | RunCost | ModelDay
 _RUN, _COST, _MODEL_DAY = "run:", "cost:", "md:"
 
 
+def run_key(run_id: str) -> str:
+    return f"{_RUN}{run_id}"
+
+
+def run_cost_key(run_id: str) -> str:
+    return f"{_COST}{run_id}"  # micro-CNY
+
+
+def model_day_key(model: str, day: str) -> str:
+    return f"{_MODEL_DAY}{day}:{model}"
+
+
 def counter_key(scope: CounterScope) -> str:
     if isinstance(scope, Run):
-        return f"{_RUN}{scope.run_id}"
+        return run_key(scope.run_id)
     if isinstance(scope, RunCost):
-        return f"{_COST}{scope.run_id}"
-    return f"{_MODEL_DAY}{scope.day}:{scope.model}"
+        return run_cost_key(scope.run_id)
+    return model_day_key(scope.model, scope.day)
 
 
 def parse_counter_key(key: str) -> CounterScope | None:
@@ -74,22 +84,6 @@ def parse_counter_key(key: str) -> CounterScope | None:
     return None
 
 
-def scope_of(kind: Scope, run_id: str, model: str, day: str) -> CounterScope:
-    """The counter a limit of scope ``kind`` is checked against, for one call."""
-    if kind == "run":
-        return Run(run_id)
-    if kind == "run_cost":
-        return RunCost(run_id)
-    return ModelDay(model, day)
-
-
-def run_key(run_id: str) -> str:
-    return counter_key(Run(run_id))
-
-
-def run_cost_key(run_id: str) -> str:
-    return counter_key(RunCost(run_id))  # micro-CNY
-
-
-def model_day_key(model: str, day: str) -> str:
-    return counter_key(ModelDay(model, day))
+def scope_keys(run_id: str, model: str, day: str) -> dict[str, str]:
+    """The counter key of each limit scope (``quota.Scope``) for one call: what its verdict reads."""
+    return {"run": run_key(run_id), "model_day": model_day_key(model, day), "run_cost": run_cost_key(run_id)}

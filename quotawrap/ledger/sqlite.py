@@ -19,138 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import StoreCorrupt, StoreError
-from ..quota import Counters, Package, Scope, Snapshot, verdict
+from ..quota import Counters, Package, Snapshot, verdict
 from ..usage import Usage
 from .base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
 from .holds import Deltas, Event, step
-from .scopes import counter_key, model_day_key, run_cost_key, run_key, scope_of
+from .scopes import model_day_key, run_cost_key, run_key, scope_keys
+from .sqlite_file import MIGRATIONS, SCHEMA_VERSION, create_schema, private_file, refuse_foreign, retry_locked
 
-__all__ = ["SQLiteLedger"]
-
-SCHEMA_VERSION = "2"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS counters (
-    key TEXT PRIMARY KEY, settled INTEGER NOT NULL DEFAULT 0, in_flight INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS calls (
-    id TEXT PRIMARY KEY,
-    run_id TEXT NOT NULL,
-    model TEXT NOT NULL,
-    day TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    state TEXT NOT NULL,
-    reserved INTEGER NOT NULL,
-    charged INTEGER NOT NULL DEFAULT 0,
-    reserved_cost INTEGER NOT NULL DEFAULT 0,
-    charged_cost INTEGER NOT NULL DEFAULT 0,
-    prompt_tokens INTEGER, completion_tokens INTEGER, reasoning_tokens INTEGER, cached_tokens INTEGER,
-    overshoot INTEGER NOT NULL DEFAULT 0,
-    would_block INTEGER NOT NULL DEFAULT 0,
-    blocked_by TEXT,
-    pid INTEGER NOT NULL,
-    host TEXT NOT NULL,
-    key_fingerprint TEXT,
-    tags TEXT,
-    started_at REAL NOT NULL,
-    ended_at REAL,
-    latency_s REAL,
-    expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS calls_run ON calls (run_id);
-CREATE INDEX IF NOT EXISTS calls_started ON calls (started_at);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, started_at REAL NOT NULL, ended_at REAL, command TEXT, tags TEXT, exit_code INTEGER
-);
-CREATE INDEX IF NOT EXISTS calls_open ON calls (state, expires_at) WHERE state = 'held';
-CREATE TABLE IF NOT EXISTS snapshots (
-    model TEXT PRIMARY KEY, day TEXT NOT NULL, balance INTEGER NOT NULL, usage_at_sync INTEGER NOT NULL,
-    lagged_usage INTEGER NOT NULL, synced_at REAL NOT NULL, source TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS sync_history (
-    model TEXT NOT NULL, day TEXT NOT NULL, synced_at REAL NOT NULL, balance INTEGER NOT NULL,
-    usage_at_sync INTEGER NOT NULL, source TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS packages (
-    model TEXT PRIMARY KEY, synced_at REAL NOT NULL, packages TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, until REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS usage_series (
-    model TEXT NOT NULL, day TEXT NOT NULL, minute INTEGER NOT NULL, cumulative INTEGER NOT NULL,
-    PRIMARY KEY (model, day, minute)
-);
-"""
-
-
-# schema version -> the statements that bring it to the next one
-_MIGRATIONS: dict[str, tuple[str, ...]] = {
-    "1": (
-        "ALTER TABLE calls ADD COLUMN reserved_cost INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE calls ADD COLUMN charged_cost INTEGER NOT NULL DEFAULT 0",
-        "UPDATE meta SET value = '2' WHERE key = 'schema'",
-    ),
-}
-
-
-def _retry_locked(action: Callable[[], object], attempts: int = 100) -> None:
-    """Switching to WAL and creating the schema can report "locked" at once, without waiting on the
-    busy handler, while another process opens the same new file: try again briefly."""
-    for attempt in range(attempts):
-        try:
-            action()
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == attempts - 1:
-                raise
-            time.sleep(0.05)
-
-
-def _refuse_foreign(path: Path, url: str) -> None:
-    """Raise StoreCorrupt unless ``path`` is missing, empty, or a quotawrap ledger; reads only."""
-    try:
-        if not path.is_file() or path.stat().st_size == 0:
-            return
-        with path.open("rb") as file:
-            header = file.read(16)
-    except OSError:
-        return  # _private_file says what is wrong with the path
-    if header != b"SQLite format 3\0":  # SQLite itself takes a short file of garbage for an empty database
-        raise StoreCorrupt("ledger is damaged (file is not a database); it was left untouched", store=url)
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0)
-    try:
-        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not tables:
-            return
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-        except sqlite3.OperationalError:  # no meta table, or not ours
-            row = None
-    finally:
-        conn.close()
-    if row is None:
-        raise StoreCorrupt("this SQLite file is not a quotawrap ledger; it was left untouched", store=url)
-    if row[0] != SCHEMA_VERSION and row[0] not in _MIGRATIONS:
-        raise StoreCorrupt(f"ledger schema {row[0]!r} is not {SCHEMA_VERSION!r}", store=url)
-
-
-def _create_schema(conn: sqlite3.Connection) -> None:
-    """Tables and the schema mark in one transaction: no opener ever sees tables without the mark."""
-    mark = f"INSERT OR IGNORE INTO meta VALUES ('schema', '{int(SCHEMA_VERSION)}');"
-    try:
-        conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\n{mark}\nCOMMIT;")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-def _private_file(path: Path) -> None:
-    """Create the ledger file (and its directory) readable by the owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    os.close(fd)
-    os.chmod(path, 0o600)
+__all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
 
 class SQLiteLedger:
@@ -171,16 +47,16 @@ class SQLiteLedger:
         with self._errors("open"):
             # Before anything writes to it (mode, WAL switch, tables): a file that is not a
             # quotawrap ledger is refused as it is, never adopted.
-            _refuse_foreign(self.path, self.url)
+            refuse_foreign(self.path, self.url)
         try:
-            _private_file(self.path)
+            private_file(self.path)
         except OSError as exc:
             raise StoreError(f"cannot create the ledger file: {exc}", store=self.url) from exc
         with self._errors("open"):
             conn = self._conn()
-            _retry_locked(lambda: _create_schema(conn))
+            retry_locked(lambda: create_schema(conn))
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if row[0] in _MIGRATIONS:
+            if row[0] in MIGRATIONS:
                 self._migrate(conn)
             elif row[0] != SCHEMA_VERSION:
                 raise StoreCorrupt(f"ledger schema {row[0]!r} is not {SCHEMA_VERSION!r}", store=self.url)
@@ -192,8 +68,8 @@ class SQLiteLedger:
         conn.execute("BEGIN IMMEDIATE")
         try:
             current = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
-            while current in _MIGRATIONS:  # re-read under the lock: another process may have migrated
-                for statement in _MIGRATIONS[current]:
+            while current in MIGRATIONS:  # re-read under the lock: another process may have migrated
+                for statement in MIGRATIONS[current]:
                     conn.execute(statement)
                 current = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
         except BaseException:
@@ -209,7 +85,7 @@ class SQLiteLedger:
         if conn is None or self._local.pid != os.getpid():
             conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA busy_timeout=60000")
-            _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+            retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             self._local.pid = os.getpid()
@@ -290,10 +166,7 @@ class SQLiteLedger:
     # -- the Ledger interface ------------------------------------------------------------------
 
     def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
-        scopes: dict[Scope, str] = {
-            kind: counter_key(scope_of(kind, request.run_id, request.model, request.day))
-            for kind in ("run", "model_day", "run_cost")
-        }
+        scopes = scope_keys(request.run_id, request.model, request.day)
         with self._write("reserve") as conn:
             counters = self._read_counters(conn, tuple(scopes.values()))
             snapshot = self._read_snapshot(conn, request.model)

@@ -597,7 +597,7 @@ class TestScriptReload:
         first = redis_ledger.reserve(request(100), limits(daily=1000))
         client = _client(redis_url)
         client.script_flush()
-        script = redis_ledger._scripts["reserve_one"]
+        script = redis_ledger._client._scripts["reserve_one"]
         assert client.script_exists(script.sha) == [False]
         second = redis_ledger.reserve(request(100), limits(daily=1000))
         redis_ledger.settle(first.hold_id, usage(60))
@@ -817,7 +817,7 @@ class TestCluster:
         ledger = RedisLedger(cluster_url)
         a = ledger.reserve(request(600), limits(run_cap=1000, daily=5000))
         blocked = ledger.reserve(request(500), limits(run_cap=1000, daily=5000))
-        assert ledger._cluster and a.held and not blocked.held
+        assert ledger.cluster and a.held and not blocked.held
         assert blocked.verdict.blocking is not None and blocked.verdict.blocking.name == "run_cap"
         assert rc(ledger) == Counters(0, 600)  # the refused call's run hold was given back
         ledger.settle(a.hold_id, usage(400))

@@ -1,0 +1,591 @@
+"""The shared ledger: Redis (single node, TLS, unix socket or Cluster), one Lua script per change.
+
+Same seam and same semantics as :mod:`quotawrap.ledger.sqlite`; ``docs/redis.md`` documents
+the key schema. The shape of the design:
+
+* limits are computed in Python by ``limits_for(snapshot)`` and sent in ``quota.ordered``'s
+  order; a Lua script evaluates ``quota.verdict``'s rule on the server and takes the hold in the
+  same step, and every later transition applies ``holds.step`` (lua/lib.lua mirrors both);
+* a hold lives as a small hash in its model-day's slot (``{qw:md:<day>:<model>}``), and is
+  deleted once settled or released, so the per-call state is bounded by the open holds;
+  per-call history goes to a capped stream, totals to per-run hashes;
+* on single-node Redis one script touches the run and the model-day slots at once: fully atomic.
+  On Cluster those are two slots, so a reserve takes the run hold first, then the model-day hold,
+  and gives the run hold back if the model-day refused (never over, at worst briefly over-held);
+* usage recorded by the LiteLLM limiter under ``daily_usage:{date}:{model}:{hash}`` counts towards
+  the model-day's settled usage, and ours is written there under our own hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from functools import partial
+
+from ... import quota
+from ..._errors import ConfigError, StoreError
+from ...quota import BEIJING, Counters, Limit, Package, Snapshot, Verdict
+from ...usage import Usage
+from ..base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
+from ..holds import Event
+from ..scopes import ModelDay, Run, parse_counter_key
+from . import records
+from .client import Arg, Client, as_int, as_text
+from .keys import Keys, expire_at
+from .litellm import THEIR_SNAPSHOT_TTL_S, ForeignUsage, pick_snapshot
+from .options import DAY_S, RedisOptions, redact, split_url
+from .records import Location
+
+__all__ = ["RedisLedger"]
+
+OWN_DAILY_USAGE_TTL_S = 48 * 3600  # the LiteLLM limiter's TTL for daily_usage keys (seed §6.1)
+OUR_SNAPSHOT_TTL_S = 48 * 3600
+BLOCKED_MARK_TTL_S = 60  # long enough for a retried reserve to find its first answer
+SNAPSHOT_REUSE_S = 1.0  # a process re-reads the balance snapshot at least this often (the script checks it anyway)
+SYNC_HISTORY_MAX = 1000
+MAX_RUNS_INDEXED = 10_000
+ACTIVE_KEEP_S = 3 * DAY_S
+
+
+def _lease_ttl(ttl_s: float) -> int:
+    return int(max(ttl_s, 0)) + 3600
+
+
+def _limit_args(ordered: Sequence[Limit]) -> list[list[str | int]]:
+    """The limits as lib.lua's blocking() reads them, in quota.ordered's order."""
+    return [[limit.scope, limit.kind, int(limit.cap), limit.name] for limit in ordered]
+
+
+class RedisLedger:
+    """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
+
+    def __init__(self, url: str, *, clock: Callable[[], float] = time.time, **options: object) -> None:
+        self.url = url
+        self._clock = clock  # timestamps of records and the usage series (a simulated day runs fast)
+        self._store = redact(url)
+        client_url, from_url = split_url(url)
+        unknown = set(options) - set(RedisOptions.names())
+        if unknown:
+            raise ConfigError(f"unknown Redis ledger option(s): {', '.join(sorted(unknown))}")
+        self.options = RedisOptions(**{**from_url, **options})  # type: ignore[arg-type]
+        self._host = socket.gethostname()
+        self._client = Client(client_url, self._store, self.options)
+        self._keys = Keys(self.options)
+        self._foreign = ForeignUsage(self._client, self._keys)
+        self._epoch: str | None = None
+        self._locations: dict[str, Location] = {}  # holds this process took, until settled
+        self._snapshots: dict[str, tuple[float, str, Snapshot | None]] = {}
+        self._active_seen: dict[str, float] = {}
+
+    @property
+    def cluster(self) -> bool:
+        return self._client.cluster
+
+    # -- connection, meta and lost data --------------------------------------------------------
+
+    def _redis(self) -> Client:
+        """The client, connected and checked (meta epoch, our hash) on first use."""
+        client = self._client
+        if client.connected and self._epoch is not None:
+            return client
+        client.connect()
+        if self._epoch is None:
+            client.retrying("open", self._load_meta)
+        return client
+
+    def _load_meta(self) -> None:
+        meta, client = self._keys.meta(), self._client
+        client.hsetnx(meta, "epoch", uuid.uuid4().hex)
+        client.hsetnx(meta, "hash", self.options.hash)
+        client.hsetnx(meta, "created_at", repr(time.time()))
+        stored = client.hgetall(meta)
+        if stored.get("hash") != self.options.hash:
+            raise ConfigError(
+                f"store {self._store} is used by quotawrap with daily_usage hash {stored.get('hash')!r}, not"
+                f" {self.options.hash!r}: two hashes under one prefix would count each other's usage twice"
+            )
+        self._epoch = stored["epoch"]
+
+    def _lost(self, day: str) -> StoreError:
+        """The store came back empty (restart without persistence): mark the day, refuse to guess."""
+        meta, client = self._keys.meta(), self._client
+        now = time.time()
+
+        def mark() -> None:
+            client.hsetnx(meta, "epoch", uuid.uuid4().hex)
+            client.hsetnx(meta, "hash", self.options.hash)
+            client.hsetnx(meta, f"lost:{day}", repr(now))
+            self._epoch = client.hget(meta, "epoch")
+
+        client.retrying("mark lost", mark)
+        return self._lost_error(day, now)
+
+    def _lost_error(self, day: str, at: float) -> StoreError:
+        when = datetime.fromtimestamp(at, BEIJING).strftime("%H:%M:%S")
+        return StoreError(
+            f"Redis lost quotawrap's counters (restarted without persistence?); detected at {when} Beijing."
+            f" Today's ({day}) usage is unknown, so guarded calls are refused until Beijing midnight."
+            f" Restore the counts, then clear the mark: HDEL {self._keys.meta()} lost:{day}",
+            store=self._store,
+        )
+
+    def _check_meta(self, day: str) -> None:
+        epoch, lost = self._redis().hmget(self._keys.meta(), ["epoch", f"lost:{day}"])
+        if epoch != self._epoch:
+            raise self._lost(day)
+        if lost is not None:
+            raise self._lost_error(day, float(lost or 0))
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def _read_snapshot(self, model: str) -> tuple[str, Snapshot | None]:
+        """(fingerprint of the snapshot keys, the snapshot they give)."""
+        balance_key, usage_key = self._keys.their_snapshot(model)
+        ours, balance, usage, ttl = self._redis().read_snapshot(self._keys.snapshot(model), balance_key, usage_key)
+        fingerprint = f"{ours.get('synced_at') or ''}|{balance or ''}|{usage or ''}"
+        return fingerprint, pick_snapshot(records.snapshot_from_fields(ours), balance, usage, ttl)
+
+    def _snapshot_for_reserve(self, model: str, *, fresh: bool) -> tuple[str, Snapshot | None]:
+        """(fingerprint, snapshot), read at most every SNAPSHOT_REUSE_S unless ``fresh``.
+
+        Reusing it is safe: the reserve script compares the fingerprint with the stored keys and
+        answers -1 when they changed, and the reserve then reads again with ``fresh``.
+        """
+        now = time.monotonic()
+        cached = self._snapshots.get(model)
+        if cached is None or fresh or now - cached[0] >= SNAPSHOT_REUSE_S:
+            fingerprint, snapshot = self._client.retrying("read", lambda: self._read_snapshot(model))
+            cached = (now, fingerprint, snapshot)
+            self._snapshots[model] = cached
+        return cached[1], cached[2]
+
+    # -- reserve -------------------------------------------------------------------------------
+
+    def _reserve_args(self, request: HoldRequest, ordered: Sequence[Limit], expires: int) -> str:
+        """The Lua reserve_args() record, as one JSON argument."""
+        fields = {
+            "hold_id": request.hold_id,
+            "run": request.run_id,
+            "reserve": int(request.reserve),
+            "enforce": "1" if request.enforce else "0",
+            "day": request.day,
+            "model": request.model,
+            "expires": repr(float(request.expires_at)),
+            "pid": str(int(request.pid)),
+            "host": request.host,
+            "now": repr(self._clock()),
+            "endpoint": request.endpoint,
+            "key_fingerprint": request.key_fingerprint or "",
+            "tags": json.dumps(dict(request.tags)) if request.tags else "",
+            "expire_at": expires,
+            "run_ttl": self.options.run_ttl_s,
+            "audit_max": self.options.audit_max,
+            "blocked_ttl": BLOCKED_MARK_TTL_S,
+            "reserve_cost": int(request.reserve_cost),
+            "limits": _limit_args(ordered),
+        }
+        return json.dumps(fields, separators=(",", ":"))
+
+    def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
+        if self._redis().cluster:
+            return self._reserve_cluster(request, limits_for)
+        return self._reserve_one(request, limits_for)
+
+    def _decision(
+        self,
+        request: HoldRequest,
+        ordered: Sequence[Limit],
+        blocking: int,
+        md: Counters,
+        run: Sequence[int],
+        held: bool,
+    ) -> Decision:
+        if held:
+            self._locations[request.hold_id] = Location(request.day, request.model, request.run_id)
+        result = Verdict(True) if blocking == 0 else Verdict(False, ordered[blocking - 1])
+        tokens, cost = Counters(run[0], run[1]), Counters(run[2], run[3])
+        return Decision(request.hold_id, result, held, {"run": tokens, "model_day": md, "run_cost": cost})
+
+    def _reserve_one(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
+        """Single node: one script checks every limit and takes the hold in both slots."""
+        client, day, model = self._client, request.day, request.model
+        expires = expire_at(day, request.expires_at)
+        self._touch_active(day, model)
+        fresh = False
+        for _ in range(5):
+            fingerprint, snapshot = self._snapshot_for_reserve(model, fresh=fresh)
+            ordered = quota.ordered(limits_for(snapshot))
+            keys = self._keys.reserve_one(day, model, request.run_id, request.hold_id, self._foreign.names(model, day))
+            args = (self._epoch or "", fingerprint, self._reserve_args(request, ordered, expires))
+            result = client.retrying("reserve", partial(client.script, "reserve_one", keys, args))
+            code = int(result[0])
+            if code == -1:  # the snapshot changed since it was read: read it again
+                fresh = True
+                continue
+            if code == -2:
+                raise self._lost(day)
+            if code == -3:
+                raise self._lost_error(day, float(as_text(result[1]) or 0))
+            self._foreign.seen(model, day, int(result[6]))  # the usage series adds it to our own settled
+            md = Counters(int(result[1]), int(result[2]))
+            run = [int(result[4]), int(result[5]), int(result[7]), int(result[8])]
+            return self._decision(request, ordered, code, md, run, bool(int(result[3])))
+        raise StoreError("the balance snapshot kept changing while reserving; try again", store=self._store)
+
+    def _reserve_cluster(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
+        """Cluster: run slot first (check the run limits, take the run hold), then the model-day slot.
+
+        The model-day script re-evaluates the whole verdict on the run counters the gate saw, so
+        the answer is quota.verdict's; if it refuses, the run hold is given back. Between the two
+        steps the run hold is held but not yet used: other calls of the same run may be refused
+        for it, never let through beyond the cap.
+        """
+        client, day, model, run_id, hold_id = self._client, request.day, request.model, request.run_id, request.hold_id
+        expires = expire_at(day, request.expires_at)
+        client.retrying("read", lambda: self._check_meta(day))
+        _, snapshot = self._snapshot_for_reserve(model, fresh=True)
+        ordered = quota.ordered(limits_for(snapshot))
+        foreign = client.retrying("read", lambda: self._foreign.total(model, day))
+        args = self._reserve_args(request, ordered, expires)
+        location = Location(day, model, run_id).encode()
+        client.retrying("reserve", lambda: client.set(self._keys.location(hold_id), location, exat=expires))
+        self._touch_active(day, model)
+        gate = client.retrying("reserve", lambda: client.script("run_gate", self._keys.run_gate(run_id), [args]))
+        run, taken = [int(v) for v in gate[:4]], int(gate[4])
+        md_keys = self._keys.md_reserve(day, model, run_id, hold_id)
+        try:
+            result = client.retrying("reserve", lambda: client.script("md_reserve", md_keys, [*run, foreign, args]))
+        except StoreError:
+            if taken:
+                with contextlib.suppress(StoreError):
+                    self._run_apply(run_id, hold_id, "gone", 0, 0)
+            raise
+        held = bool(int(result[3]))
+        if not held:
+            if taken:
+                self._run_apply(run_id, hold_id, "gone", 0, 0)
+            client.retrying("reserve", lambda: client.delete(self._keys.location(hold_id)))
+        md = Counters(int(result[1]), int(result[2]))
+        return self._decision(request, ordered, int(result[0]), md, run, held)
+
+    def _run_apply(self, run_id: str, hold_id: str, target: str, charged: int, charged_cost: int) -> None:
+        args: list[Arg] = [hold_id, target, charged, charged_cost, self.options.run_ttl_s]
+        self._client.retrying("settle", lambda: self._client.script("run_apply", self._keys.run_apply(run_id), args))
+
+    def _touch_active(self, day: str, model: str) -> None:
+        """Index the model-day (for reclaim_orphans) and the model (known_models), once a minute per process."""
+        member = records.model_day_member(day, model)
+        now = time.time()
+        if now - self._active_seen.get(member, 0.0) < 60:
+            return
+        client = self._client
+
+        def index() -> None:
+            client.zadd(self._keys.active(), member, now)
+            client.sadd(self._keys.models(), model)
+
+        client.retrying("index", index)
+        self._active_seen[member] = now
+
+    # -- transitions ---------------------------------------------------------------------------
+
+    def _locate(self, hold_id: str) -> Location | None:
+        location = self._locations.pop(hold_id, None)
+        if location is not None:
+            return location
+        client = self._redis()
+        raw = client.retrying("read", lambda: client.get(self._keys.location(hold_id)))
+        return None if raw is None else Location.decode(raw)
+
+    def _transition(
+        self,
+        at: Location,
+        hold_id: str,
+        event: Event,
+        usage: Usage | None = None,
+        latency_s: float | None = None,
+        cost: int | None = None,
+    ) -> tuple[bool, str]:
+        """Apply holds.step's ``event`` to one hold. (changed, new state)."""
+        client = self._redis()  # connected again if close() came between the reserve and this
+        now = self._clock()
+        fields = {
+            "hold_id": hold_id,
+            "mode": event,
+            "has_usage": "1" if usage is not None else "0",
+            "total": usage.total_tokens if usage else 0,
+            "prompt": usage.prompt_tokens if usage else 0,
+            "completion": usage.completion_tokens if usage else 0,
+            "reasoning": usage.reasoning_tokens if usage else 0,
+            "cached": usage.cached_tokens if usage else 0,
+            "latency": "" if latency_s is None else repr(float(latency_s)),
+            "now": repr(now),
+            "minute": int(now // 60),
+            "expire_at": expire_at(at.day),
+            "audit_max": self.options.audit_max,
+            "foreign": self._foreign.last(at.model, at.day),
+            "run_ttl": self.options.run_ttl_s,
+            "own_ttl": OWN_DAILY_USAGE_TTL_S,
+            "cost": "" if cost is None else int(cost),
+        }
+        args = (json.dumps(fields, separators=(",", ":")),)
+        if not client.cluster:
+            keys = self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
+            result = client.retrying(event, lambda: client.script("transition_one", keys, args))
+            if not int(result[0]):
+                return False, ""
+            return True, as_text(result[1]) or ""
+        md_keys = self._keys.md_transition(at.day, at.model, at.run_id, hold_id)
+        result = client.retrying(event, lambda: client.script("md_transition", md_keys, args))
+        if not int(result[0]):
+            return False, ""
+        target, charged, delta, charged_cost = as_text(result[1]) or "", int(result[3]), int(result[4]), int(result[6])
+        # Not atomic with the model-day step on Cluster: each is idempotent, and a lost step only
+        # leaves the run's or the LiteLLM limiter's view short (docs/redis.md).
+        self._run_apply(at.run_id, hold_id, target, charged, charged_cost)
+        if delta:
+            own = self._keys.own_daily_usage(at.model, at.day)
+            with client.errors(event):
+                client.write([("INCRBY", own, delta), ("EXPIRE", own, OWN_DAILY_USAGE_TTL_S)])
+        if target != "unresolved":
+            with contextlib.suppress(StoreError), client.errors(event):
+                client.delete(self._keys.location(hold_id))
+        return True, target
+
+    def settle(
+        self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None, cost: int | None = None
+    ) -> None:
+        """Charge actual usage and cost (micro-CNY; without usage or cost the reserved cost). Idempotent."""
+        at = self._locate(hold_id)
+        if at is not None:
+            self._transition(at, hold_id, "settle", usage, latency_s, cost)
+
+    def release(self, hold_id: str) -> None:
+        at = self._locate(hold_id)
+        if at is not None:
+            self._transition(at, hold_id, "release")
+
+    def resolve_run(self, run_id: str) -> int:
+        client = self._redis()
+        copies = client.retrying("read", lambda: client.hgetall(self._keys.run_holds(run_id)))
+        resolved = 0
+        for hold_id, copy in copies.items():
+            state, day, model = records.parse_run_hold(copy)
+            if state != "held":
+                continue
+            self._locations.pop(hold_id, None)
+            changed, _ = self._transition(Location(day, model, run_id), hold_id, "resolve")
+            if changed:
+                resolved += 1
+            elif not client.retrying("read", partial(client.exists, self._keys.hold(day, model, hold_id))):
+                # the model-day never took it (a Cluster reserve cut short): nothing was sent
+                self._run_apply(run_id, hold_id, "gone", 0, 0)
+        return resolved
+
+    def reclaim_orphans(self, now: float) -> int:
+        client = self._redis()
+        active = self._keys.active()
+        client.retrying("scan", lambda: client.zremrangebyscore(active, "-inf", now - ACTIVE_KEEP_S))
+        members = client.retrying("scan", lambda: client.zrange(active))
+        return sum(self._reclaim_model_day(*records.parse_model_day_member(m), now) for m in members)
+
+    def _reclaim_model_day(self, day: str, model: str, now: float) -> int:
+        client = self._client
+        open_key = self._keys.md_open(day, model)
+        expired = client.retrying("scan", lambda: client.zrangebyscore(open_key, "-inf", f"({now!r}"))
+        reclaimed = self._resolve_holds(day, model, expired)
+        owners = client.retrying("scan", lambda: client.hgetall(self._keys.md_pids(day, model)))
+        dead = set()
+        for owner in owners:
+            host, pid = records.parse_owner(owner)
+            if host == self._host and pid.isdigit() and not pid_alive(int(pid)):
+                dead.add(pid)
+        if dead:
+            open_ids = client.retrying("scan", lambda: client.zrange(open_key))
+            holders = self._hold_fields(day, model, open_ids, "host", "pid")
+            mine = [h for h, (host, pid) in zip(open_ids, holders, strict=True) if host == self._host and pid in dead]
+            reclaimed += self._resolve_holds(day, model, mine)
+        return reclaimed
+
+    def _hold_fields(self, day: str, model: str, hold_ids: Sequence[str], *names: str) -> list[tuple[str, ...]]:
+        keys = [self._keys.hold(day, model, hold_id) for hold_id in hold_ids]
+        rows = self._client.retrying("scan", lambda: self._client.hmget_many(keys, names))
+        return [tuple(v or "" for v in row) for row in rows]
+
+    def _resolve_holds(self, day: str, model: str, hold_ids: Sequence[str]) -> int:
+        count = 0
+        for hold_id, (run_id,) in zip(hold_ids, self._hold_fields(day, model, hold_ids, "run"), strict=True):
+            if run_id:
+                changed, _ = self._transition(Location(day, model, run_id), hold_id, "resolve")
+                count += changed
+        return count
+
+    # -- counters, snapshots, series -----------------------------------------------------------
+
+    def counters(self, keys: Sequence[str]) -> dict[str, Counters]:
+        """Counters by scopes.counter_key; a model-day's settled includes the LiteLLM limiter's
+        daily_usage of that model-day (what the verdict sees)."""
+        client = self._redis()
+        found: dict[str, Counters] = {}
+        for key in keys:
+            scope = parse_counter_key(key)
+            if isinstance(scope, ModelDay):
+                day, model = scope.day, scope.model
+                md_counters = self._keys.md_counters(day, model)
+                values = client.retrying("read", partial(client.hmget, md_counters, ("settled", "in_flight")))
+                foreign = client.retrying("read", partial(self._foreign.total, model, day))
+                found[key] = Counters(as_int(values[0]) + foreign, as_int(values[1]))
+            elif scope is not None:
+                run_counters = self._keys.run_counters(scope.run_id)
+                fields = ("settled", "in_flight") if isinstance(scope, Run) else ("cost_settled", "cost_in_flight")
+                values = client.retrying("read", partial(client.hmget, run_counters, fields))
+                found[key] = Counters(as_int(values[0]), as_int(values[1]))
+            else:
+                found[key] = Counters()
+        return found
+
+    def snapshot(self, model: str) -> Snapshot | None:
+        _, snapshot = self._redis().retrying("read", lambda: self._read_snapshot(model))
+        return snapshot
+
+    def put_snapshot(self, model: str, snapshot: Snapshot) -> None:
+        """Our record, the sync history, and the LiteLLM limiter's two snapshot keys (TTL 24h)."""
+        client = self._redis()
+        ours = self._keys.snapshot(model)
+        balance_key, usage_key = self._keys.their_snapshot(model)
+        sync_key = self._keys.md_sync(snapshot.day, model)
+        fields = [item for pair in records.snapshot_fields(snapshot).items() for item in pair]
+
+        def write() -> None:
+            # their keys first: if we stop half-way the next read sees theirs newer, never a mix
+            client.set(balance_key, snapshot.balance, ex=THEIR_SNAPSHOT_TTL_S)
+            client.set(usage_key, snapshot.usage_at_sync, ex=THEIR_SNAPSHOT_TTL_S)
+            client.write([("DEL", ours), ("HSET", ours, *fields), ("EXPIRE", ours, OUR_SNAPSHOT_TTL_S)])
+            client.write(
+                [
+                    ("RPUSH", sync_key, records.encode_sync_entry(snapshot)),
+                    ("LTRIM", sync_key, -SYNC_HISTORY_MAX, -1),
+                    ("EXPIREAT", sync_key, expire_at(snapshot.day)),
+                ]
+            )
+            client.sadd(self._keys.models(), model)
+
+        client.retrying("sync", write)
+        self._snapshots.pop(model, None)
+
+    def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
+        client = self._redis()
+        raw = client.retrying("read", lambda: client.hgetall(self._keys.md_series(day, model)))
+        return sorted((int(minute or 0) * 60.0, as_int(value)) for minute, value in raw.items())
+
+    def sync_history(self, model: str, day: str) -> list[tuple[float, int]]:
+        client = self._redis()
+        raw = client.retrying("read", lambda: client.lrange(self._keys.md_sync(day, model)))
+        return sorted(records.decode_sync_entry(entry) for entry in raw)
+
+    def run_totals(self, run_id: str) -> RunTotals:
+        client = self._redis()
+        members = client.retrying("read", lambda: client.smembers(self._keys.run_model_days(run_id)))
+        models: dict[str, ModelTotals] = {}
+        for member in members:
+            day, model = records.parse_model_day_member(member)
+            key = self._keys.md_run_totals(day, model, run_id)
+            raw = client.retrying("read", partial(client.hgetall, key))
+            if not raw:
+                continue
+            totals = ModelTotals(**{name: as_int(raw.get(name)) for name in ModelTotals.__dataclass_fields__})
+            models.setdefault(model, ModelTotals()).add(totals)
+        return RunTotals(run_id, dict(sorted(models.items())))
+
+    # -- records: calls, runs, packages, models, leases -----------------------------------------
+
+    def call_records(
+        self, *, since: float | None = None, until: float | None = None, run_id: str | None = None
+    ) -> list[CallRecord]:
+        """What Redis still keeps: the capped audit streams and the open holds of the indexed model-days."""
+        client = self._redis()
+        latest: dict[str, CallRecord] = {}
+        for member in client.retrying("read", lambda: client.zrange(self._keys.active())):
+            day, model = records.parse_model_day_member(member)
+            audit, open_key = self._keys.md_audit(day, model), self._keys.md_open(day, model)
+            # oldest first: a later entry of the same call replaces an earlier one
+            for entry in client.retrying("read", partial(client.xrange, audit)):
+                latest[entry["id"]] = records.call_record(model, day, entry)
+            open_ids = client.retrying("read", partial(client.zrange, open_key))
+            keys = [self._keys.hold(day, model, hold_id) for hold_id in open_ids]
+            rows = client.retrying("read", partial(client.hgetall_many, keys))
+            for hold_id, row in zip(open_ids, rows, strict=True):
+                if row.get("state") == "held":
+                    latest[hold_id] = records.call_record(
+                        model, day, {**row, "id": hold_id, "ended": "", "latency": ""}
+                    )
+        found = [
+            r
+            for r in latest.values()
+            if (since is None or r.started_at >= since)
+            and (until is None or r.started_at < until)
+            and (run_id is None or r.run_id == run_id)
+        ]
+        return sorted(found, key=lambda r: r.started_at)
+
+    def start_run(self, run: RunRecord) -> None:
+        client, runs = self._redis(), self._keys.runs()
+
+        def write() -> None:
+            client.set(self._keys.run_info(run.run_id), records.encode_run(run), ex=self.options.run_ttl_s)
+            client.zadd(runs, run.run_id, run.started_at)
+            # the index is bounded like the records it points to
+            client.zremrangebyscore(runs, "-inf", time.time() - self.options.run_ttl_s)
+            client.zremrangebyrank(runs, 0, -MAX_RUNS_INDEXED - 1)
+
+        client.retrying("run", write)
+
+    def end_run(self, run_id: str, exit_code: int, ended_at: float) -> None:
+        client, key = self._redis(), self._keys.run_info(run_id)
+        raw = client.retrying("run", lambda: client.get(key))
+        if raw is None:
+            return
+        ended = dataclasses.replace(records.decode_run(raw), exit_code=exit_code, ended_at=ended_at)
+        client.retrying("run", lambda: client.set(key, records.encode_run(ended), ex=self.options.run_ttl_s))
+
+    def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]:
+        client = self._redis()
+        low = "-inf" if since is None else repr(float(since))
+        high = "+inf" if until is None else f"({float(until)!r}"
+        run_ids = client.retrying("read", lambda: client.zrangebyscore(self._keys.runs(), low, high))
+        raws = client.retrying("read", lambda: [client.get(self._keys.run_info(r)) for r in run_ids])
+        return sorted((records.decode_run(raw) for raw in raws if raw is not None), key=lambda r: r.started_at)
+
+    def put_packages(self, model: str, packages: Sequence[Package], synced_at: float) -> None:
+        client, payload = self._redis(), records.encode_packages(packages, synced_at)
+        client.retrying("sync", lambda: client.set(self._keys.packages(model), payload))
+
+    def packages(self, model: str) -> list[Package]:
+        client = self._redis()
+        raw = client.retrying("read", lambda: client.get(self._keys.packages(model)))
+        return [] if raw is None else records.decode_packages(model, raw)
+
+    def known_models(self) -> list[str]:
+        """Every model the ledger has seen a call or a balance for."""
+        client = self._redis()
+        return client.retrying("read", lambda: client.smembers(self._keys.models()))
+
+    def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
+        """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""
+        client = self._redis()
+        args: list[Arg] = [holder, repr(float(now)), repr(float(now + ttl_s)), _lease_ttl(ttl_s)]
+        return bool(int(client.retrying("lease", lambda: client.script("lease", [self._keys.lease(name)], args))))
+
+    def release_lease(self, name: str, holder: str) -> None:
+        client = self._redis()
+        client.retrying("lease", lambda: client.script("unlease", [self._keys.lease(name)], [holder]))
+
+    def close(self) -> None:
+        self._epoch = None
+        self._client.close()

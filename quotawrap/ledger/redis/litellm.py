@@ -1,0 +1,86 @@
+"""Sharing Redis with the LiteLLM limiter: its ``daily_usage`` keys and its balance snapshot.
+
+Usage the limiter records under ``daily_usage:{date}:{model}:{hash}`` counts towards the
+model-day's settled usage (ours is written there under our own hash by the transition scripts),
+and its ``balance_at_sync`` / ``usage_at_sync`` keys are a snapshot like ours (docs/redis.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ...quota import Snapshot, beijing_day
+from .client import Client
+from .keys import Keys
+
+__all__ = ["THEIR_SNAPSHOT_TTL_S", "ForeignUsage", "pick_snapshot"]
+
+THEIR_SNAPSHOT_TTL_S = 24 * 3600  # the LiteLLM sync thread writes its snapshot keys with 24h (seed §7.5)
+
+
+def _glob_escape(text: str) -> str:
+    """Redis MATCH patterns take a backslash before a special character."""
+    return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)
+
+
+@dataclass
+class _Scan:
+    names: list[str]
+    scanned_at: float
+    last_sum: int = 0
+
+
+class ForeignUsage:
+    """The other writers' daily_usage keys of each model-day, re-scanned at most every refresh_ms."""
+
+    def __init__(self, client: Client, keys: Keys) -> None:
+        self._client = client
+        self._keys = keys
+        self._scans: dict[tuple[str, str], _Scan] = {}
+
+    def names(self, model: str, day: str) -> list[str]:
+        key = (model, day)
+        now = time.monotonic()
+        cached = self._scans.get(key)
+        if cached is not None and now - cached.scanned_at < self._keys.options.foreign_refresh_ms / 1000:
+            return cached.names
+        own = self._keys.own_daily_usage(model, day)
+        base = self._keys.daily_usage_base(model, day)
+        found = self._client.retrying("scan", lambda: self._client.scan(f"{_glob_escape(base)}*"))
+        # a model named "m:x" has keys under "m:*" too: the hash is the last part, without a colon
+        names = sorted(name for name in found if name != own and ":" not in name[len(base) :])
+        self._scans[key] = _Scan(names, now, cached.last_sum if cached is not None else 0)
+        return names
+
+    def total(self, model: str, day: str) -> int:
+        """Their usage of a model-day now (and remembered as the last seen)."""
+        names = self.names(model, day)
+        total = sum(int(float(v)) for v in self._client.mget(names) if v) if names else 0
+        self._scans[(model, day)].last_sum = total
+        return total
+
+    def last(self, model: str, day: str) -> int:
+        """The last total seen (by ``total`` or a reserve script), for the usage series."""
+        cached = self._scans.get((model, day))
+        return cached.last_sum if cached is not None else 0
+
+    def seen(self, model: str, day: str, total: int) -> None:
+        cached = self._scans.get((model, day))
+        if cached is not None:
+            cached.last_sum = total
+
+
+def pick_snapshot(ours: Snapshot | None, balance: str | None, usage: str | None, ttl_ms: int) -> Snapshot | None:
+    """Ours, unless the LiteLLM sync thread wrote a newer one (its age is told by its 24h TTL)."""
+    if balance is None or usage is None:
+        return ours
+    now = time.time()
+    synced_at = now - max(0.0, THEIR_SNAPSHOT_TTL_S - ttl_ms / 1000) if ttl_ms > 0 else now
+    their_balance, at_sync = max(0, int(float(balance))), max(0, int(float(usage)))
+    if ours is not None and (
+        synced_at <= ours.synced_at + 5 or (their_balance, at_sync) == (ours.balance, ours.usage_at_sync)
+    ):
+        return ours
+    # The LiteLLM record has no lag information: taken at face value, as that limiter does (v6).
+    return Snapshot(their_balance, at_sync, at_sync, synced_at, beijing_day(synced_at), "litellm")

@@ -1,0 +1,74 @@
+"""The Redis ledger's settings, and the store URL they may come in (``redis://host/0?prefix=qw``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ..._errors import ConfigError
+
+__all__ = ["DAY_S", "RedisOptions", "redact", "split_url"]
+
+DAY_S = 86_400
+
+
+@dataclass(frozen=True)
+class RedisOptions:
+    """Settings of a Redis ledger; each may be given as a query parameter of the store URL."""
+
+    prefix: str = "qw"  # our own keys: {qw:md:...}, {qw:run:...}, qw:meta, ...
+    daily_usage_prefix: str = "daily_usage"  # the LiteLLM limiter's daily counters
+    snapshot_prefix: str = "limit:dynamic:volcengine"  # the LiteLLM limiter's sync snapshot
+    date_format: str = "%Y-%m-%d"  # the Beijing date inside daily_usage keys
+    hash: str = "quotawrap"  # our own {hash} in daily_usage:{date}:{model}:{hash}
+    audit_max: int = 10_000  # per model-day audit stream length (approximate, XADD MAXLEN ~)
+    foreign_refresh_ms: int = 1000  # how often the set of foreign daily_usage keys is re-scanned
+    run_ttl_s: int = 7 * DAY_S  # how long a run's counters and holds survive its last call
+    cluster: bool | None = None  # None: ask the server
+    retries: int = 2  # retries of an idempotent command after a connection error
+    socket_timeout_s: float = 5.0
+    connect_timeout_s: float = 2.0
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+_BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def _parse_option(name: str, raw: str, url: str) -> object:
+    default = getattr(RedisOptions(), name)
+    try:
+        if name == "cluster":
+            return _BOOL[raw.lower()] if raw.lower() != "auto" else None
+        if isinstance(default, bool):
+            return _BOOL[raw.lower()]
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"store URL {redact(url)}: bad value {raw!r} for {name}") from exc
+    return raw
+
+
+def split_url(url: str) -> tuple[str, dict[str, object]]:
+    """(the URL redis-py should see, our options taken out of its query string)."""
+    parts = urlsplit(url)
+    ours: dict[str, object] = {}
+    theirs: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in RedisOptions.names():
+            ours[key] = _parse_option(key, value, url)
+        else:
+            theirs.append((key, value))
+    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+
+
+def redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -15,8 +15,7 @@ had to what its new state charges, and refuses any move that does not advance th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = ["RANK", "Deltas", "Event", "HoldState", "Step", "follow", "step"]
 
@@ -28,8 +27,7 @@ Event = Literal["settle", "release", "resolve"]  # resolve: charge an open hold 
 RANK: dict[str, int] = {"held": 0, "unresolved": 1, "settled": 2, "released": 2, "gone": 2}
 
 
-@dataclass(frozen=True)
-class Deltas:
+class Deltas(NamedTuple):  # a NamedTuple: built on every guarded call, and cheaper than a frozen dataclass
     """What one transition adds to a hold's counters (negative: taken off)."""
 
     settled: int
@@ -38,8 +36,7 @@ class Deltas:
     cost_in_flight: int
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     state: HoldState
     charged: int
     charged_cost: int

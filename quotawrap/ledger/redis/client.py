@@ -91,6 +91,11 @@ class Client:
             return
         with self._lock:
             if self._redis is None:
+                from redis.exceptions import NoScriptError, ResponseError
+
+                # looked up once: script() runs for every reserve and settle
+                self._no_script: type[Exception] = NoScriptError
+                self._error_reply: type[Exception] = ResponseError
                 with self.errors("connect"):
                     self._redis, self.cluster = self._open()
 
@@ -192,16 +197,14 @@ class Client:
 
         The one path for a single node and for Cluster; only the transport differs (``_send``).
         """
-        from redis.exceptions import NoScriptError
-
         script = self._scripts[name]
         try:
-            return self._send(("EVALSHA", script.sha, len(keys), *keys, *args), keys)
-        except NoScriptError:
-            self._send(("SCRIPT", "LOAD", script.source), ())
-            return self._send(("EVALSHA", script.sha, len(keys), *keys, *args), keys)
+            return self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+        except self._no_script:
+            self._send("SCRIPT", "LOAD", script.source)
+            return self._send("EVALSHA", script.sha, len(keys), *keys, *args)
 
-    def _send(self, command: Sequence[Arg], keys: Sequence[str]) -> Any:
+    def _send(self, *command: Arg) -> Any:
         """Cluster: through the client, which routes by the keys' slot (SCRIPT LOAD goes to every primary).
 
         Single node: on this thread's own connection. The reserve and the settle of every guarded call
@@ -211,13 +214,11 @@ class Client:
         """
         if self.cluster:
             return self._redis.execute_command(*command)
-        from redis.exceptions import ResponseError
-
         conn = self._connection()
         try:
             conn.send_command(*command)
             return conn.read_response()
-        except ResponseError:
+        except self._error_reply:
             raise  # an error reply: the connection is still in step
         except BaseException:
             conn.disconnect()  # anything else may leave a reply unread; redis-py connects again on the next command

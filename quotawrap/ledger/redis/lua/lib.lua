@@ -57,18 +57,19 @@ end
 -- holds.RANK: a transition must move a hold strictly forward
 local RANK = {held = 0, unresolved = 1, settled = 2, released = 2, gone = 2}
 
--- holds.follow: the counter deltas that move a hold from state to target, nil when not forward
+-- holds.follow: the counter deltas that move a hold from state to target, nil when not forward.
+-- Returns settled, in flight, cost settled, cost in flight (several values: no table per call).
 local function hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, new_charged,
                            new_charged_cost)
   if RANK[state] == nil or RANK[target] <= RANK[state] then return nil end
   local in_flight, cost_in_flight = 0, 0
   if state == 'held' then in_flight, cost_in_flight = 0 - reserved, 0 - reserved_cost end
-  return {settled = new_charged - charged, in_flight = in_flight,
-          cost_settled = new_charged_cost - charged_cost, cost_in_flight = cost_in_flight}
+  return new_charged - charged, in_flight, new_charged_cost - charged_cost, cost_in_flight
 end
 
 -- holds.step: event settle | release | resolve; usage_total and cost are nil when unknown.
--- Returns {state, charged, charged_cost, overshoot, deltas}, or nil when nothing changes.
+-- Returns the new state, charged, charged cost, overshoot, then hold_follow's four deltas;
+-- nil when nothing changes.
 local function hold_step(state, event, reserved, charged, reserved_cost, charged_cost, usage_total, cost)
   local target, actual, actual_cost
   if event == 'settle' then
@@ -86,10 +87,11 @@ local function hold_step(state, event, reserved, charged, reserved_cost, charged
   else
     target, actual, actual_cost = 'unresolved', reserved, reserved_cost
   end
-  local deltas = hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, actual, actual_cost)
-  if not deltas then return nil end
-  return {state = target, charged = actual, charged_cost = actual_cost,
-          overshoot = (target == 'settled' and actual > reserved), deltas = deltas}
+  local settled, in_flight, cost_settled, cost_in_flight =
+    hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, actual, actual_cost)
+  if settled == nil then return nil end
+  return target, actual, actual_cost, (target == 'settled' and actual > reserved), settled, in_flight,
+    cost_settled, cost_in_flight
 end
 
 -- the sum of the string keys KEYS[first..], in one MGET
@@ -142,12 +144,13 @@ local function run_apply(run_counters_key, run_holds_key, hold_id, target, new_c
   local copy = redis.call('HGET', run_holds_key, hold_id)
   if not copy then return 0 end
   local state, reserved, charged, reserved_cost, charged_cost, day, model = parse_run_hold(copy)
-  local d = hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, new_charged, new_charged_cost)
-  if not d then return 0 end
-  if d.in_flight ~= 0 then redis.call('HINCRBY', run_counters_key, 'in_flight', int(d.in_flight)) end
-  if d.cost_in_flight ~= 0 then redis.call('HINCRBY', run_counters_key, 'cost_in_flight', int(d.cost_in_flight)) end
-  if d.settled ~= 0 then redis.call('HINCRBY', run_counters_key, 'settled', int(d.settled)) end
-  if d.cost_settled ~= 0 then redis.call('HINCRBY', run_counters_key, 'cost_settled', int(d.cost_settled)) end
+  local settled, in_flight, cost_settled, cost_in_flight =
+    hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, new_charged, new_charged_cost)
+  if settled == nil then return 0 end
+  if in_flight ~= 0 then redis.call('HINCRBY', run_counters_key, 'in_flight', int(in_flight)) end
+  if cost_in_flight ~= 0 then redis.call('HINCRBY', run_counters_key, 'cost_in_flight', int(cost_in_flight)) end
+  if settled ~= 0 then redis.call('HINCRBY', run_counters_key, 'settled', int(settled)) end
+  if cost_settled ~= 0 then redis.call('HINCRBY', run_counters_key, 'cost_settled', int(cost_settled)) end
   if target == 'unresolved' then
     redis.call('HSET', run_holds_key, hold_id,
       run_hold('unresolved', reserved, new_charged, reserved_cost, new_charged_cost, day, model))
@@ -214,11 +217,11 @@ local function md_transition(k, a)
     usage_total = tonumber(a.total)
     if a.cost ~= '' then cost = tonumber(a.cost) end
   end
-  local s = hold_step(state, a.mode, reserved, charged, reserved_cost, charged_cost, usage_total, cost)
-  if not s then return {0} end
-  local d = s.deltas
-  if d.settled ~= 0 then redis.call('HINCRBY', k.counters, 'settled', int(d.settled)) end
-  if d.in_flight ~= 0 then redis.call('HINCRBY', k.counters, 'in_flight', int(d.in_flight)) end
+  local target, actual, actual_cost, overshot, settled_delta, in_flight_delta, cost_delta =
+    hold_step(state, a.mode, reserved, charged, reserved_cost, charged_cost, usage_total, cost)
+  if target == nil then return {0} end
+  if settled_delta ~= 0 then redis.call('HINCRBY', k.counters, 'settled', int(settled_delta)) end
+  if in_flight_delta ~= 0 then redis.call('HINCRBY', k.counters, 'in_flight', int(in_flight_delta)) end
   if state == 'held' then
     redis.call('ZREM', k.open, a.hold_id)
     local owner = f[6] .. '|' .. f[5]
@@ -227,42 +230,42 @@ local function md_transition(k, a)
   else
     redis.call('HINCRBY', k.run_totals, 'unresolved_calls', -1)
   end
-  if d.settled ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_tokens', int(d.settled)) end
-  if d.cost_settled ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_cost', int(d.cost_settled)) end
-  if s.state == 'unresolved' then
+  if settled_delta ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_tokens', int(settled_delta)) end
+  if cost_delta ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_cost', int(cost_delta)) end
+  if target == 'unresolved' then
     redis.call('HINCRBY', k.run_totals, 'unresolved_calls', 1)
-  elseif s.state == 'released' then
+  elseif target == 'released' then
     redis.call('HINCRBY', k.run_totals, 'released_calls', 1)
   end
   local prompt, completion, reasoning, cached, overshoot = '', '', '', '', 0
-  if s.state == 'settled' then
+  if target == 'settled' then
     prompt, completion, reasoning, cached = a.prompt, a.completion, a.reasoning, a.cached
     redis.call('HINCRBY', k.run_totals, 'prompt_tokens', int(prompt))
     redis.call('HINCRBY', k.run_totals, 'completion_tokens', int(completion))
     redis.call('HINCRBY', k.run_totals, 'reasoning_tokens', int(reasoning))
     redis.call('HINCRBY', k.run_totals, 'cached_tokens', int(cached))
-    if s.overshoot then
+    if overshot then
       overshoot = 1
       redis.call('HINCRBY', k.run_totals, 'overshoot_calls', 1)
     end
   end
-  if d.settled ~= 0 then
+  if settled_delta ~= 0 then
     local cumulative = num(redis.call('HGET', k.counters, 'settled')) + tonumber(a.foreign)
     redis.call('HSET', k.series, a.minute, int(cumulative))
   end
-  if s.state == 'unresolved' then
-    redis.call('HSET', k.hold, 'state', 'unresolved', 'charged', int(s.charged), 'charged_cost', int(s.charged_cost))
+  if target == 'unresolved' then
+    redis.call('HSET', k.hold, 'state', 'unresolved', 'charged', int(actual), 'charged_cost', int(actual_cost))
   else
     redis.call('DEL', k.hold)
   end
   redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', f[4],
-    'state', s.state, 'endpoint', f[7], 'reserved', int(reserved), 'charged', int(s.charged),
-    'reserved_cost', int(reserved_cost), 'charged_cost', int(s.charged_cost), 'prompt', prompt,
+    'state', target, 'endpoint', f[7], 'reserved', int(reserved), 'charged', int(actual),
+    'reserved_cost', int(reserved_cost), 'charged_cost', int(actual_cost), 'prompt', prompt,
     'completion', completion, 'reasoning', reasoning, 'cached', cached, 'overshoot', overshoot,
     'would_block', f[13] or 0, 'blocked_by', f[14] or '', 'kf', f[11] or '', 'tags', f[12] or '',
     'started', f[8] or a.now, 'ended', a.now, 'latency', a.latency, 'pid', f[5] or 0, 'host', f[6] or '')
   expire_all({k.counters, k.run_totals, k.series, k.audit}, a.expire_at)
-  return {1, s.state, reserved, s.charged, d.settled, f[4], s.charged_cost}
+  return {1, target, reserved, actual, settled_delta, f[4], actual_cost}
 end
 
 -- The call's fields come as one JSON argument: packing one string costs the client far less

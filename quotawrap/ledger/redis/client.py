@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from ..._errors import StoreError
 from .options import RedisOptions
 
-__all__ = ["Arg", "Client", "as_int", "as_text"]
+__all__ = ["Arg", "Client", "as_int", "as_text", "lua_file"]
 
 _T = TypeVar("_T")
 Arg = str | int | float
@@ -53,15 +53,16 @@ class _Script:
     sha: str
 
 
-def _lua(name: str) -> str:
+def lua_file(name: str) -> str:
+    """The text of lua/NAME.lua (lib.lua is the shared library)."""
     return (importlib.resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
 def _load_scripts() -> dict[str, _Script]:
-    lib = _lua("lib")
+    lib = lua_file("lib")
     scripts = {}
     for name in SCRIPTS:
-        source = lib + _lua(name) if name in _WITH_LIB else _lua(name)
+        source = lib + lua_file(name) if name in _WITH_LIB else lua_file(name)
         scripts[name] = _Script(source, hashlib.sha1(source.encode()).hexdigest())
     return scripts
 

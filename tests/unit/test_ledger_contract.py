@@ -39,8 +39,6 @@ from tests.redis_server import (
     session_url,
 )
 
-pytestmark = pytest.mark.redis
-
 DAY = beijing_day(time.time())
 MODEL = "doubao-seed-1-6"
 HOST = socket.gethostname()
@@ -124,7 +122,7 @@ def cc(ledger: Ledger, run: str = "run-a") -> Counters:
     return ledger.counters([run_cost_key(run)])[run_cost_key(run)]
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
@@ -591,6 +589,7 @@ def _client(url: str) -> Any:
     return redis.Redis.from_url(url, decode_responses=True)
 
 
+@pytest.mark.redis
 class TestScriptReload:
     def test_works_after_script_flush(self, redis_ledger: RedisLedger, redis_url: str) -> None:
         """After SCRIPT FLUSH the scripts are loaded again and the call goes through."""
@@ -622,6 +621,7 @@ class TestFailClosed:
         assert "s3cret" not in str(caught.value) and "***" in caught.value.store
 
 
+@pytest.mark.redis
 class TestRestart:
     def test_restart_mid_run(self, redis_server: RedisServer) -> None:
         """Threads keep calling through a restart: refused while down, nothing counted twice or lost."""
@@ -705,6 +705,7 @@ def _litellm_incr(url: str, key: str, times: int, amount: int) -> None:
     client.close()
 
 
+@pytest.mark.redis
 class TestLiteLLMInterop:
     def test_foreign_daily_usage_counts(self, redis_ledger: RedisLedger, redis_url: str) -> None:
         """Usage the LiteLLM limiter INCRs under its own hash is part of the model-day's settled."""
@@ -777,6 +778,7 @@ class TestLiteLLMInterop:
         assert charged <= CAP - 1
 
 
+@pytest.mark.redis
 class TestMemoryBounded:
     def test_keys_do_not_grow_with_calls(self, redis_url: str) -> None:
         """5,000 settled calls leave O(1) keys, each with a TTL, and a capped audit stream."""
@@ -798,6 +800,7 @@ class TestMemoryBounded:
         assert md(ledger).settled == sum(i % 50 for i in range(500)) + sum(i % 50 for i in range(4500))
 
 
+@pytest.mark.redis
 class TestCluster:
     @pytest.fixture
     def cluster_url(self) -> Iterator[str]:

@@ -17,10 +17,22 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-__all__ = ["RANK", "Deltas", "Event", "HoldState", "Step", "follow", "step"]
+__all__ = ["MAX_CHARGE", "RANK", "Deltas", "Event", "HoldState", "Step", "clamp", "follow", "step"]
 
 HoldState = Literal["blocked", "held", "settled", "released", "unresolved"]
 Event = Literal["settle", "release", "resolve"]  # resolve: charge an open hold whose outcome is unknown
+
+# The most one hold may count: the largest integer a double (a Lua number) holds exactly. No real
+# call comes near it (it is 9e15 tokens); a usage or cost beyond it can only be a provider's or a
+# parser's anomaly, and counting it as is would wrap Lua's integer formatting negative (lifting
+# every limit) or overflow SQLite's 64-bit integers.
+MAX_CHARGE = 2**53 - 1
+
+
+def clamp(amount: int) -> int:
+    """An amount as a ledger counts it: within 0..MAX_CHARGE, so no counter wraps or goes negative."""
+    return 0 if amount < 0 else min(amount, MAX_CHARGE)
+
 
 # How far along a hold is; a transition must go strictly forward. "gone" is the Redis run slot's
 # word for a hold its model-day never took (a Cluster reserve refused or cut short).
@@ -42,6 +54,7 @@ class Step(NamedTuple):
     charged_cost: int
     overshoot: bool  # settled on more tokens than it held
     deltas: Deltas
+    clamped: bool  # the usage or cost was outside 0..MAX_CHARGE and was charged as the bound
 
 
 def follow(
@@ -84,9 +97,9 @@ def step(
     """Apply one event to a hold; None when it changes nothing (unknown, final, or not applicable).
 
     ``settle`` with usage charges ``usage_total`` and ``cost`` (the reserved cost when no cost is
-    known); ``settle`` without usage, and ``resolve``, charge the whole hold (outcome unknown:
-    the crash-safe default); ``release`` charges nothing. Only a ``settle`` with real usage may
-    correct an ``unresolved`` hold.
+    known), each clamped to 0..MAX_CHARGE; ``settle`` without usage, and ``resolve``, charge the
+    whole hold (outcome unknown: the crash-safe default); ``release`` charges nothing. Only a
+    ``settle`` with real usage may correct an ``unresolved`` hold.
     """
     target: HoldState
     if event == "settle":
@@ -95,8 +108,8 @@ def step(
         if usage_total is None:
             target, actual, actual_cost = "unresolved", reserved, reserved_cost
         else:
-            target, actual = "settled", usage_total
-            actual_cost = reserved_cost if cost is None else cost
+            target, actual = "settled", clamp(usage_total)
+            actual_cost = reserved_cost if cost is None else clamp(cost)
     elif state != "held":
         return None
     elif event == "release":
@@ -106,4 +119,5 @@ def step(
     deltas = follow(state, reserved, charged, reserved_cost, charged_cost, target, actual, actual_cost)
     if deltas is None:  # pragma: no cover - every case above moves forward
         return None
-    return Step(target, actual, actual_cost, target == "settled" and actual > reserved, deltas)
+    clamped = target == "settled" and (actual != usage_total or (cost is not None and actual_cost != cost))
+    return Step(target, actual, actual_cost, target == "settled" and actual > reserved, deltas, clamped)

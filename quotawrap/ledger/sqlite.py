@@ -22,7 +22,7 @@ from .._errors import StoreCorrupt, StoreError
 from ..quota import Counters, Package, Snapshot, verdict
 from ..usage import Usage
 from .base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
-from .holds import Deltas, Event, step
+from .holds import Deltas, Event, clamp, step
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
 from .sqlite_file import MIGRATIONS, SCHEMA_VERSION, create_schema, private_file, refuse_foreign, retry_locked
 
@@ -167,12 +167,13 @@ class SQLiteLedger:
 
     def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         scopes = scope_keys(request.run_id, request.model, request.day)
+        reserve, reserve_cost = clamp(request.reserve), clamp(request.reserve_cost)
         with self._write("reserve") as conn:
             counters = self._read_counters(conn, tuple(scopes.values()))
             snapshot = self._read_snapshot(conn, request.model)
             limits = limits_for(snapshot)
             scoped = {kind: counters[key] for kind, key in scopes.items()}
-            result = verdict(limits, scoped, request.reserve, reserve_cost=request.reserve_cost)
+            result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)
             held = result.allowed or not request.enforce
             conn.execute(
                 "INSERT INTO calls (id, run_id, model, day, endpoint, state, reserved, reserved_cost,"
@@ -185,8 +186,8 @@ class SQLiteLedger:
                     request.day,
                     request.endpoint,
                     "held" if held else "blocked",
-                    request.reserve,
-                    request.reserve_cost,
+                    reserve,
+                    reserve_cost,
                     int(not result.allowed),
                     result.blocking.name if result.blocking else None,
                     request.pid,
@@ -198,7 +199,7 @@ class SQLiteLedger:
                 ),
             )
             if held:
-                taken = Deltas(0, request.reserve, 0, request.reserve_cost)  # nothing settled, all in flight
+                taken = Deltas(0, reserve, 0, reserve_cost)  # nothing settled, all in flight
                 self._charge(conn, (request.run_id, request.model, request.day), taken)
         return Decision(request.hold_id, result, held, scoped)
 
@@ -235,10 +236,10 @@ class SQLiteLedger:
                 moved.state,
                 moved.charged,
                 moved.charged_cost,
-                usage.prompt_tokens if usage else None,
-                usage.completion_tokens if usage else None,
-                usage.reasoning_tokens if usage else None,
-                usage.cached_tokens if usage else None,
+                clamp(usage.prompt_tokens) if usage else None,
+                clamp(usage.completion_tokens) if usage else None,
+                clamp(usage.reasoning_tokens) if usage else None,
+                clamp(usage.cached_tokens) if usage else None,
                 int(moved.overshoot),
                 self._clock(),
                 latency_s,

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from quotawrap._errors import StoreError
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import HoldRequest, RunRecord, model_day_key, run_cost_key, run_key
+from quotawrap.ledger.holds import MAX_CHARGE
 from quotawrap.ledger.redis import RedisLedger
 from quotawrap.quota import Counters, Limit, Package, Snapshot, beijing_day, verdict
 from quotawrap.usage import Usage
@@ -372,6 +373,18 @@ class TestSettle:
         ledger.settle(held.hold_id, usage(180))
         assert md(ledger).settled == 180
         assert ledger.run_totals("run-a").models[MODEL].overshoot_calls == 1
+
+    def test_absurd_usage_is_clamped_and_limits_stay(self, ledger: Ledger) -> None:
+        """A usage of 2^63 tokens is charged as holds.MAX_CHARGE: no counter wraps negative (Lua) or
+        overflows (SQLite), and the model-day's cap refuses the next call."""
+        held = ledger.reserve(request(100), limits(daily=10_000))
+        ledger.settle(held.hold_id, Usage(prompt_tokens=2**63, completion_tokens=0, total_tokens=2**63), cost=2**64)
+        assert md(ledger) == Counters(MAX_CHARGE, 0) and rc(ledger) == Counters(MAX_CHARGE, 0)
+        assert cc(ledger) == Counters(MAX_CHARGE, 0)
+        refused = ledger.reserve(request(1), limits(daily=10_000))
+        assert not refused.held and refused.verdict.blocking is not None
+        record = next(r for r in ledger.call_records() if r.id == held.hold_id)
+        assert (record.charged, record.prompt_tokens, record.overshoot) == (MAX_CHARGE, MAX_CHARGE, True)
 
     def test_unknown_and_blocked_ids_are_ignored(self, ledger: Ledger) -> None:
         """Settling an id the ledger never held changes nothing."""

@@ -40,7 +40,7 @@ for i, c in ipairs(cjson.decode(ARGV[1])) do
     if r[1] == nil then
       out[i] = false
     else
-      out[i] = {r[1], int(r[2]), int(r[3]), r[4], int(r[5]), int(r[6]), int(r[7]), int(r[8])}
+      out[i] = {r[1], int(r[2]), int(r[3]), r[4], int(r[5]), int(r[6]), int(r[7]), int(r[8]), r[9]}
     end
   else
     local r = {hold_follow(c.state, c.reserved, c.charged, c.reserved_cost, c.charged_cost, c.target,
@@ -76,6 +76,12 @@ def lua() -> Iterator[Any]:
 def _amount(rng: random.Random) -> int:
     """Mostly small numbers (so caps bind often), sometimes large ones Lua must still add exactly."""
     return rng.choice((rng.randint(0, 50), rng.randint(0, 5000), rng.randint(0, 2**40)))
+
+
+def _anomaly(rng: random.Random) -> int:
+    """A usage or cost no real call has: at and past the bound holds.clamp keeps counters within."""
+    bound = holds.MAX_CHARGE
+    return rng.choice((bound, bound + 1, 2**53 + 2, 2**63 - 1, 2**63, 2**64, 10**30, -1, -(2**63)))
 
 
 def _verdict_case(rng: random.Random) -> tuple[dict[str, Any], list[Limit], dict[str, Counters], bool]:
@@ -136,15 +142,16 @@ def _hold(rng: random.Random) -> dict[str, Any]:
 
 
 def test_hold_step_is_holds_step(lua: Any) -> None:
-    """hold_step() moves a hold and its counters exactly as holds.step, for every state and event."""
+    """hold_step() moves a hold and its counters exactly as holds.step, for every state and event,
+    and clamps an anomalous usage or cost (2^63, negative, ...) to the same bound with the same flag."""
     rng = random.Random(12)
     cases = []
     for _ in range(CASES):
         case = {"check": "step", "event": rng.choice(("settle", "settle", "release", "resolve")), **_hold(rng)}
         if rng.random() < 0.7:
-            case["usage"] = rng.choice((_amount(rng), case["reserved"], case["reserved"] + 1))
+            case["usage"] = rng.choice((_amount(rng), case["reserved"], case["reserved"] + 1, _anomaly(rng)))
         if rng.random() < 0.5:
-            case["cost"] = _amount(rng)
+            case["cost"] = rng.choice((_amount(rng), _amount(rng), _anomaly(rng)))
         cases.append(case)
     answers = lua(cases)
     moved = 0
@@ -163,9 +170,9 @@ def test_hold_step_is_holds_step(lua: Any) -> None:
             assert answer is False, case
             continue
         moved += 1
-        state, charged, charged_cost, overshoot, *deltas = answer
-        got = (state, int(charged), int(charged_cost), overshoot, holds.Deltas(*map(int, deltas)))
-        assert got == (expected.state, expected.charged, expected.charged_cost, expected.overshoot, expected.deltas)
+        state, charged, charged_cost, overshoot, *deltas, clamped = answer
+        got = (state, int(charged), int(charged_cost), overshoot, holds.Deltas(*map(int, deltas)), clamped)
+        assert got == tuple(expected), case
     assert CASES // 5 < moved < CASES * 4 // 5
 
 

@@ -33,7 +33,7 @@ from ..._errors import ConfigError, StoreError
 from ...quota import BEIJING, Counters, Limit, Package, Snapshot, Verdict
 from ...usage import Usage
 from ..base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
-from ..holds import Event
+from ..holds import Event, clamp
 from ..scopes import ModelDay, Run, parse_counter_key
 from . import records
 from .client import Arg, Client, as_int, as_text
@@ -172,7 +172,7 @@ class RedisLedger:
         fields = {
             "hold_id": request.hold_id,
             "run": request.run_id,
-            "reserve": int(request.reserve),
+            "reserve": clamp(int(request.reserve)),
             "enforce": "1" if request.enforce else "0",
             "day": request.day,
             "model": request.model,
@@ -187,7 +187,7 @@ class RedisLedger:
             "run_ttl": self.options.run_ttl_s,
             "audit_max": self.options.audit_max,
             "blocked_ttl": BLOCKED_MARK_TTL_S,
-            "reserve_cost": int(request.reserve_cost),
+            "reserve_cost": clamp(int(request.reserve_cost)),
             "limits": _limit_args(ordered),
         }
         return json.dumps(fields, separators=(",", ":"))
@@ -319,11 +319,11 @@ class RedisLedger:
             "hold_id": hold_id,
             "mode": event,
             "has_usage": "1" if usage is not None else "0",
-            "total": usage.total_tokens if usage else 0,
-            "prompt": usage.prompt_tokens if usage else 0,
-            "completion": usage.completion_tokens if usage else 0,
-            "reasoning": usage.reasoning_tokens if usage else 0,
-            "cached": usage.cached_tokens if usage else 0,
+            "total": usage.total_tokens if usage else 0,  # clamped by hold_step, as holds.step does
+            "prompt": clamp(usage.prompt_tokens) if usage else 0,
+            "completion": clamp(usage.completion_tokens) if usage else 0,
+            "reasoning": clamp(usage.reasoning_tokens) if usage else 0,
+            "cached": clamp(usage.cached_tokens) if usage else 0,
             "latency": "" if latency_s is None else repr(float(latency_s)),
             "now": repr(now),
             "minute": int(now // 60),

@@ -54,6 +54,15 @@ local function blocking(limits, run_only, run, md_settled, md_in_flight, reserve
   return 0
 end
 
+-- holds.MAX_CHARGE and holds.clamp: an amount within 0..2^53-1, so no counter wraps or goes negative
+local MAX_CHARGE = 9007199254740991
+
+local function clamp(amount)
+  if amount < 0 then return 0 end
+  if amount > MAX_CHARGE then return MAX_CHARGE end
+  return amount
+end
+
 -- holds.RANK: a transition must move a hold strictly forward
 local RANK = {held = 0, unresolved = 1, settled = 2, released = 2, gone = 2}
 
@@ -68,8 +77,8 @@ local function hold_follow(state, reserved, charged, reserved_cost, charged_cost
 end
 
 -- holds.step: event settle | release | resolve; usage_total and cost are nil when unknown.
--- Returns the new state, charged, charged cost, overshoot, then hold_follow's four deltas;
--- nil when nothing changes.
+-- Returns the new state, charged, charged cost, overshoot, then hold_follow's four deltas, then
+-- whether the usage or cost was clamped; nil when nothing changes.
 local function hold_step(state, event, reserved, charged, reserved_cost, charged_cost, usage_total, cost)
   local target, actual, actual_cost
   if event == 'settle' then
@@ -77,8 +86,8 @@ local function hold_step(state, event, reserved, charged, reserved_cost, charged
     if usage_total == nil then
       target, actual, actual_cost = 'unresolved', reserved, reserved_cost
     else
-      target, actual, actual_cost = 'settled', usage_total, reserved_cost
-      if cost ~= nil then actual_cost = cost end
+      target, actual, actual_cost = 'settled', clamp(usage_total), reserved_cost
+      if cost ~= nil then actual_cost = clamp(cost) end
     end
   elseif state ~= 'held' then
     return nil
@@ -90,8 +99,9 @@ local function hold_step(state, event, reserved, charged, reserved_cost, charged
   local settled, in_flight, cost_settled, cost_in_flight =
     hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, actual, actual_cost)
   if settled == nil then return nil end
+  local clamped = target == 'settled' and (actual ~= usage_total or (cost ~= nil and actual_cost ~= cost))
   return target, actual, actual_cost, (target == 'settled' and actual > reserved), settled, in_flight,
-    cost_settled, cost_in_flight
+    cost_settled, cost_in_flight, clamped
 end
 
 -- the sum of the string keys KEYS[first..], in one MGET

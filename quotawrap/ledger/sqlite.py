@@ -24,9 +24,22 @@ from ..usage import Usage
 from .base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
 from .holds import Deltas, Event, clamp, step
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
-from .sqlite_file import MIGRATIONS, SCHEMA_VERSION, create_schema, private_file, refuse_foreign, retry_locked
+from .sqlite_file import (
+    MIGRATIONS,
+    OPEN_BUSY_MS,
+    SCHEMA_VERSION,
+    check,
+    create,
+    create_schema,
+    identity,
+    refuse_foreign,
+    refuse_symlink,
+    retry_locked,
+)
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
+
+FILE_CHECK_S = 1.0  # how often an open ledger checks that its file is still the one it opened
 
 
 class SQLiteLedger:
@@ -44,15 +57,18 @@ class SQLiteLedger:
         self.url = url or f"sqlite:///{self.path}"
         self._local = threading.local()
         self._host = socket.gethostname()
+        refuse_symlink(self.path, self.url)
         with self._errors("open"):
             # Before anything writes to it (mode, WAL switch, tables): a file that is not a
             # quotawrap ledger is refused as it is, never adopted.
             refuse_foreign(self.path, self.url)
-        try:
-            private_file(self.path)
-        except OSError as exc:
-            raise StoreError(f"cannot create the ledger file: {exc}", store=self.url) from exc
-        with self._errors("open"):
+            try:
+                create(self.path)
+                os.chmod(self.path, 0o600)
+                self._identity = identity(self.path)
+            except OSError as exc:
+                raise StoreError(f"cannot create the ledger file: {exc}", store=self.url) from exc
+            self._checked_at = time.monotonic()
             conn = self._conn()
             retry_locked(lambda: create_schema(conn))
             row = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
@@ -83,12 +99,17 @@ class SQLiteLedger:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         # A connection inherited through fork() must never be used by the child.
         if conn is None or self._local.pid != os.getpid():
+            check(self.path, self._identity, self.url)
             conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout=60000")
+            conn.execute(f"PRAGMA busy_timeout={OPEN_BUSY_MS}")
             retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+            conn.execute("PRAGMA busy_timeout=60000")
             conn.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = conn
             self._local.pid = os.getpid()
+        elif time.monotonic() - self._checked_at >= FILE_CHECK_S:
+            check(self.path, self._identity, self.url)
+            self._checked_at = time.monotonic()
         return conn
 
     @contextlib.contextmanager

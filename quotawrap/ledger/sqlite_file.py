@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import stat
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .._errors import StoreCorrupt
+from .._errors import StoreCorrupt, StoreError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "create_schema", "private_file", "refuse_foreign", "retry_locked"]
+__all__ = [
+    "MIGRATIONS",
+    "OPEN_BUSY_MS",
+    "SCHEMA_VERSION",
+    "check",
+    "create",
+    "create_schema",
+    "identity",
+    "refuse_foreign",
+    "refuse_symlink",
+    "retry_locked",
+]
 
 SCHEMA_VERSION = "2"
 
@@ -78,28 +92,50 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def retry_locked(action: Callable[[], object], attempts: int = 100) -> None:
+LOCKED_RETRY_S = 30.0  # how long opening keeps retrying "database is locked" in all
+OPEN_BUSY_MS = 2000  # the busy wait of one try while opening (a guarded call's own waits are longer)
+
+
+def retry_locked(action: Callable[[], object], deadline_s: float = LOCKED_RETRY_S) -> None:
     """Switching to WAL and creating the schema can report "locked" at once, without waiting on the
-    busy handler, while another process opens the same new file: try again briefly."""
-    for attempt in range(attempts):
+    busy handler, while another process opens the same file: try again briefly, never for ever."""
+    give_up = time.monotonic() + deadline_s
+    while True:
         try:
             action()
             return
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == attempts - 1:
+            if "locked" not in str(exc) or time.monotonic() >= give_up:
                 raise
             time.sleep(0.05)
 
 
+def refuse_symlink(path: Path, url: str) -> None:
+    if path.is_symlink():
+        raise StoreError(
+            "the ledger path is a symlink, and a ledger is never opened through one: give the real path",
+            store=url,
+        )
+
+
 def refuse_foreign(path: Path, url: str) -> None:
-    """Raise StoreCorrupt unless ``path`` is missing, empty, or a quotawrap ledger; reads only."""
+    """Raise StoreCorrupt unless ``path`` is missing or a quotawrap ledger; reads only.
+
+    An empty file is refused too: a new ledger is created complete (``create``), so an empty one
+    is a ledger that was truncated, and adopting it as new would forget the day's usage.
+    """
     try:
-        if not path.is_file() or path.stat().st_size == 0:
+        if not path.is_file():
             return
+        if path.stat().st_size == 0:
+            raise StoreCorrupt(
+                "ledger file is empty (truncated?); it was left untouched: restore it, or move it away to start anew",
+                store=url,
+            )
         with path.open("rb") as file:
             header = file.read(16)
     except OSError:
-        return  # private_file says what is wrong with the path
+        return  # create() says what is wrong with the path
     if header != b"SQLite format 3\0":  # SQLite itself takes a short file of garbage for an empty database
         raise StoreCorrupt("ledger is damaged (file is not a database); it was left untouched", store=url)
     conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=60.0)
@@ -130,9 +166,48 @@ def create_schema(conn: sqlite3.Connection) -> None:
         raise
 
 
-def private_file(path: Path) -> None:
-    """Create the ledger file (and its directory) readable by the owner only."""
+def create(path: Path) -> None:
+    """Create a new ledger (and its directory) readable by the owner only, if there is none.
+
+    The database is built beside the path and hard-linked into place, which never replaces a
+    file: the path holds a complete ledger or nothing, never an empty file another process
+    could take for new. Whoever links first wins; the others open theirs.
+    """
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    if path.exists():
+        return
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)  # 0600
     os.close(fd)
-    os.chmod(path, 0o600)
+    try:
+        conn = sqlite3.connect(name, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            create_schema(conn)
+        finally:
+            conn.close()
+        with contextlib.suppress(FileExistsError):
+            os.link(name, path)
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{name}{suffix}")
+
+
+def identity(path: Path) -> tuple[int, int]:
+    """(device, inode) of the ledger file: what ``check`` compares against."""
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino
+
+
+def check(path: Path, opened: tuple[int, int], url: str) -> None:
+    """Raise StoreCorrupt when the ledger file is no longer the one opened: gone, replaced, a
+    symlink now, or truncated to nothing. SQLite would go on writing to its open file (or its WAL)
+    as if nothing happened, and every other process would see a different ledger."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise StoreCorrupt("the ledger file is gone (deleted or moved while in use)", store=url) from None
+    if stat.S_ISLNK(st.st_mode) or (st.st_dev, st.st_ino) != opened:
+        raise StoreCorrupt("the ledger file was replaced while in use; the new one was left untouched", store=url)
+    if st.st_size == 0:
+        raise StoreCorrupt("the ledger file was truncated to nothing while in use; it was left untouched", store=url)

@@ -84,9 +84,9 @@ class TestPrivateFiles:
         ledger.close()
 
     def test_existing_loose_file_is_tightened(self, tmp_path: Path) -> None:
-        """An empty ledger file someone created 0644 is made 0600 on open."""
+        """A ledger file someone made 0644 is made 0600 again on open."""
         path = tmp_path / "ledger.sqlite3"
-        path.touch(mode=0o644)
+        SQLiteLedger(path).close()
         os.chmod(path, 0o644)
         SQLiteLedger(path).close()
         assert _mode(path) == 0o600
@@ -201,6 +201,102 @@ class TestRefusesWhatIsNotALedger:
             for opener in openers:
                 opener.join()
             assert outcomes == ["ok"] * len(openers)
+
+
+def _open_and_report(path: Path, results: Any) -> None:
+    """In a forked process: open the ledger and take a hold, report ok or the error's class and text."""
+    try:
+        SQLiteLedger(path).reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        results.put("ok")
+    except Exception as exc:
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+@pytest.fixture
+def check_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open ledger checks its file on every call instead of once a second."""
+    monkeypatch.setattr("quotawrap.ledger.sqlite.FILE_CHECK_S", 0.0)
+
+
+class TestTruncatedOrReplaced:
+    def test_empty_file_is_refused_not_adopted(self, tmp_path: Path) -> None:
+        """A zero-byte ledger file (a ledger truncated while no one had it open) is StoreCorrupt, stays empty."""
+        path = tmp_path / "ledger.sqlite3"
+        path.touch(mode=0o600)
+        _assert_refused_untouched(path, "empty")
+
+    @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+    def test_truncated_under_an_open_ledger_fails_new_openers_at_once(self, tmp_path: Path) -> None:
+        """Truncated to 0 bytes while another ledger holds its WAL open, a new opener is refused
+        (it used to wait on the busy lock, a minute per retry, a hundred retries)."""
+        path = tmp_path / "ledger.sqlite3"
+        running = SQLiteLedger(path)
+        running.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        os.truncate(path, 0)
+        results = multiprocessing.get_context("fork").Queue()
+        opener = multiprocessing.get_context("fork").Process(target=_open_and_report, args=(path, results))
+        opener.start()
+        outcome = results.get(timeout=60)  # a hang fails here instead of holding the suite
+        opener.join()
+        assert outcome.startswith("StoreCorrupt") and "empty" in outcome
+        assert path.stat().st_size == 0
+        running.close()
+
+    def test_truncated_while_in_use(self, tmp_path: Path, check_every_call: None) -> None:
+        """A ledger truncated under a running process fails its next call with StoreCorrupt (SQLite
+        would go on writing into its WAL) and is not rebuilt."""
+        path = tmp_path / "ledger.sqlite3"
+        ledger = SQLiteLedger(path)
+        held = ledger.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        os.truncate(path, 0)
+        with pytest.raises(StoreCorrupt, match="truncated"):
+            ledger.settle(held.hold_id, Usage(1, 1, 2))
+        with pytest.raises(StoreCorrupt):
+            ledger.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        assert path.stat().st_size == 0
+        ledger.close()
+
+    def test_replaced_while_in_use(self, tmp_path: Path, check_every_call: None) -> None:
+        """A ledger file replaced by another (renamed over it) fails the running process's next call:
+        it would otherwise keep counting in the old, unlinked file that no other process sees."""
+        path, other = tmp_path / "ledger.sqlite3", tmp_path / "other.sqlite3"
+        ledger = SQLiteLedger(path)
+        ledger.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        SQLiteLedger(other).close()
+        before = other.read_bytes()
+        os.replace(other, path)
+        with pytest.raises(StoreCorrupt, match="replaced"):
+            ledger.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        assert path.read_bytes() == before
+        ledger.close()
+
+    def test_deleted_while_in_use(self, tmp_path: Path, check_every_call: None) -> None:
+        """A ledger file deleted under a running process fails its next call instead of counting in a ghost."""
+        path = tmp_path / "ledger.sqlite3"
+        ledger = SQLiteLedger(path)
+        ledger.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        path.unlink()
+        with pytest.raises(StoreCorrupt, match="gone"):
+            ledger.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        ledger.close()
+
+    def test_symlink_is_refused(self, tmp_path: Path) -> None:
+        """A ledger path that is a symlink is refused, and the file it points to is left as it was."""
+        real, link = tmp_path / "real.sqlite3", tmp_path / "ledger.sqlite3"
+        SQLiteLedger(real).close()
+        before = real.read_bytes()
+        link.symlink_to(real)
+        with pytest.raises(StoreError, match="symlink"):
+            SQLiteLedger(link)
+        assert real.read_bytes() == before
+
+    def test_dangling_symlink_is_refused(self, tmp_path: Path) -> None:
+        """A symlink to nowhere is not followed to create a ledger where it points."""
+        target, link = tmp_path / "elsewhere.sqlite3", tmp_path / "ledger.sqlite3"
+        link.symlink_to(target)
+        with pytest.raises(StoreError, match="symlink"):
+            SQLiteLedger(link)
+        assert not target.exists()
 
 
 class TestForkSafety:

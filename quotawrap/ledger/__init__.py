@@ -17,6 +17,7 @@ __all__ = [
     "model_day_key",
     "normalize_store_url",
     "open_ledger",
+    "redact_store_url",
     "run_key",
 ]
 
@@ -39,6 +40,15 @@ def normalize_store_url(url: str) -> str:
     else:
         path = url
     return f"sqlite:///{Path(path).expanduser().resolve()}"
+
+
+def redact_store_url(url: str) -> str:
+    """The store URL as output may show it: a Redis password (any form) replaced by ***."""
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from .redis.options import redact
+
+        return redact(url)
+    return url
 
 
 def open_ledger(url: str) -> Ledger:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..._errors import ConfigError
 
@@ -54,8 +54,16 @@ def _parse_option(name: str, raw: str, url: str) -> object:
 
 
 def split_url(url: str) -> tuple[str, dict[str, object]]:
-    """(the URL redis-py should see, our options taken out of its query string)."""
+    """(the URL redis-py should see, our options taken out of its query string).
+
+    The URL is cut at its ``?`` rather than rebuilt with urlunsplit, which would turn
+    ``unix:///path`` into ``unix:/path`` (a form redis-py refuses).
+    """
     parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - parsing the port is the check: redis-py would raise a bare ValueError later
+    except ValueError as exc:
+        raise ConfigError(f"store URL {redact(url)}: the port is not a number from 0 to 65535") from exc
     ours: dict[str, object] = {}
     theirs: list[tuple[str, str]] = []
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
@@ -63,12 +71,31 @@ def split_url(url: str) -> tuple[str, dict[str, object]]:
             ours[key] = _parse_option(key, value, url)
         else:
             theirs.append((key, value))
-    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+    base = url.partition("#")[0].partition("?")[0]
+    return (f"{base}?{urlencode(theirs)}" if theirs else base), ours
+
+
+_SECRET_PARAMETERS = frozenset({"password"})
 
 
 def redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
+    """The URL as messages may show it: any password (``:pw@``, ``user:pw@``, ``?password=``) is ***."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not even a URL: show its scheme alone
+        return url.partition(":")[0] + ":***"
+    netloc = parts.netloc
+    user, at, host = netloc.rpartition("@")
+    if at and ":" in user:
+        netloc = f"{user.partition(':')[0]}:***@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(key in _SECRET_PARAMETERS for key, _ in pairs):
+            query = "&".join(
+                f"{key}=***" if key in _SECRET_PARAMETERS else urlencode([(key, value)]) for key, value in pairs
+            )
+    if (netloc, query) == (parts.netloc, parts.query):
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    text = f"{parts.scheme}://{netloc}{parts.path}"
+    return f"{text}?{query}" if query else text

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
@@ -206,7 +206,12 @@ class Snapshot:
     lagged_usage: int
     synced_at: float
     day: str  # Beijing day of synced_at: a snapshot never applies to another day (§7.2)
-    source: str = "manual"  # "billing-api" | "manual" | "command"
+    source: str = "manual"  # "billing-api" | "manual" | "command" | "litellm"
+    # The balance lag the sync assumed (lagged_usage = usage at synced_at - lag_s). Kept so that a
+    # snapshot written by another writer without lag information (the LiteLLM limiter's) can be
+    # given the same treatment; 0 where it is not kept (the SQLite ledger, which has no such
+    # writer). Not part of equality: the limits depend on lagged_usage alone.
+    lag_s: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:
         if self.balance < 0 or self.usage_at_sync < 0:

@@ -78,7 +78,8 @@ def record_balance(
             ledger.usage_series(model, day),
             ledger.usage_series(model, yesterday),
         )
-    snapshot = quota.Snapshot(balance, usage, lagged, now, day, source)
+    lag_s = 0.0 if settled else settings.balance_lag_s
+    snapshot = quota.Snapshot(balance, usage, lagged, now, day, source, lag_s)
     ledger.put_snapshot(model, snapshot)
     return snapshot
 

@@ -27,7 +27,17 @@ from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import HoldRequest, RunRecord, model_day_key, run_cost_key, run_key
 from quotawrap.ledger.holds import MAX_CHARGE
 from quotawrap.ledger.redis import RedisLedger
-from quotawrap.quota import Counters, Limit, Package, Snapshot, beijing_day, verdict
+from quotawrap.quota import (
+    Counters,
+    Limit,
+    Package,
+    QuotaSettings,
+    Snapshot,
+    beijing_day,
+    beijing_day_start,
+    verdict,
+)
+from quotawrap.sync import record_balance
 from quotawrap.usage import Usage
 from tests.redis_server import (
     RedisCluster3,
@@ -771,6 +781,32 @@ class TestLiteLLMInterop:
         assert 23 * 3600 < client.ttl(f"limit:dynamic:volcengine:usage_at_sync:{MODEL}") <= 24 * 3600
         ours = redis_ledger.snapshot(MODEL)
         assert ours is not None and (ours.source, ours.lagged_usage) == ("billing-api", 900)
+
+    def test_their_newer_snapshot_gets_our_lag(self, redis_url: str) -> None:
+        """Both snapshots exist and the limiter's is newer: its lagged usage is read from our usage
+        series at its sync time minus our lag, not taken at face value (which lifted the limit)."""
+        now = time.time()
+        synced = now - 600
+        if beijing_day(synced - 2000) != beijing_day(synced):  # keep the whole story in one Beijing day
+            synced = beijing_day_start(now) - 600
+        day, lag = beijing_day(synced), 1800.0
+        clock = [synced - 1900.0]
+        ledger = RedisLedger(redis_url, clock=lambda: clock[0])
+        first = ledger.reserve(request(1_000, day=day), limits(daily=10**9))
+        ledger.settle(first.hold_id, usage(1_000))  # usage 1,000 before synced - lag
+        clock[0] = synced - 100.0
+        second = ledger.reserve(request(9_000, day=day), limits(daily=10**9))
+        ledger.settle(second.hold_id, usage(9_000))  # 10,000 at the limiter's sync, 9,000 of it not yet billed
+        # our sync, five minutes before theirs, with the lag configured (it records the lag it used)
+        record_balance(ledger, MODEL, 2_000_000, synced - 300, QuotaSettings(balance_lag_s=lag), source="billing-api")
+        client = _client(redis_url)
+        ttl = int((24 * 3600 - (now - synced)) * 1000)  # the limiter's sync time is told by its 24 h TTL
+        client.set(f"limit:dynamic:volcengine:balance_at_sync:{MODEL}", 1_990_000, px=ttl)
+        client.set(f"limit:dynamic:volcengine:usage_at_sync:{MODEL}", 10_000, px=ttl)
+        theirs = ledger.snapshot(MODEL)
+        assert theirs is not None and theirs.source == "litellm" and theirs.usage_at_sync == 10_000
+        assert (theirs.lagged_usage, theirs.lag_s) == (1_000, lag)
+        ledger.close()
 
     def test_shared_with_a_limiter_process(self, redis_url: str) -> None:
         """Our processes beside a limiter INCRing daily_usage: every hold counts its usage seen so far."""

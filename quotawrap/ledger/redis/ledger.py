@@ -38,7 +38,7 @@ from ..scopes import ModelDay, Run, parse_counter_key
 from . import records
 from .client import Arg, Client, as_int, as_text
 from .keys import Keys, expire_at
-from .litellm import THEIR_SNAPSHOT_TTL_S, ForeignUsage, pick_snapshot
+from .litellm import THEIR_SNAPSHOT_TTL_S, ForeignUsage, pick_snapshot, with_our_lag
 from .options import DAY_S, RedisOptions, redact, split_url
 from .records import Location
 
@@ -147,9 +147,14 @@ class RedisLedger:
     def _read_snapshot(self, model: str) -> tuple[str, Snapshot | None]:
         """(fingerprint of the snapshot keys, the snapshot they give)."""
         balance_key, usage_key = self._keys.their_snapshot(model)
-        ours, balance, usage, ttl = self._redis().read_snapshot(self._keys.snapshot(model), balance_key, usage_key)
-        fingerprint = f"{ours.get('synced_at') or ''}|{balance or ''}|{usage or ''}"
-        return fingerprint, pick_snapshot(records.snapshot_from_fields(ours), balance, usage, ttl)
+        client = self._redis()
+        fields, balance, usage, ttl = client.read_snapshot(self._keys.snapshot(model), balance_key, usage_key)
+        fingerprint = f"{fields.get('synced_at') or ''}|{balance or ''}|{usage or ''}"
+        ours = records.snapshot_from_fields(fields)
+        picked = pick_snapshot(ours, balance, usage, ttl)
+        if picked is not None and picked is not ours and ours is not None and ours.lag_s > 0:
+            picked = with_our_lag(client, self._keys, model, picked, ours.lag_s)
+        return fingerprint, picked
 
     def _snapshot_for_reserve(self, model: str, *, fresh: bool) -> tuple[str, Snapshot | None]:
         """(fingerprint, snapshot), read at most every SNAPSHOT_REUSE_S unless ``fresh``.
@@ -481,8 +486,7 @@ class RedisLedger:
 
     def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
         client = self._redis()
-        raw = client.retrying("read", lambda: client.hgetall(self._keys.md_series(day, model)))
-        return sorted((int(minute or 0) * 60.0, as_int(value)) for minute, value in raw.items())
+        return records.usage_series(client.retrying("read", lambda: client.hgetall(self._keys.md_series(day, model))))
 
     def sync_history(self, model: str, day: str) -> list[tuple[float, int]]:
         client = self._redis()

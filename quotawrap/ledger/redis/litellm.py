@@ -7,14 +7,18 @@ and its ``balance_at_sync`` / ``usage_at_sync`` keys are a snapshot like ours (d
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
+from ... import quota
 from ...quota import Snapshot, beijing_day
+from . import records
 from .client import Client
 from .keys import Keys
+from .options import DAY_S
 
-__all__ = ["THEIR_SNAPSHOT_TTL_S", "ForeignUsage", "pick_snapshot"]
+__all__ = ["THEIR_SNAPSHOT_TTL_S", "ForeignUsage", "pick_snapshot", "with_our_lag"]
 
 THEIR_SNAPSHOT_TTL_S = 24 * 3600  # the LiteLLM sync thread writes its snapshot keys with 24h (seed §7.5)
 
@@ -82,5 +86,15 @@ def pick_snapshot(ours: Snapshot | None, balance: str | None, usage: str | None,
         synced_at <= ours.synced_at + 5 or (their_balance, at_sync) == (ours.balance, ours.usage_at_sync)
     ):
         return ours
-    # The LiteLLM record has no lag information: taken at face value, as that limiter does (v6).
+    # The LiteLLM record has no lag information: at face value, as that limiter does (v6), unless
+    # our own snapshot says which lag to apply (with_our_lag).
     return Snapshot(their_balance, at_sync, at_sync, synced_at, beijing_day(synced_at), "litellm")
+
+
+def with_our_lag(client: Client, keys: Keys, model: str, theirs: Snapshot, lag_s: float) -> Snapshot:
+    """The limiter's snapshot with our lag treatment (issue 8): its lagged usage read from our usage
+    series, which counts its usage too, at its sync time, as quota.lagged_usage does for ours."""
+    today = records.usage_series(client.hgetall(keys.md_series(theirs.day, model)))
+    before = records.usage_series(client.hgetall(keys.md_series(beijing_day(theirs.synced_at - DAY_S), model)))
+    lagged = quota.lagged_usage(theirs.synced_at, lag_s, theirs.usage_at_sync, today, before)
+    return dataclasses.replace(theirs, lagged_usage=lagged, lag_s=lag_s)

@@ -29,6 +29,7 @@ __all__ = [
     "parse_run_hold",
     "snapshot_fields",
     "snapshot_from_fields",
+    "usage_series",
 ]
 
 
@@ -120,6 +121,7 @@ def snapshot_fields(snapshot: Snapshot) -> dict[str, str | int]:
         "synced_at": repr(float(snapshot.synced_at)),
         "day": snapshot.day,
         "source": snapshot.source,
+        "lag_s": repr(float(snapshot.lag_s)),
     }
 
 
@@ -133,7 +135,13 @@ def snapshot_from_fields(fields: Mapping[str, str]) -> Snapshot | None:
         synced_at=float(fields["synced_at"]),
         day=fields.get("day") or "",
         source=fields.get("source") or "manual",
+        lag_s=float(fields.get("lag_s") or 0),
     )
+
+
+def usage_series(raw: Mapping[str, str]) -> list[tuple[float, int]]:
+    """A model-day's usage series hash (minute -> cumulative tokens) as (timestamp, cumulative), ascending."""
+    return sorted((int(minute or 0) * 60.0, int(float(value or 0))) for minute, value in raw.items())
 
 
 def encode_sync_entry(snapshot: Snapshot) -> str:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from .._errors import StoreCorrupt, StoreError
@@ -40,6 +41,32 @@ from .sqlite_file import (
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
 FILE_CHECK_S = 1.0  # how often an open ledger checks that its file is still the one it opened
+
+
+class _Transaction:
+    """``with ledger._write(action) as conn``: one BEGIN IMMEDIATE ... COMMIT (ROLLBACK on any error),
+    database errors raised as StoreError. A class, not a generator: every guarded call takes two."""
+
+    __slots__ = ("_action", "_conn", "_ledger")
+
+    def __init__(self, ledger: SQLiteLedger, action: str) -> None:
+        self._ledger, self._action = ledger, action
+
+    def __enter__(self) -> sqlite3.Connection:
+        try:
+            self._conn = self._ledger._conn()
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as exc:
+            raise self._ledger._error(self._action, exc) from exc
+        return self._conn
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            self._conn.execute("ROLLBACK" if exc is not None else "COMMIT")
+        except sqlite3.DatabaseError as error:
+            raise self._ledger._error(self._action, error) from (exc or error)
+        if isinstance(exc, sqlite3.DatabaseError):
+            raise self._ledger._error(self._action, exc) from exc
 
 
 class SQLiteLedger:
@@ -112,29 +139,22 @@ class SQLiteLedger:
             self._checked_at = time.monotonic()
         return conn
 
+    def _error(self, action: str, exc: sqlite3.DatabaseError) -> StoreError:
+        """The StoreError a database error becomes: StoreCorrupt when the file is damaged."""
+        text = str(exc)
+        if "not a database" in text or "malformed" in text:
+            return StoreCorrupt(f"ledger is damaged ({text}); it was left untouched", store=self.url)
+        return StoreError(f"ledger {action} failed: {text}", store=self.url)
+
     @contextlib.contextmanager
     def _errors(self, action: str) -> Iterator[None]:
         try:
             yield
-        except StoreError:
-            raise
         except sqlite3.DatabaseError as exc:
-            text = str(exc)
-            if "not a database" in text or "malformed" in text:
-                raise StoreCorrupt(f"ledger is damaged ({text}); it was left untouched", store=self.url) from exc
-            raise StoreError(f"ledger {action} failed: {text}", store=self.url) from exc
+            raise self._error(action, exc) from exc
 
-    @contextlib.contextmanager
-    def _write(self, action: str) -> Iterator[sqlite3.Connection]:
-        with self._errors(action):
-            conn = self._conn()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+    def _write(self, action: str) -> _Transaction:
+        return _Transaction(self, action)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -269,10 +289,10 @@ class SQLiteLedger:
         )
         return True
 
+    _HOLD_ROW = f"SELECT {_HOLD_COLUMNS} FROM calls WHERE id = ?"
+
     def _hold_row(self, conn: sqlite3.Connection, hold_id: str) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = conn.execute(
-            f"SELECT {self._HOLD_COLUMNS} FROM calls WHERE id = ?", (hold_id,)
-        ).fetchone()
+        row: tuple[Any, ...] | None = conn.execute(self._HOLD_ROW, (hold_id,)).fetchone()
         return row
 
     def settle(

@@ -22,7 +22,13 @@ are a flat ``image_tokens`` each (Ark does not publish its formula, seed §9); a
 (video, audio, file, unknown) counts as the tokens of its JSON form, at least ``image_tokens``.
 Not estimable offline: conversation state the server adds itself (``previous_response_id``).
 
-A body of the wrong shape raises ``ValueError`` naming the offending field.
+A body of the wrong shape raises ``ValueError`` naming the offending field, and so does one that
+asks for :data:`~quotawrap.usage.TOKEN_CEILING` tokens or more (``max_tokens`` 1e30, ``n`` 1e19):
+no call can use that many, and no counter may be handed such a number.
+
+Counting is cheap where it can be (``exact_above``): every text is first bounded by its UTF-8
+bytes, which needs no tokenizer, and the tokenizers run only when that bound exceeds what the
+caller can spare. Counting stops once the input passes ``stop_above`` (the call is refused anyway).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
-from .tokens import count_tokens
+from .tokens import count_tokens, utf8_bound
+from .usage import MODEL_MAX_OUTPUT, MODEL_WINDOW, TOKEN_CEILING, UsageBound
 
 __all__ = [
     "Estimate",
@@ -41,6 +48,7 @@ __all__ = [
     "estimate_request",
     "output_allowance",
     "thinking_disabled",
+    "usage_bound",
 ]
 
 Kind = Literal["chat", "responses", "embeddings", "completions"]
@@ -99,16 +107,49 @@ def estimate_request(
     settings: EstimateSettings = EstimateSettings(),
     *,
     count: Count = count_tokens,
+    exact_above: int = 0,
+    stop_above: int | None = None,
 ) -> Estimate:
-    """Pessimistic input tokens and output allowance of one request body."""
+    """Pessimistic input tokens and output allowance of one request body.
+
+    ``exact_above``: an input whose UTF-8 bound is at most this is estimated by that bound alone
+    (no tokenizer). ``stop_above``: counting stops once the input exceeds it; the estimate is then
+    a partial count, already above ``stop_above``.
+    """
     _check_kind(kind)
     _check_body(body)
     model = body.get("model", "")
     if not isinstance(model, str):
         raise ValueError(f"'model' must be a string, got {_type_name(model)}")
-    counter = _Counter(model, settings, count)
-    input_tokens = _INPUT_ESTIMATORS[kind](body, counter)
-    return Estimate(input_tokens=input_tokens, output_allowance=output_allowance(kind, body, settings))
+    allowance = output_allowance(kind, body, settings)
+    estimator = _INPUT_ESTIMATORS[kind]
+    input_tokens = None
+    if exact_above > 0 and count is not _bytes:
+        cheap = estimator(body, _Counter(model, settings, _bytes))
+        if cheap <= exact_above:
+            input_tokens = cheap
+    if input_tokens is None:
+        counter = _Counter(model, settings, count, stop_above)
+        try:
+            input_tokens = estimator(body, counter)
+        except _Enough:
+            input_tokens = counter.counted
+    if input_tokens + allowance >= TOKEN_CEILING:
+        raise ValueError(f"it asks for {input_tokens + allowance:,} tokens, more than any call can use")
+    return Estimate(input_tokens=input_tokens, output_allowance=allowance)
+
+
+def usage_bound(kind: Kind, body: Mapping[str, Any], estimate: Estimate) -> UsageBound:
+    """The most usage a call of this request could report (see ``usage.check_usage``).
+
+    Generous: the input as estimated, four times over (tokenizers differ; images and other
+    parts are flat guesses), or a whole context window (the server may add conversation state);
+    the output allowance, or each choice's most a model writes (reasoning is not bounded by
+    ``max_tokens``). ``body`` must have passed :func:`estimate_request`.
+    """
+    prompt = max(4 * estimate.input_tokens, MODEL_WINDOW)
+    completion = max(estimate.output_allowance, _choices(kind, body) * MODEL_MAX_OUTPUT)
+    return UsageBound(prompt=min(prompt, TOKEN_CEILING), completion=min(completion, TOKEN_CEILING))
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -146,41 +187,68 @@ def _choices(kind: Kind, body: Mapping[str, Any]) -> int:
 def _whole_number(value: object, name: str) -> int:
     # JSON decoders may hand over 16.0 for 16; a server would accept it, so must we
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"'{name}' must be an integer, got {value!r}")
+    if value >= TOKEN_CEILING:
+        raise ValueError(f"'{name}' {value:,} is more than any call can use")
     return value
 
 
 # -- input --------------------------------------------------------------------------------------
 
 
+def _bytes(_model: str, text: str) -> int:
+    return utf8_bound(text)
+
+
+class _Enough(Exception):
+    """The input already exceeds ``stop_above``: counting the rest would change no decision."""
+
+
 class _Counter:
     """Counts the pieces of one request with its model's tokenizer and the settings' flat rates."""
 
-    def __init__(self, model: str, settings: EstimateSettings, count: Count) -> None:
+    def __init__(self, model: str, settings: EstimateSettings, count: Count, stop_above: int | None = None) -> None:
         self.model = model
         self.settings = settings
         self._count = count
+        self._stop_above = stop_above
+        self.counted = 0  # every token counted so far, flat rates included: a lower bound of the input
+
+    def _tokens(self, text: str) -> int:
+        if self._stop_above is None:
+            return self._count(self.model, text)
+        if self._count is count_tokens:  # the bundled counter can stop inside one long text
+            tokens = count_tokens(self.model, text, stop_above=self._stop_above - self.counted)
+        else:
+            tokens = self._count(self.model, text)
+        return self._add(tokens)
+
+    def _add(self, tokens: int) -> int:
+        self.counted += tokens
+        if self._stop_above is not None and self.counted > self._stop_above:
+            raise _Enough
+        return tokens
 
     def text(self, value: object, where: str) -> int:
         if value is None:
             return 0
         if not isinstance(value, str):
             raise ValueError(f"{where} must be a string, got {_type_name(value)}")
-        return self._count(self.model, value) if value else 0
+        return self._tokens(value) if value else 0
 
     def json(self, value: object, where: str) -> int:
         if value is None:
             return 0
         try:
             dumped = json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise ValueError(f"{where} is not JSON-serialisable: {exc}") from exc
-        return self._count(self.model, dumped)
+        return self._tokens(dumped)
 
     def image(self) -> int:
-        return self.settings.image_tokens
+        return self._add(self.settings.image_tokens)
 
     def opaque(self, part: object, where: str) -> int:
         # video/audio/file/unknown: nothing published to go by, so the larger of two safe guesses
@@ -214,6 +282,8 @@ def _part_tokens(part: object, counter: _Counter, where: str) -> int:
         return counter.text(part, where)
     item = _as_mapping(part, where)
     kind = item.get("type")
+    if not isinstance(kind, str):
+        kind = None  # an unhashable "type" (a list, an object) is an unknown part, not a crash
     if kind in _TEXT_PARTS:
         return counter.text(item.get("text"), f"{where}.text")
     if kind == "refusal":

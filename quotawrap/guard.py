@@ -31,13 +31,13 @@ from typing import Any
 from . import endpoints, quota
 from ._errors import QuotawrapError
 from ._log import warn
-from .estimate import Estimate, EstimateSettings, estimate_request
+from .estimate import Estimate, EstimateSettings, estimate_request, usage_bound
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .ledger.base import CallRecord, CallState
 from .prices import format_cny
 from .settings import Settings
-from .tokens import TokenizerUnavailable
-from .usage import SSEUsageReader, Usage, is_event_stream, usage_from_body
+from .tokens import TokenizerUnavailable, utf8_bound
+from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, usage_from_body
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["CallContext", "Guard", "GuardedCall", "SyntheticResponse", "warn"]
 
 _SNAPSHOT_TTL_S = 1.0
+_CHEAP_SHARE = 0.01  # of the smallest token cap: inputs bounded below it never load a tokenizer
 
 
 @dataclass(frozen=True)
@@ -217,8 +218,21 @@ class Guard:
     def actual_cost(self, model: str, usage: Usage) -> int:
         return int(self.prices.actual_cost(model, usage))
 
-    def audit(self, context: CallContext, state: CallState, usage: Usage | None, cost: int, latency_s: float) -> None:
-        """Append the call to ``--audit-log`` (the ledger keeps its own record); never raises."""
+    def audit(
+        self,
+        context: CallContext,
+        state: CallState,
+        usage: Usage | None,
+        cost: int,
+        latency_s: float,
+        *,
+        anomaly: str | None = None,
+    ) -> None:
+        """Append the call to ``--audit-log`` (the ledger keeps its own record); never raises.
+
+        A usage anomaly is flagged in the record's tags (``quotawrap.anomaly``), so ``quotawrap
+        report --by tag:quotawrap.anomaly`` finds the calls whose usage was not believed.
+        """
         if not self.settings.audit_log:
             return
         record = CallRecord(
@@ -240,7 +254,7 @@ class Guard:
             would_block=context.would_block,
             blocked_by=context.blocked_by,
             key_fingerprint=context.key_fingerprint,
-            tags=self.tags,
+            tags=self.tags if anomaly is None else {**self.tags, "quotawrap.anomaly": anomaly},
             started_at=context.started_at,
             ended_at=self._clock(),
             latency_s=latency_s,
@@ -280,14 +294,22 @@ class Guard:
         return endpoints.classify(method, url, self.settings.base_url) is not None
 
     def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
-        """Called before a request is sent. None: not ours, send it untouched."""
-        kind = endpoints.classify(method, url, self.settings.base_url)
+        """Called before a request is sent. None: not ours, send it untouched.
+
+        Never raises: whatever goes wrong becomes an answer (400 for a body quotawrap cannot
+        judge, 503 when the ledger fails), because an exception of quotawrap's own inside the
+        caller's SDK call is a crash the program was never written to expect.
+        """
+        try:
+            kind = endpoints.classify(method, url, self.settings.base_url)
+        except Exception as exc:  # a URL the client accepted but urlsplit cannot read
+            return _unreadable(f"quotawrap cannot read the URL of this request, so it cannot guard it: {exc}")
         if kind is None:
             return None
         try:
             request = endpoints.parse_json_body(body)
-        except ValueError as exc:
-            return _unreadable(f"quotawrap cannot read this request to {url}, so it cannot guard it: {exc}")
+        except (ValueError, RecursionError, MemoryError) as exc:
+            return _unreadable(f"quotawrap cannot read this request to {url}, so it cannot guard it: {_reason(exc)}")
         model = request.get("model")
         if not isinstance(model, str) or not model:
             return _unreadable("quotawrap cannot guard a request without a 'model' string.")
@@ -295,18 +317,22 @@ class Guard:
             return None
         try:
             return self._reserve(kind, url, headers, request, model)
-        except QuotawrapError as exc:
+        except Exception as exc:  # the ledger's faults, and any fault of ours: refuse loudly, never raise
             if self.settings.fail_open:
                 warn(f"{exc}; --fail-open: this call to {model} goes out UNGUARDED")
                 self._record_unguarded(model, kind, exc)
                 return None
+            if isinstance(exc, QuotawrapError):
+                message = f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}. Fix the store"
+            else:
+                warn(f"internal error while guarding a call to {model}: {type(exc).__name__}: {exc}")
+                message = f"quotawrap failed to guard this call ({type(exc).__name__}: {exc}), so it refuses it"
             return GuardedCall.refused(
                 SyntheticResponse.ark_error(
                     503,
                     "QuotawrapStoreUnavailable",
                     "ServiceUnavailable",
-                    f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}."
-                    " Fix the store, or pass --fail-open to let calls through unguarded.",
+                    message + ", or pass --fail-open to let calls through unguarded.",
                 )
             )
 
@@ -321,9 +347,10 @@ class Guard:
             verdict, counters = evicted
             return GuardedCall.refused(self._blocked(model, verdict, counters, 0))
         try:
-            estimate = self._estimate(kind, request)
-        except ValueError as exc:
-            return _unreadable(f"quotawrap cannot estimate this request to {model}: {exc}")
+            estimate = self._estimate(kind, request, enforce)
+            bound = usage_bound(kind, request, estimate)  # type: ignore[arg-type]
+        except (ValueError, RecursionError) as exc:
+            return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
         # Decided before the hold is taken: nothing may raise between reserving and handing back the call.
         new_body = None
         hide = False
@@ -373,12 +400,41 @@ class Guard:
                 self._blocked(model, decision.verdict, decision.counters, estimate.total, hold.reserve_cost)
             )
         return GuardedCall(
-            self.ledger, decision.hold_id, model, new_body=new_body, hide_usage_chunk=hide, guard=self, context=context
+            self.ledger,
+            decision.hold_id,
+            model,
+            new_body=new_body,
+            hide_usage_chunk=hide,
+            guard=self,
+            context=context,
+            bound=bound,
         )
 
-    def _estimate(self, kind: str, request: dict[str, Any]) -> Estimate:
+    def _smallest_token_cap(self) -> int:
+        """The smallest cap on tokens held at once that the settings alone fix (run cap, daily cap).
+
+        A synced pool can only lower the model-day cap, so a reserve above this is refused whatever
+        the counters say.
+        """
+        caps = [self._quota.daily_cap]
+        if self.settings.cap_tokens is not None:
+            caps.append(self.settings.cap_tokens)
+        return min(caps)
+
+    def _estimate(self, kind: str, request: dict[str, Any], enforce: bool = True) -> Estimate:
+        cap = self._smallest_token_cap()
+        # Below this share of the cap the UTF-8 bound is used as is: its surplus over the exact count
+        # (held only until the call settles) costs less than that share, and no tokenizer is loaded.
+        exact_above = int(cap * _CHEAP_SHARE)
+        stop_above = cap if enforce else None  # in --watch the call goes out: count it all
         try:
-            return estimate_request(kind, request, self._estimate_settings)  # type: ignore[arg-type]
+            return estimate_request(
+                kind,  # type: ignore[arg-type]
+                request,
+                self._estimate_settings,
+                exact_above=exact_above,
+                stop_above=stop_above,
+            )
         except TokenizerUnavailable as exc:
             # Still guarded, never less safe: a BPE token is at least one UTF-8 byte.
             if not self._warned_tokenizer:
@@ -440,8 +496,11 @@ class GuardedCall:
         blocked: SyntheticResponse | None = None,
         guard: Guard | None = None,
         context: CallContext | None = None,
+        bound: UsageBound | None = None,
     ) -> None:
         self.ledger = ledger
+        self._bound = bound
+        self.anomaly: str | None = None  # why the answer's usage was not believed, if it was not
         self._guard = guard
         self._context = context
         self.hold_id = hold_id
@@ -536,27 +595,43 @@ class GuardedCall:
         if self._undecodable:
             return "charge", None
         if self._sse is not None:
-            usage = self._sse.usage if self._sse.done else None
+            usage = self._believed(self._sse.usage if self._sse.done else None)
             if usage is not None:
                 return "settle", usage
+            if self.anomaly is not None:
+                return "charge", None
             return ("release", None) if self._status >= 400 else ("charge", None)
         if not complete:
             return ("release", None) if self._status >= 400 else ("charge", None)
         body = b"".join(self._chunks)
-        usage = usage_from_body(body)
+        usage = self._believed(usage_from_body(body))
         if usage is not None:
             return "settle", usage
-        if self._status >= 400 and (self._status < 500 or _is_error_body(body)):
+        if self.anomaly is None and self._status >= 400 and (self._status < 500 or _is_error_body(body)):
             return "release", None
         return "charge", None
+
+    def _believed(self, usage: Usage | None) -> Usage | None:
+        checked = check_usage(usage, self._bound)
+        self.anomaly = checked.anomaly
+        return checked.usage
 
     def _settle(self, *, complete: bool) -> None:
         with self._lock:
             if self._done:
                 return
             self._done = True
-            action, usage = self._outcome(complete)
-        if action == "charge" and self._status < 400:
+            try:
+                action, usage = self._outcome(complete)
+            except Exception as exc:  # never the caller's problem: charge the hold
+                warn(f"cannot read the usage of a call to {self.model} ({type(exc).__name__}: {exc})")
+                action, usage = "charge", None
+        if self.anomaly is not None:
+            warn(
+                f"usage anomaly in the answer of a call to {self.model}: {self.anomaly};"
+                " not believed, charged its whole hold (unresolved)"
+            )
+        elif action == "charge" and self._status < 400:
             warn(f"no usage in the answer of a call to {self.model}: charged its whole hold (unresolved)")
         self._apply(action, usage)
 
@@ -575,13 +650,16 @@ class GuardedCall:
                 elif self._context is not None:
                     cost = self._context.reserved_cost
                 self.ledger.settle(self.hold_id, usage, latency_s=latency, cost=cost)
-        except QuotawrapError as exc:
+        except Exception as exc:
             # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
             warn(f"could not settle a call to {self.model}: {exc}; the wrapper will charge its hold")
             return
         if self._guard is not None and self._context is not None:
             state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
-            self._guard.audit(self._context, state, usage, cost, latency)
+            try:
+                self._guard.audit(self._context, state, usage, cost, latency, anomaly=self.anomaly)
+            except Exception as exc:
+                warn(f"cannot audit a call to {self.model}: {exc}")
 
 
 def _unreadable(message: str) -> GuardedCall:
@@ -590,7 +668,15 @@ def _unreadable(message: str) -> GuardedCall:
 
 
 def _utf8_bytes(_model: str, text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
+    return utf8_bound(text)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
+    if isinstance(exc, MemoryError):
+        return "it is too large to read"
+    return str(exc)
 
 
 def _is_error_body(body: bytes) -> bool:

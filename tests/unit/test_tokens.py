@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -145,6 +146,34 @@ class TestImportIsCheap:
         before, after = result.stdout.split()
         assert after == before
 
+    def test_short_guarded_calls_load_no_tokenizer(self) -> None:
+        """Guarded calls with short prompts are bounded by UTF-8 bytes; only a long one loads a tokenizer."""
+        result = run_python(GUARDED_CALLS)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == [[], [], [DEEPSEEK_TOKENIZER]]
+
+
+GUARDED_CALLS = """
+import json, sys, tempfile
+import httpx
+from quotawrap import tokens
+from quotawrap.guard import Guard
+from quotawrap.intercept import httpx_adapter, set_guard
+from quotawrap.settings import Settings
+answer = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
+transport = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+store = "sqlite:///" + tempfile.mkdtemp() + "/ledger.sqlite3"
+set_guard(Guard(Settings(store=store, base_url=("http://t.test/api/v3",))))
+httpx_adapter.patch(httpx)
+loaded = []
+with httpx.Client(transport=transport) as client:
+    for model, text in [("deepseek-v4-flash", "彩虹有几种颜色"), ("doubao-seed-1-6", "Say hi " * 200),
+                        ("deepseek-v4-flash", "长" * 40_000)]:
+        body = {"model": model, "messages": [{"role": "user", "content": text}]}
+        client.post("http://t.test/api/v3/chat/completions", json=body).read()
+        loaded.append(sorted(tokens._default_cache._counters))
+print(json.dumps(loaded))
+"""
 
 CATCH_UNAVAILABLE = """
 try:

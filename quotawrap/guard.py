@@ -9,9 +9,14 @@ Failure policy (documented in README "Failure modes"):
 
 * ledger unreachable while reserving -> fail closed: a synthetic 503 naming the store,
   unless ``--fail-open`` (then the call goes out unguarded and a warning says so);
-* request body we cannot read -> a synthetic 400 (the provider would refuse it as well);
+* request body we cannot read or judge (not JSON, nested too deep, ``max_tokens`` 1e30) -> a
+  synthetic 400 (the provider would refuse it as well);
+* any other fault of quotawrap's own while reserving -> a synthetic 503, never an exception in
+  the caller (``begin`` never raises; settling never raises into the caller's read either);
 * no usage in the answer, stream cut, reader stopped early -> charge the whole hold
-  (``unresolved``); an error answer before generation, or a connection never made -> release.
+  (``unresolved``); an error answer before generation, or a connection never made -> release;
+* usage the call could not have produced (``usage.check_usage``) -> an anomaly: warned, flagged
+  in the audit record, and the whole hold charged instead.
 """
 
 from __future__ import annotations

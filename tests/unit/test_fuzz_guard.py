@@ -37,6 +37,7 @@ from quotawrap.guard import Guard
 from quotawrap.intercept import httpx_adapter, requests_adapter, set_guard
 from quotawrap.ledger import model_day_key
 from quotawrap.settings import Settings
+from tests.redis_server import flushed, session_url
 
 MOCK_BASE = "http://fuzz.test/api/v3"
 PATHS = ["/chat/completions", "/responses", "/embeddings", "/completions", "/bots/chat/completions"]
@@ -420,3 +421,39 @@ def test_a_huge_prompt_is_refused_after_counting_what_the_cap_needs(tmp_path: Pa
         json.loads(call.blocked.body)["error"]["message"].split("this call ")[1].split(" ")[0].replace(",", "")
     )
     assert 50_000 < counted < 50_000 + 4096 + 65_536  # one piece past the cap, plus the output allowance
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A private ledger of either kind (Redis: a private redis-server on loopback)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+        return
+    with session_url() as url:
+        yield flushed(url)
+
+
+def test_usage_of_2_63_leaves_the_limits_in_force(any_store: str) -> None:
+    """Issue 14's check: after an answer claiming 2**63 tokens, a --daily-cap 1000 still refuses big calls."""
+    guard = Guard(Settings(store=any_store, base_url=(MOCK_BASE,), daily_cap=1000, usage_wall=1000))
+    set_guard(guard)
+    httpx_adapter.patch(httpx)
+    try:
+        hostile = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2**63}}
+        with respx.mock(assert_all_called=False) as router:
+            route = router.route(host="fuzz.test").mock(return_value=httpx.Response(200, json=hostile))
+            first = httpx.post(
+                MOCK_BASE + "/chat/completions", json={**CHAT, "max_tokens": 50, "thinking": {"type": "disabled"}}
+            )
+            statuses = [
+                httpx.post(MOCK_BASE + "/chat/completions", json={**CHAT, "max_tokens": 100_000}).status_code
+                for _ in range(5)
+            ]
+        assert first.status_code == 200 and route.call_count == 1
+        assert statuses == [429] * 5
+        [record] = [r for r in guard.ledger.call_records() if r.state != "blocked"]
+        counters = guard.ledger.counters([model_day_key(record.model, record.day)])
+        assert [c.settled for c in counters.values()] == [record.reserved]
+    finally:
+        httpx_adapter.unpatch(httpx)
+        set_guard(None)

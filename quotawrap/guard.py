@@ -295,8 +295,11 @@ class Guard:
     # -- the entry point --------------------------------------------------------------------
 
     def wants(self, method: str, url: str) -> bool:
-        """Cheap test, before any body is read: could this request be guarded?"""
-        return endpoints.classify(method, url, self.settings.base_url) is not None
+        """Cheap test, before any body is read: could this request be guarded? Never raises."""
+        try:
+            return endpoints.classify(method, url, self.settings.base_url) is not None
+        except Exception:  # begin() answers the URL it cannot read with a 400
+            return True
 
     def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
         """Called before a request is sent. None: not ours, send it untouched.

@@ -20,6 +20,7 @@ import gzip
 import itertools
 import json
 import threading
+import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -83,7 +84,7 @@ def request_bodies(draw: st.DrawFn) -> bytes:
         return _deep(draw(st.sampled_from([50, 900, 5_000, 100_000])))
     text = draw(st.text(max_size=60))
     body: dict[str, Any] = {
-        "model": draw(st.sampled_from(["doubao-seed-1-6-250615", "deepseek-v3-2-251201", "m"])),
+        "model": draw(st.one_of(st.sampled_from(["doubao-seed-1-6-250615", "deepseek-v3-2-251201"]), st.text())),
         "messages": [{"role": "user", "content": text}],
         "input": text,
         "prompt": text,
@@ -170,10 +171,11 @@ def replies(draw: st.DrawFn) -> Reply:
     else:
         answer = {"choices": [{"message": {"content": "hi"}}], "usage": draw(usages())}
         body, content_type = json.dumps(answer, allow_nan=True).encode(), "application/json"
-    headers = {"content-type": content_type}
-    if draw(st.integers(0, 4)) == 0:
-        body = gzip.compress(body)
-        headers["content-encoding"] = "gzip"
+    headers = {"content-type": draw(st.sampled_from([content_type, content_type.upper() + "; charset=utf-8", ""]))}
+    encoding = draw(st.sampled_from([None, None, "gzip", "deflate", "x-unknown"]))
+    if encoding is not None:  # valid data only: a client's own decoding error is not quotawrap's
+        body = {"gzip": gzip.compress, "deflate": zlib.compress}.get(encoding, bytes)(body)
+        headers["content-encoding"] = encoding
     cuts = sorted(set(draw(st.lists(st.integers(1, max(len(body) - 1, 1)), max_size=6))))
     edges = [0, *[cut for cut in cuts if cut < len(body)], len(body)]
     chunks = [body[a:b] for a, b in itertools.pairwise(edges) if b > a]

@@ -428,7 +428,7 @@ def test_a_huge_prompt_is_refused_after_counting_what_the_cap_needs(tmp_path: Pa
     assert 50_000 < counted < 50_000 + 4096 + 65_536  # one piece past the cap, plus the output allowance
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A private ledger of either kind (Redis: a private redis-server on loopback)."""
     if request.param == "sqlite":

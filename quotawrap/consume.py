@@ -38,7 +38,6 @@ from .consume_plan import (
     plan_model,
     stop_reason,
 )
-from .estimate import EstimateSettings, estimate_request
 from .guard import Guard, GuardedCall
 from .ledger import Ledger, model_day_key
 from .settings import Settings
@@ -178,12 +177,8 @@ class _ModelRun:
         self._streak = 0
         self._blocked_by: str | None = None
         self._stop: str | None = None
-        estimate_settings = EstimateSettings(
-            thinking_floor=guard.settings.thinking_floor,
-            default_max_tokens=guard.settings.default_max_tokens,
-            image_tokens=guard.settings.image_tokens,
-        )
-        self.prompt_tokens = estimate_request("chat", _body(plan.model, 1), estimate_settings).input_tokens
+        # the guard's own estimate (a short prompt is reserved at its UTF-8 bound), so a hold fits exactly
+        self.prompt_tokens = guard.estimate("chat", _body(plan.model, 1)).input_tokens
         self.url = options.base_url.rstrip("/") + "/chat/completions"
 
     # -- accounting -------------------------------------------------------------------------

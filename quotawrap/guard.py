@@ -355,7 +355,7 @@ class Guard:
             verdict, counters = evicted
             return GuardedCall.refused(self._blocked(model, verdict, counters, 0))
         try:
-            estimate = self._estimate(kind, request, enforce)
+            estimate = self.estimate(kind, request, enforce=enforce)
             bound = usage_bound(kind, request, estimate)  # type: ignore[arg-type]
         except (ValueError, RecursionError) as exc:
             return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
@@ -429,7 +429,12 @@ class Guard:
             caps.append(self.settings.cap_tokens)
         return min(caps)
 
-    def _estimate(self, kind: str, request: dict[str, Any], enforce: bool = True) -> Estimate:
+    def estimate(self, kind: str, request: Mapping[str, Any], *, enforce: bool = True) -> Estimate:
+        """The estimate this guard reserves for ``request`` (whoever sizes calls to fit must use it).
+
+        ``ValueError`` for a body it cannot judge. With ``enforce``, counting stops once the input
+        passes the smallest cap (the call is refused anyway).
+        """
         cap = self._smallest_token_cap()
         # Below this share of the cap the UTF-8 bound is used as is: its surplus over the exact count
         # (held only until the call settles) costs less than that share, and no tokenizer is loaded.

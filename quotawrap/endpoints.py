@@ -1,4 +1,15 @@
-"""Which requests are guarded, and what they ask for. Pure: no I/O."""
+"""Which requests are guarded, and what they ask for. Pure: no I/O.
+
+:func:`route` sorts every request to a guarded host (an Ark host, or under a ``--base-url``):
+
+* a known billed POST (chat, bots, batch, responses, embeddings, images, video tasks, context
+  create, classification) is guarded: reserved before it is sent, settled from its answer;
+* a GET of a video task (or of the task list) is a poll: free, but its answer may carry the
+  usage that settles the task's hold;
+* any other POST is refused, unless ``--allow-path`` names it: quotawrap cannot estimate
+  what it does not know, and a billed call it let through would be spend nobody guarded;
+* every other method (GET, DELETE, ...) is a free read and passes.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +17,21 @@ import fnmatch
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
 from .estimate import Kind
 
 __all__ = [
     "ARK_HOST",
+    "TASKS_SUFFIX",
+    "Route",
     "classify",
     "model_matches",
     "parse_json_body",
+    "path_allowed",
+    "route",
     "stream_requested",
     "wants_usage",
     "with_usage_requested",
@@ -26,32 +42,84 @@ ARK_HOST = re.compile(r"^ark(?:\.[a-z0-9-]+)?\.(?:volces|bytepluses)\.com$")
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
-# Token-billed paths, longest suffix first; /responses/{id} and friends are reads, not billed.
-_BILLED_SUFFIXES: tuple[tuple[str, Kind], ...] = (
-    ("/bots/chat/completions", "chat"),
-    ("/context/chat/completions", "chat"),
-    ("/chat/completions", "chat"),
-    ("/embeddings/multimodal", "embeddings"),
-    ("/embeddings", "embeddings"),
-    ("/responses", "responses"),
-    ("/completions", "completions"),
+TASKS_SUFFIX = "/contents/generations/tasks"
+
+# Billed paths, longest suffix first: (suffix, what to estimate, the ledger's endpoint label).
+# /responses/{id} and friends are reads, not billed.
+_BILLED_SUFFIXES: tuple[tuple[str, Kind, str], ...] = (
+    ("/batch/chat/completions", "chat", "batch_chat"),
+    ("/bots/chat/completions", "chat", "bot_chat"),
+    ("/context/chat/completions", "chat", "context_chat"),
+    ("/chat/completions", "chat", "chat"),
+    ("/batch/embeddings/multimodal", "embeddings", "batch_embeddings"),
+    ("/batch/embeddings", "embeddings", "batch_embeddings"),
+    ("/embeddings/multimodal", "embeddings", "embeddings"),
+    ("/embeddings", "embeddings", "embeddings"),
+    ("/responses", "responses", "responses"),
+    ("/completions", "completions", "completions"),
+    ("/images/generations", "images", "images"),
+    (TASKS_SUFFIX, "video", "video_task"),
+    ("/context/create", "context", "context"),
+    ("/classification", "classification", "classification"),
 )
+# POSTs that bill nothing: counting tokens, uploading a file, cancelling a background response.
+_FREE_POST_SUFFIXES = ("/tokenization", "/files", "/cancel")
+_TASK_PATH = re.compile(re.escape(TASKS_SUFFIX) + r"/([^/]+)$")
+
+Action = Literal["guard", "poll", "refuse"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """What to do with one request to a guarded host."""
+
+    action: Action
+    path: str
+    kind: Kind | None = None  # guard: what to estimate
+    endpoint: str = ""  # guard: the ledger's label (batch_chat, video_task, ...)
+    task_id: str | None = None  # poll: the task a GET reads; None for the task list
+
+
+def route(method: str, url: str, base_urls: Sequence[str] = (), allow_paths: Sequence[str] = ()) -> Route | None:
+    """How to treat a request: None passes it untouched (not a guarded host, or a free read)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not (ARK_HOST.match(host) or any(_under(url, base) for base in base_urls)):
+        return None
+    path = parts.path.rstrip("/")
+    verb = method.upper()
+    if verb == "GET":
+        found = _TASK_PATH.search(path)
+        if found:
+            return Route("poll", path, task_id=found.group(1))
+        return Route("poll", path) if path.endswith(TASKS_SUFFIX) else None
+    if verb != "POST":
+        return None
+    for suffix, kind, endpoint in _BILLED_SUFFIXES:
+        if path.endswith(suffix):
+            return Route("guard", path, kind, endpoint)
+    if path.endswith(_FREE_POST_SUFFIXES) or path_allowed(path, allow_paths):
+        return None
+    return Route("refuse", path or "/")
+
+
+def path_allowed(path: str, patterns: Sequence[str]) -> bool:
+    """``--allow-path`` entries: a glob over the whole path, or a path suffix at a ``/`` boundary."""
+    for pattern in patterns:
+        if any(ch in pattern for ch in "*?["):
+            if fnmatch.fnmatchcase(path, pattern):
+                return True
+            continue
+        tail = "/" + pattern.strip("/")
+        if tail != "/" and (path == tail or path.endswith(tail)):
+            return True
+    return False
 
 
 def classify(method: str, url: str, base_urls: Sequence[str] = ()) -> Kind | None:
-    """The kind of a token-billed call to a guarded endpoint, or None to pass it through."""
-    if method.upper() != "POST":
-        return None
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower()
-    guarded = bool(ARK_HOST.match(host)) or any(_under(url, base) for base in base_urls)
-    if not guarded:
-        return None
-    path = parts.path.rstrip("/")
-    for suffix, kind in _BILLED_SUFFIXES:
-        if path.endswith(suffix):
-            return kind
-    return None
+    """The kind of a billed call to a guarded endpoint, or None to pass it through."""
+    found = route(method, url, base_urls)
+    return found.kind if found is not None and found.action == "guard" else None
 
 
 def _under(url: str, base: str) -> bool:

@@ -12,7 +12,9 @@ Output allowance:
   ``max(max_tokens or default, thinking_floor)`` unless ``thinking: {"type": "disabled"}``;
 * the Responses API's ``max_output_tokens`` includes reasoning, like ``max_completion_tokens``;
 * ``n`` (and ``best_of`` for completions) choices each get the full allowance;
-* embeddings produce no output tokens.
+* embeddings and context create produce no output tokens;
+* images and video tasks bill output only, bounded by what the request asks for
+  (:mod:`quotawrap.media`); classification answers one of its labels.
 
 A limit of 0 is treated as absent: what a server does with it is not documented, and reading it
 as "no limit given" is the safe side.
@@ -38,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args
 
+from . import media
 from .tokens import count_tokens, utf8_bound
 from .usage import MODEL_MAX_OUTPUT, MODEL_WINDOW, TOKEN_CEILING, UsageBound
 
@@ -51,7 +54,7 @@ __all__ = [
     "usage_bound",
 ]
 
-Kind = Literal["chat", "responses", "embeddings", "completions"]
+Kind = Literal["chat", "responses", "embeddings", "completions", "images", "video", "context", "classification"]
 Count = Callable[[str, str], int]
 
 
@@ -91,8 +94,14 @@ def output_allowance(kind: Kind, body: Mapping[str, Any], settings: EstimateSett
     """Most output tokens the request can be billed for (see the module docstring)."""
     _check_kind(kind)
     _check_body(body)
-    if kind == "embeddings":
+    if kind in ("embeddings", "context"):
         return 0
+    if kind == "images":
+        return media.image_count(body) * media.image_tokens_each(body)
+    if kind == "video":
+        return media.video_tokens(body)
+    if kind == "classification":
+        return _classification_allowance(body)
     if kind == "responses":
         bound = _limit(body, "max_output_tokens")
         return bound if bound is not None else _answer_plus_thinking(None, body, settings)
@@ -399,11 +408,35 @@ def _is_token_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _no_input(body: Mapping[str, Any], counter: _Counter) -> int:
+    return 0  # images and videos bill what they generate, not the prompt
+
+
+def _context_input(body: Mapping[str, Any], counter: _Counter) -> int:
+    messages = _as_list(_required(body, "messages"), "'messages'", "a list of messages")
+    total = sum(_chat_message_tokens(message, counter, f"messages[{i}]") for i, message in enumerate(messages))
+    return total + counter.reply_priming
+
+
+def _classification_input(body: Mapping[str, Any], counter: _Counter) -> int:
+    return counter.text(_required(body, "query"), "'query'") + counter.json(body.get("labels"), "'labels'") + 16
+
+
+def _classification_allowance(body: Mapping[str, Any]) -> int:
+    # the answer is one label: never longer than all of them spelled out, in bytes
+    labels = body.get("labels")
+    return len(json.dumps(labels, ensure_ascii=False).encode()) + 16 if labels is not None else 64
+
+
 _INPUT_ESTIMATORS: Mapping[str, Callable[[Mapping[str, Any], _Counter], int]] = {
     "chat": _chat_input,
     "responses": _responses_input,
     "embeddings": _embeddings_input,
     "completions": _completions_input,
+    "images": _no_input,
+    "video": _no_input,
+    "context": _context_input,
+    "classification": _classification_input,
 }
 
 

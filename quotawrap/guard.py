@@ -13,6 +13,10 @@ Failure policy (documented in README "Failure modes"):
   synthetic 400 (the provider would refuse it as well);
 * any other fault of quotawrap's own while reserving -> a synthetic 503, never an exception in
   the caller (``begin`` never raises; settling never raises into the caller's read either);
+* a POST to a guarded host that is no endpoint we know -> a synthetic 403 naming ``--allow-path``;
+* a redirect answer -> release the hop's hold and guard the client's re-sent request as the same call;
+* an identical retry of a request refused moments ago -> the same answer, from memory (``refusals``);
+* a video task -> the create's hold becomes the task's, settled by a later GET (``tasks``);
 * no usage in the answer, stream cut, reader stopped early -> charge the whole hold
   (``unresolved``); an error answer before generation, or a connection never made -> release;
 * usage the call could not have produced (``usage.check_usage``) -> an anomaly: warned, flagged
@@ -29,13 +33,15 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from . import endpoints, quota
+from . import endpoints, quota, refusals
 from ._errors import QuotawrapError
 from ._log import warn
+from .contexts import ContextCreated, ContextSizes
+from .endpoint_prices import CostRule, with_media_prices
 from .estimate import Estimate, EstimateSettings, estimate_request, usage_bound
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .ledger.base import CallRecord, CallState
@@ -48,7 +54,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .prices import PriceTable
 
-__all__ = ["CallContext", "Guard", "GuardedCall", "SyntheticResponse", "warn"]
+__all__ = ["CallContext", "Followup", "Guard", "GuardedCall", "SyntheticResponse", "warn"]
 
 _SNAPSHOT_TTL_S = 1.0
 _CHEAP_SHARE = 0.01  # of the smallest token cap: inputs bounded below it never load a tokenizer
@@ -72,6 +78,9 @@ class SyntheticResponse:
             ("content-length", str(len(body))),
             # Ark's and openai's SDKs honour this and do not retry into the same wall.
             ("x-should-retry", "false"),
+            # Clients that retry a 429 anyway (llama-index) wait Retry-After instead of their own 4 s and
+            # up: the guard answers their identical retries at once from memory, so they end at once.
+            *((("retry-after", "0"),) if status == 429 else ()),
             *((f"x-quotawrap-{key.replace('_', '-')}", value) for key, value in extra.items()),
         )
         return cls(status, body, headers)
@@ -153,6 +162,16 @@ class Guard:
         self.tags = dict(entry.partition("=")[::2] for entry in settings.tag if "=" in entry)
         self._cost_cap = None if settings.cap_cost is None else round(settings.cap_cost * 1_000_000)
         self._prices: PriceTable | None = None
+        self.retries = refusals.RetryMemory()
+        self.contexts = ContextSizes()
+        self._redirects = refusals.RedirectMemory(clock)
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    def clock(self) -> float:
+        return self._clock()
 
     @property
     def ledger(self) -> Ledger:
@@ -213,14 +232,18 @@ class Guard:
         if self._prices is None:
             from .prices import load_price_table
 
-            self._prices = load_price_table(self.settings)
+            self._prices = with_media_prices(load_price_table(self.settings))
         return self._prices
 
-    def reserve_cost(self, model: str, estimate: Estimate) -> int:
-        """Micro-CNY a hold may cost at worst; 0 when no money cap or audit needs it."""
+    def reserve_cost(self, model: str, estimate: Estimate, rule: CostRule | None = None) -> int:
+        """Micro-CNY a hold may cost at worst (per image, plugin fees, batch discount: ``rule``)."""
+        if rule is not None:
+            return int(rule.reserve(self.prices, model, estimate))
         return int(self.prices.reserve_cost(model, estimate.input_tokens, estimate.output_allowance))
 
-    def actual_cost(self, model: str, usage: Usage) -> int:
+    def actual_cost(self, model: str, usage: Usage, rule: CostRule | None = None) -> int:
+        if rule is not None:
+            return int(rule.actual(self.prices, model, usage))
         return int(self.prices.actual_cost(model, usage))
 
     def audit(
@@ -294,12 +317,20 @@ class Guard:
 
     # -- the entry point --------------------------------------------------------------------
 
+    def route(self, method: str, url: str) -> endpoints.Route | None:
+        """How a request is treated (see :func:`endpoints.route`); a redirected call's next hop too."""
+        found = endpoints.route(method, url, self.settings.base_url, self.settings.allow_path)
+        return found if found is not None else self._redirects.route_for(method, url)
+
     def wants(self, method: str, url: str) -> bool:
         """Cheap test, before any body is read: could this request be guarded? Never raises."""
         try:
-            return endpoints.classify(method, url, self.settings.base_url) is not None
+            return self.route(method, url) is not None
         except Exception:  # begin() answers the URL it cannot read with a 400
             return True
+
+    def note_redirect(self, from_url: str, location: str, route: endpoints.Route) -> None:
+        self._redirects.note(from_url, location, route)
 
     def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
         """Called before a request is sent. None: not ours, send it untouched.
@@ -309,11 +340,24 @@ class Guard:
         caller's SDK call is a crash the program was never written to expect.
         """
         try:
-            kind = endpoints.classify(method, url, self.settings.base_url)
+            found = self.route(method, url)
         except Exception as exc:  # a URL the client accepted but urlsplit cannot read
             return _unreadable(f"quotawrap cannot read the URL of this request, so it cannot guard it: {exc}")
-        if kind is None:
+        if found is None:
             return None
+        if found.action == "refuse":
+            message = refusals.unknown_path_message(method, found.path)
+            if self.settings.watch:  # --watch blocks nothing, but says what it did not guard
+                warn(f"--watch: {message.replace('quotawrap refused', 'sent UNGUARDED')}")
+                return None
+            refusal = SyntheticResponse.ark_error(403, "QuotawrapUnknownEndpoint", "Forbidden", message)
+            return GuardedCall.refused(refusal)
+        if found.action == "poll":
+            from .tasks import TaskPolled
+
+            poll = GuardedCall(None, None, "", guard=self)
+            poll.followup = TaskPolled(self)
+            return poll
         try:
             request = endpoints.parse_json_body(body)
         except (ValueError, RecursionError, MemoryError) as exc:
@@ -323,12 +367,16 @@ class Guard:
             return _unreadable("quotawrap cannot guard a request without a 'model' string.")
         if not endpoints.model_matches(model, self.settings.model):
             return None
+        key = refusals.fingerprint(method, url, body, refusals.caller())
+        remembered = self._recall_refusal(key)
+        if remembered is not None:
+            return remembered
         try:
-            return self._reserve(kind, url, headers, request, model)
+            call = self._reserve(found, url, headers, request, model)
         except Exception as exc:  # the ledger's faults, and any fault of ours: refuse loudly, never raise
             if self.settings.fail_open:
                 warn(f"{exc}; --fail-open: this call to {model} goes out UNGUARDED")
-                self._record_unguarded(model, kind, exc)
+                self._record_unguarded(model, found.endpoint, exc)
                 return None
             if isinstance(exc, QuotawrapError):
                 message = f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}. Fix the store"
@@ -343,20 +391,39 @@ class Guard:
                     message + ", or pass --fail-open to let calls through unguarded.",
                 )
             )
+        if call.blocked is not None and call.blocked.status in (403, 429):
+            self.retries.remember(key, call.blocked, self._clock())
+        call.url = url
+        call.route = found
+        return call
+
+    def _recall_refusal(self, key: str) -> GuardedCall | None:
+        """An identical retry of a request refused moments ago: the same answer, no new ledger row."""
+        answer = self.retries.answer(key, self._clock())
+        return GuardedCall.refused(answer) if isinstance(answer, SyntheticResponse) else None
 
     def _reserve(
-        self, kind: str, url: str, headers: Mapping[str, str], request: dict[str, Any], model: str
+        self, found: endpoints.Route, url: str, headers: Mapping[str, str], request: dict[str, Any], model: str
     ) -> GuardedCall:
+        kind = found.kind or "chat"
+        # Ark's batch client retries every 429 until its timeout (x-should-retry ignored), but never a 403,
+        # the status Ark itself gives when spending must stop (AccountOverdueError).
+        refusal_status = 403 if found.endpoint.startswith("batch_") else 429
         now = self._clock()
         day = quota.beijing_day(now)
         enforce = not self.settings.watch
         evicted = self._evicted(model, day, now) if enforce else None
         if evicted is not None:
             verdict, counters = evicted
-            return GuardedCall.refused(self._blocked(model, verdict, counters, 0))
+            return GuardedCall.refused(self._blocked(model, verdict, counters, 0, status=refusal_status))
         try:
             estimate = self.estimate(kind, request, enforce=enforce)
-            bound = usage_bound(kind, request, estimate)  # type: ignore[arg-type]
+            if found.endpoint == "context_chat":  # the cached context is read too (contexts.py)
+                estimate = replace(
+                    estimate, input_tokens=estimate.input_tokens + self.contexts.size(request.get("context_id"))
+                )
+            bound = usage_bound(kind, request, estimate)
+            rule = CostRule.for_request(found.endpoint, request, estimate)
         except (ValueError, RecursionError) as exc:
             return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
         # Decided before the hold is taken: nothing may raise between reserving and handing back the call.
@@ -377,14 +444,15 @@ class Guard:
             model=model,
             day=day,
             reserve=estimate.total,
-            endpoint=kind,
+            endpoint=found.endpoint or kind,
             pid=os.getpid(),
             host=self._host,
+            # a video task's hold is handed over to the task once created (see tasks.py)
             expires_at=now + self.settings.hold_ttl,
             enforce=enforce,
             key_fingerprint=_key_fingerprint(headers),
             tags=self.tags,
-            reserve_cost=self.reserve_cost(model, estimate),
+            reserve_cost=self.reserve_cost(model, estimate, rule),
         )
         decision = self.ledger.reserve(hold, lambda snapshot: self.limits_for(snapshot, day))
         blocking = decision.verdict.blocking
@@ -393,7 +461,7 @@ class Guard:
             run_id=hold.run_id,
             model=model,
             day=day,
-            endpoint=kind,
+            endpoint=hold.endpoint,
             reserved=hold.reserve,
             reserved_cost=hold.reserve_cost,
             key_fingerprint=hold.key_fingerprint,
@@ -405,9 +473,11 @@ class Guard:
         if not decision.held:
             self.audit(context, "blocked", None, 0, 0.0)
             return GuardedCall.refused(
-                self._blocked(model, decision.verdict, decision.counters, estimate.total, hold.reserve_cost)
+                self._blocked(
+                    model, decision.verdict, decision.counters, estimate.total, hold.reserve_cost, status=refusal_status
+                )
             )
-        return GuardedCall(
+        call = GuardedCall(
             self.ledger,
             decision.hold_id,
             model,
@@ -417,6 +487,14 @@ class Guard:
             context=context,
             bound=bound,
         )
+        call.cost_rule = rule
+        if found.endpoint == "video_task":
+            from .tasks import TaskCreated
+
+            call.followup = TaskCreated(self, context)
+        elif found.endpoint == "context":
+            call.followup = ContextCreated(self.contexts)
+        return call
 
     def _smallest_token_cap(self) -> int:
         """The smallest cap on tokens held at once that the settings alone fix (run cap, daily cap).
@@ -462,13 +540,15 @@ class Guard:
         counters: Mapping[str, quota.Counters],
         reserve: int,
         reserve_cost: int = 0,
+        *,
+        status: int = 429,
     ) -> SyntheticResponse:
         limit = verdict.blocking
         assert limit is not None
         return SyntheticResponse.ark_error(
-            429,
+            status,
             "QuotawrapLimitExceeded",
-            "TooManyRequests",
+            "TooManyRequests" if status == 429 else "Forbidden",
             block_message(model, verdict, counters, reserve_cost if limit.scope == "run_cost" else reserve),
             blocked=limit.name,
         )
@@ -490,6 +570,17 @@ class CallContext:
     pid: int
     would_block: bool
     blocked_by: str | None
+
+
+class Followup(Protocol):
+    """Settles a call whose answer means more than its usage (a video task created or polled)."""
+
+    def finish(self, call: GuardedCall, status: int, body: bytes, complete: bool) -> bool:
+        """Handle the end of the answer; True when nothing else is to be settled."""
+        ...
+
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 class GuardedCall:
@@ -529,6 +620,11 @@ class GuardedCall:
         self._chunks: list[bytes] = []
         self._decompress: Any = None
         self._undecodable = False
+        self._redirected = False
+        self.url = ""
+        self.route: endpoints.Route | None = None
+        self.cost_rule: CostRule | None = None
+        self.followup: Followup | None = None
 
     @classmethod
     def refused(cls, response: SyntheticResponse) -> GuardedCall:
@@ -539,6 +635,11 @@ class GuardedCall:
     def response_started(self, status: int, headers: Mapping[str, str], *, decoded: bool = False) -> None:
         """``decoded``: the adapter hands the tee already-decompressed bytes (requests does)."""
         self._status = status
+        location = headers.get("location") or headers.get("Location")
+        if status in _REDIRECTS and location and self._guard is not None and self.route is not None:
+            # The hop bills nothing; the client may re-send the call there, which must be guarded too.
+            self._redirected = True
+            self._guard.note_redirect(self.url, location, self.route)
         encoding = "identity" if decoded else (headers.get("content-encoding") or "identity").lower().strip()
         if encoding in ("gzip", "x-gzip"):
             self._decompress = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -605,6 +706,8 @@ class GuardedCall:
     # -- settlement -------------------------------------------------------------------------
 
     def _outcome(self, complete: bool) -> tuple[str, Usage | None]:
+        if self._redirected:
+            return "release", None
         if self._undecodable:
             return "charge", None
         if self._sse is not None:
@@ -634,11 +737,20 @@ class GuardedCall:
             if self._done:
                 return
             self._done = True
-            try:
-                action, usage = self._outcome(complete)
-            except Exception as exc:  # never the caller's problem: charge the hold
-                warn(f"cannot read the usage of a call to {self.model} ({type(exc).__name__}: {exc})")
-                action, usage = "charge", None
+            followup = self.followup if self._sse is None and not self._undecodable else None
+        # outside the lock, which _done already made ours (a followup does ledger I/O)
+        try:
+            if followup is not None:
+                body, self._chunks = b"".join(self._chunks), []
+                if followup.finish(self, self._status, body, complete):
+                    return
+                self._chunks = [body]
+            action, usage = self._outcome(complete)
+        except Exception as exc:  # never the caller's problem: charge the hold
+            warn(f"cannot read the usage of a call to {self.model} ({type(exc).__name__}: {exc})")
+            action, usage = "charge", None
+        if self.hold_id is None:
+            return
         if self.anomaly is not None:
             warn(
                 f"usage anomaly in the answer of a call to {self.model}: {self.anomaly};"
@@ -659,7 +771,7 @@ class GuardedCall:
                 self.ledger.release(self.hold_id)
             else:
                 if usage is not None and self._guard is not None:
-                    cost = self._guard.actual_cost(self.model, usage)
+                    cost = self._guard.actual_cost(self.model, usage, self.cost_rule)
                 elif self._context is not None:
                     cost = self._context.reserved_cost
                 self.ledger.settle(self.hold_id, usage, latency_s=latency, cost=cost)

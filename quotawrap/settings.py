@@ -84,6 +84,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("default_max_tokens", int, 4096, "Output allowance when a request sets no max_tokens."),
     Option("image_tokens", int, 2000, "Tokens reserved per image part."),
     Option("hold_ttl", float, 3600.0, "Seconds a hold stays valid before it is charged as unresolved."),
+    Option(
+        "task_hold_ttl",
+        float,
+        172800.0,
+        "Seconds a video task's hold stays valid waiting for a poll to report its usage (then charged in full).",
+    ),
+    Option(
+        "allow_path",
+        str,
+        (),
+        "Let POSTs to this unknown path (suffix or glob) on a guarded host through unguarded (repeatable).",
+        multiple=True,
+    ),
     Option("watch", bool, False, "Record everything, block nothing (the summary says what would have been)."),
     Option("fail_open", bool, False, "If the ledger is unreachable, let calls through unguarded (and say so)."),
     Option(
@@ -163,6 +176,8 @@ class Settings:
     default_max_tokens: int = 4096
     image_tokens: int = 2000
     hold_ttl: float = 3600.0
+    task_hold_ttl: float = 172800.0
+    allow_path: tuple[str, ...] = ()
     watch: bool = False
     fail_open: bool = False
     unguarded_log: str | None = None

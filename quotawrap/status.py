@@ -8,6 +8,7 @@ from typing import Any
 from . import quota
 from .ledger import Ledger, model_day_key
 from .settings import Settings
+from .tasks import TASK_HOLD_PREFIX, open_task_holds
 
 __all__ = ["expiry_warnings", "model_status", "render_status"]
 
@@ -15,6 +16,11 @@ __all__ = ["expiry_warnings", "model_status", "render_status"]
 def model_status(ledger: Ledger, settings: Settings, now: float) -> list[dict[str, Any]]:
     day = quota.beijing_day(now)
     qsettings = settings.quota
+    tasks: dict[str, list[dict[str, Any]]] = {}
+    for record in open_task_holds(ledger, now):
+        tasks.setdefault(record.model, []).append(
+            {"task_id": record.id.removeprefix(TASK_HOLD_PREFIX), "held": record.reserved, "since": record.started_at}
+        )
     rows = []
     for model in ledger.known_models():
         counters = ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]
@@ -53,6 +59,7 @@ def model_status(ledger: Ledger, settings: Settings, now: float) -> list[dict[st
                 "keep_alive_shortfall": advice[0].shortfall if advice else None,
                 "keep_alive_advice": advice[0].text() if advice else None,
                 "seconds_to_reset": round(quota.seconds_to_beijing_midnight(now), 1),
+                "open_video_tasks": tasks.get(model, []),
             }
         )
     return rows
@@ -87,6 +94,11 @@ def render_status(rows: list[dict[str, Any]]) -> str:
             lines.append(f"  package of {package['available']:,} expires {_when(package['expires_at'])}")
         if row["keep_alive_advice"]:
             lines.append(f"  {row['keep_alive_advice']}")
+        for task in row.get("open_video_tasks", []):
+            lines.append(
+                f"  video task {task['task_id']} holds {task['held']:,} since {_when(task['since'])}"
+                " (settled when a poll sees it end; charged in full if none does)"
+            )
         hours, rest = divmod(int(row["seconds_to_reset"]), 3600)
         lines.append(f"  resets at Beijing midnight in {hours}h{rest // 60:02d}m")
     return "\n".join(lines)

@@ -17,6 +17,11 @@ Where usage hides, by shape (see notes/injection.md, pitfall 16):
   or under ``response`` in a ``response.completed`` event;
 * embeddings: ``prompt_tokens`` and ``total_tokens`` only;
 * Moonshot: inside ``choices[0].usage``;
+* images: ``generated_images`` beside ``output_tokens``/``total_tokens``;
+* video task (GET once succeeded): ``completion_tokens`` and ``total_tokens``;
+* bots: ``bot_usage`` beside ``usage``: ``model_usage[]`` (every model the bot called; when
+  they add up to more than ``usage`` they are what is billed) and ``action_usage[]`` (plugin
+  calls, each ``search_count`` times, billed per call);
 * Ark ``chunk_include_usage``: on every chunk, cumulative; the largest report wins.
 
 :func:`check_usage` is the one rule for whether a usage may be charged at all.
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 __all__ = [
@@ -62,6 +67,8 @@ class Usage:
     total_tokens: int  # what is billed: reasoning included
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    images: int = 0  # generated images (billed per image)
+    actions: tuple[tuple[str, int], ...] = ()  # bot plugin calls: (plugin name, calls)
 
 
 # --------------------------------------------------------------------------- validation
@@ -90,7 +97,7 @@ def _resolved(usage: Usage) -> Usage:
     total = max(usage.total_tokens, prompt + completion)
     if (prompt, completion, total) == (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens):
         return usage
-    return Usage(prompt, completion, total, usage.reasoning_tokens, usage.cached_tokens)
+    return replace(usage, prompt_tokens=prompt, completion_tokens=completion, total_tokens=total)
 
 
 def check_usage(usage: Usage | None, bound: UsageBound | None = None) -> Checked:
@@ -206,13 +213,47 @@ def usage_from_mapping(obj: Mapping[str, Any]) -> Usage | None:
             cached = _count(obj.get("prompt_cache_hit_tokens")) or 0
         except _Unusable:
             cached = 0
-    return Usage(prompt, completion, total, reasoning, cached)
+    try:
+        images = _count(obj.get("generated_images")) or 0
+    except _Unusable:
+        return None
+    return Usage(prompt, completion, total, reasoning, cached, images)
+
+
+def _with_bot_usage(usage: Usage, bot_usage: object) -> Usage:
+    """Fold a bot answer's ``bot_usage`` into its usage; a malformed part adds nothing."""
+    if not isinstance(bot_usage, Mapping):
+        return usage
+    models = [usage_from_mapping(entry) for entry in _entries(bot_usage.get("model_usage"))]
+    found = [entry for entry in models if entry is not None]
+    if found and sum(entry.total_tokens for entry in found) > usage.total_tokens:
+        usage = replace(
+            usage,
+            prompt_tokens=sum(entry.prompt_tokens for entry in found),
+            completion_tokens=sum(entry.completion_tokens for entry in found),
+            total_tokens=sum(entry.total_tokens for entry in found),
+        )
+    actions = []
+    for entry in _entries(bot_usage.get("action_usage")):
+        try:
+            calls = _count(entry.get("search_count", entry.get("count")))
+        except _Unusable:
+            continue
+        if calls:
+            actions.append((str(entry.get("name") or "unknown"), calls))
+    return replace(usage, actions=tuple(actions)) if actions else usage
+
+
+def _entries(value: object) -> list[Mapping[str, Any]]:
+    return [entry for entry in value if isinstance(entry, Mapping)] if isinstance(value, list) else []
 
 
 def _usage_in_payload(obj: Mapping[str, Any]) -> tuple[Usage | None, bool]:
     """The usage carried by one JSON payload, and whether it sat at the top level."""
     found = _usage_at(obj)
     if found is not None:
+        if "bot_usage" in obj:
+            found = _with_bot_usage(found, obj["bot_usage"])
         return found, True
     response = obj.get("response")  # Responses API stream events wrap the Response
     if isinstance(response, Mapping):
@@ -250,7 +291,10 @@ def is_event_stream(content_type: str | None) -> bool:
 
 # --------------------------------------------------------------------------- SSE
 
-_TERMINAL_TYPES: Final = frozenset({"response.completed", "response.failed", "response.incomplete"})
+# Responses API ends; Seedream's image stream ends with image_generation.completed (its usage) before [DONE].
+_TERMINAL_TYPES: Final = frozenset(
+    {"response.completed", "response.failed", "response.incomplete", "image_generation.completed"}
+)
 _TERMINAL_EVENTS: Final = frozenset(t.encode() for t in _TERMINAL_TYPES)
 _LF: Final = 10
 _CR: Final = 13

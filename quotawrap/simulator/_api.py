@@ -6,6 +6,7 @@ whose `body()` / `frames()` render the answer, or raises `ArkError` (never bille
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -131,7 +132,7 @@ def _stream(body: dict[str, Any]) -> bool:
     return bool(stream)
 
 
-def _chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
+def _chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int, context_tokens: int = 0) -> Generation:
     model = _model(body)
     messages = _required(body, "messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -139,7 +140,7 @@ def _chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Gen
     max_tokens = _opt_count(body, "max_tokens")
     max_completion_tokens = _opt_count(body, "max_completion_tokens")
     plan = plan_generation(
-        chat_prompt_tokens(model, messages),
+        chat_prompt_tokens(model, messages) + context_tokens,
         reply_tokens=cfg.reply_tokens,
         reasoning_tokens=0 if thinking_disabled(body) else cfg.reasoning_tokens,
         max_tokens=max_tokens,
@@ -250,10 +251,48 @@ def _embeddings(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) 
 
 Endpoint = Callable[[dict[str, Any], SimConfig, str, int], Generation]
 
+
+def _bot_chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
+    """Chat, plus Ark's ``bot_usage``: the model calls and the plugin (web_search) calls behind it."""
+    generation = _chat(body, cfg, ident, created)
+    plan = generation.plan
+    bot_usage: dict[str, Any] = {
+        "model_usage": [
+            {
+                "name": generation.model,
+                "prompt_tokens": plan.prompt_tokens,
+                "completion_tokens": plan.completion_tokens,
+                "total_tokens": plan.total_tokens,
+            }
+        ],
+        "action_usage": [{"name": "web_search", "search_count": cfg.bot_searches}] if cfg.bot_searches else [],
+    }
+
+    def render(with_usage: bool) -> dict[str, Any]:
+        answer = generation.body(with_usage)
+        if with_usage:
+            answer["bot_usage"] = bot_usage
+        return answer
+
+    return Generation(generation.model, plan, generation.stream, render, generation.frames)
+
+
+def _context_chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
+    """Chat that also reads a cached context: its tokens (carried in the id the create gave) are prompt."""
+    context_id = _required(body, "context_id")
+    found = re.search(r"-t(\d+)$", context_id) if isinstance(context_id, str) else None
+    if found is None:
+        raise ArkError(404, "NotFound", f"The context {context_id} does not exist or has expired.", "context_id")
+    return _chat(body, cfg, ident, created, context_tokens=int(found.group(1)))
+
+
 ENDPOINTS: dict[str, Endpoint] = {
     f"{API_PREFIX}/chat/completions": _chat,
-    f"{API_PREFIX}/bots/chat/completions": _chat,
+    f"{API_PREFIX}/bots/chat/completions": _bot_chat,
+    f"{API_PREFIX}/batch/chat/completions": _chat,
+    f"{API_PREFIX}/context/chat/completions": _context_chat,
     f"{API_PREFIX}/completions": _completions,
     f"{API_PREFIX}/responses": _responses,
     f"{API_PREFIX}/embeddings": _embeddings,
+    f"{API_PREFIX}/batch/embeddings": _embeddings,
 }

@@ -121,12 +121,16 @@ class SimConfig:
     seed: int | None = None  # seeds error_rate's random draws
     balance_lag_s: float = 0.0  # billing API shows usage only this long after it was billed
     packages: tuple[PackageSpec, ...] = ()
+    task_s: float = 0.5  # a video task succeeds (and is billed) this long after its create
+    bot_searches: int = 0  # web_search plugin calls each bots answer reports in bot_usage.action_usage
+    redirect_to: str | None = None  # answer inference POSTs with a 307 to this base URL + the same path
+    require_auth: bool = True  # False: serve requests without a bearer key (clients drop it on cross-origin redirects)
 
     def __post_init__(self) -> None:
-        for name in ("latency_s", "chunk_delay_s", "hang_s", "balance_lag_s"):
+        for name in ("latency_s", "chunk_delay_s", "hang_s", "balance_lag_s", "task_s"):
             if getattr(self, name) < 0:
                 raise SimConfigError(name, "must be >= 0")
-        for name in ("reply_tokens", "reasoning_tokens"):
+        for name in ("reply_tokens", "reasoning_tokens", "bot_searches"):
             if getattr(self, name) < 0:
                 raise SimConfigError(name, "must be >= 0")
         if self.tokens_per_chunk < 1:
@@ -166,6 +170,17 @@ def _int(param: str, value: Any) -> int:
     return int(number)
 
 
+def _bool(param: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise SimConfigError(param, f"expected a boolean, got {value!r}")
+
+
 _NULL_WORDS = frozenset({"", "none", "null"})
 
 
@@ -202,6 +217,10 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "seed": _opt_int,
     "balance_lag_s": _float,
     "packages": _packages,
+    "task_s": _float,
+    "bot_searches": _int,
+    "redirect_to": _opt_str,
+    "require_auth": _bool,
 }
 assert set(_COERCE) == {f.name for f in dataclasses.fields(SimConfig)}, "every field needs a coercer"
 

@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 from ._api import API_PREFIX, ENDPOINTS, ArkError, Generation, fault_error, status_type
 from ._billing import BillBook, BillingRequestError, BillRecord, list_resource_packages, report_packages
 from ._config import PackageSpec, SimConfig, SimConfigError, apply_headers, apply_patch
+from ._media import MEDIA_ENDPOINTS, TASKS_PATH, TaskBook
 from ._payloads import ark_error
 
 __all__ = ["ArkSimulator", "run_forever", "serve"]
@@ -61,6 +62,7 @@ class ArkSimulator:
         self._rng = random.Random(self._config.seed)
         self._rng_lock = threading.Lock()
         self._book = BillBook()
+        self._tasks = TaskBook()
         self._stopping = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -150,16 +152,17 @@ class ArkSimulator:
     # -- the bill ----------------------------------------------------------------------------
     def billed_total(self) -> int:
         """Every token billed so far (sum of usage.total_tokens of billed generations)."""
-        return int(self._book.stats()["billed_total"])
+        return int(self.stats()["billed_total"])
 
     def billed_by_model(self) -> dict[str, int]:
-        return dict(self._book.stats()["billed_by_model"])
+        return dict(self.stats()["billed_by_model"])
 
     def calls(self) -> int:
         """Billed generations so far (errors are not calls)."""
-        return int(self._book.stats()["calls"])
+        return int(self.stats()["calls"])
 
     def bills(self) -> list[BillRecord]:
+        self._finish_tasks()
         return self._book.records()
 
     def requests_by_path(self) -> dict[str, int]:
@@ -168,17 +171,24 @@ class ArkSimulator:
 
     def stats(self) -> dict[str, Any]:
         """What `GET /_sim/stats` returns."""
+        self._finish_tasks()
         return self._book.stats()
 
     def reset(self) -> None:
-        """Forget every bill and request count (packages refill); the config stays."""
+        """Forget every bill, request count and task (packages refill); the config stays."""
         self._book.reset()
+        self._tasks.reset()
+
+    def _finish_tasks(self) -> None:
+        """Bill the video tasks that have finished by now (a real provider bills them unwatched)."""
+        for task in self._tasks.due(self.clock()):
+            self._book.bill(BillRecord(task.ready_at, task.model, TASKS_PATH, 0, task.tokens))
 
     def package_report(self, now: float | None = None) -> list[dict[str, str]]:
         """The ListResourcePackages items as the billing API would report them at `now`."""
         config = self._config
         when = self.clock() if now is None else now
-        return report_packages(config.packages, self._book.records(), when, config.balance_lag_s)
+        return report_packages(config.packages, self.bills(), when, config.balance_lag_s)
 
     # -- used by the handler -----------------------------------------------------------------
     def _draw_error(self, config: SimConfig) -> bool:
@@ -326,6 +336,13 @@ class _Handler(BaseHTTPRequestHandler):
         ident = f"{int(time.time() * 1000)}{uuid.uuid4().hex[:20]}"
         request_id = f"021{ident}"
         sim._book.count_request(path)
+        sim._finish_tasks()
+        if sim.config.redirect_to and self.command == "POST":
+            self._redirect(sim.config.redirect_to, path)
+            return
+        if path == TASKS_PATH or path.startswith(TASKS_PATH + "/"):
+            self._task_api(path, raw, ident, request_id)
+            return
         try:
             generation, config, fault = self._prepare(path, raw, ident)
         except ArkError as error:
@@ -334,19 +351,52 @@ class _Handler(BaseHTTPRequestHandler):
         sim._bill(generation, path)  # the provider generates from here on, whoever listens
         self._answer(generation, config, fault, request_id)
 
+    def _task_api(self, path: str, raw: bytes, ident: str, request_id: str) -> None:
+        """Video tasks: POST creates (billed when it finishes), GET reads one or lists, DELETE cancels."""
+        sim = self.server.sim
+        task_id = path[len(TASKS_PATH) + 1 :]
+        try:
+            config = self._checked_config()
+            if self.command == "POST" and not task_id:
+                error = fault_error(config.fault, config.error_code) if config.fault else None
+                if error is not None:
+                    raise error
+                answer = sim._tasks.create(_json_object(raw), config, ident, sim.clock())
+            elif self.command == "GET":
+                answer = sim._tasks.view(task_id, sim.clock()) if task_id else sim._tasks.listing(sim.clock())
+            elif self.command == "DELETE" and task_id:
+                answer = sim._tasks.cancel(task_id, sim.clock())
+            else:
+                raise ArkError(405, "MethodNotAllowed", f"{self.command} is not allowed on {path}.")
+        except ArkError as error:
+            self._send_ark_error(error, request_id)
+            return
+        self._send_json(200, answer, request_id)
+
+    def _checked_config(self) -> SimConfig:
+        config = self.server.sim.config
+        if config.require_auth and not _has_bearer(self.headers.get("Authorization")):
+            raise ArkError(401, "AuthenticationError", "The API key or AK/SK in the request is missing or invalid.")
+        try:
+            return apply_headers(config, self.headers.items())
+        except SimConfigError as exc:
+            raise ArkError(400, "InvalidParameter", exc.message, exc.param) from None
+
+    def _redirect(self, base: str, path: str) -> None:
+        """A 307 to the same path under another base URL: the client re-sends the request there."""
+        self.send_response(307)
+        self.send_header("Location", base.rstrip("/") + path[len(API_PREFIX) :])
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _prepare(self, path: str, raw: bytes, ident: str) -> tuple[Generation, SimConfig, str | None]:
         sim = self.server.sim
-        endpoint = ENDPOINTS.get(path)
+        endpoint = ENDPOINTS.get(path) or MEDIA_ENDPOINTS.get(path)
         if endpoint is None:
             raise ArkError(404, "NotFound", f"The requested resource {path} was not found.")
         if self.command != "POST":
             raise ArkError(405, "MethodNotAllowed", f"{self.command} is not allowed on {path}.")
-        if not _has_bearer(self.headers.get("Authorization")):
-            raise ArkError(401, "AuthenticationError", "The API key or AK/SK in the request is missing or invalid.")
-        try:
-            config = apply_headers(sim.config, self.headers.items())
-        except SimConfigError as exc:
-            raise ArkError(400, "InvalidParameter", exc.message, exc.param) from None
+        config = self._checked_config()
         body = _json_object(raw)
         generation = endpoint(body, config, ident, int(sim.clock()))
         if config.latency_s and sim._stopping.wait(config.latency_s):

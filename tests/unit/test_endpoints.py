@@ -10,9 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from quotawrap.endpoints import (
+    Route,
     classify,
     model_matches,
     parse_json_body,
+    route,
     stream_requested,
     wants_usage,
     with_usage_requested,
@@ -38,6 +40,11 @@ BILLED = (
     ("/api/v3/embeddings", "embeddings"),
     ("/api/v3/embeddings/multimodal", "embeddings"),
     ("/api/coding/v3/chat/completions", "chat"),
+    ("/api/v3/images/generations", "images"),
+    ("/api/v3/contents/generations/tasks", "video"),
+    ("/api/v3/context/create", "context"),
+    ("/api/v3/classification", "classification"),
+    ("/api/v3/batch/embeddings", "embeddings"),
 )
 
 
@@ -83,13 +90,11 @@ class TestClassifyArkHosts:
             "/api/v3/responses/resp_0217abc/input_items",
             "/api/v3/responses/resp_0217abc/cancel",
             "/api/v3/models",
-            "/api/v3/images/generations",
-            "/api/v3/contents/generations/tasks",
             "/api/v3/chat/completions/extra",
         ],
     )
     def test_unbilled_paths_pass(self, path: str) -> None:
-        """Reads of a stored response and untokenised endpoints are not guarded."""
+        """Paths that are no billed endpoint have no kind to estimate (route() refuses or passes them)."""
         assert classify("POST", f"https://ark.cn-beijing.volces.com{path}") is None
 
     @pytest.mark.parametrize("method", ["GET", "DELETE", "PUT", "HEAD", "OPTIONS"])
@@ -276,3 +281,77 @@ class TestWithUsageRequested:
         body = json.loads(with_usage_requested(original))
         assert body.pop("stream_options") == {"include_usage": True}
         assert body == original
+
+
+class TestRoute:
+    ARK = "https://ark.cn-beijing.volces.com/api/v3"
+
+    @pytest.mark.parametrize(
+        ("path", "kind", "endpoint"),
+        [
+            ("/images/generations", "images", "images"),
+            ("/contents/generations/tasks", "video", "video_task"),
+            ("/context/create", "context", "context"),
+            ("/batch/chat/completions", "chat", "batch_chat"),
+            ("/bots/chat/completions", "chat", "bot_chat"),
+            ("/batch/embeddings/multimodal", "embeddings", "batch_embeddings"),
+            ("/classification", "classification", "classification"),
+        ],
+    )
+    def test_billed_posts_are_guarded_with_their_label(self, path: str, kind: str, endpoint: str) -> None:
+        """Each billed Ark POST is guarded, labelled for the ledger by what it is."""
+        assert route("POST", self.ARK + path) == Route("guard", "/api/v3" + path, kind, endpoint)  # type: ignore[arg-type]
+
+    def test_a_task_get_is_a_poll_of_that_task(self) -> None:
+        """GET of one video task names the task whose hold its answer may settle."""
+        found = route("GET", self.ARK + "/contents/generations/tasks/cgt-2025-abc")
+        assert found is not None and (found.action, found.task_id) == ("poll", "cgt-2025-abc")
+
+    def test_the_task_list_is_a_poll_of_every_task(self) -> None:
+        """GET of the task list (with its filters) may settle any task it lists."""
+        found = route("GET", self.ARK + "/contents/generations/tasks?page_size=10")
+        assert found is not None and (found.action, found.task_id) == ("poll", None)
+
+    @pytest.mark.parametrize(
+        ("method", "path"),
+        [
+            ("GET", "/models"),
+            ("GET", "/responses/resp_1"),
+            ("DELETE", "/contents/generations/tasks/cgt-1"),
+            ("POST", "/tokenization"),
+            ("POST", "/files"),
+            ("POST", "/responses/resp_1/cancel"),
+        ],
+    )
+    def test_free_requests_pass(self, method: str, path: str) -> None:
+        """Reads, deletes and POSTs that bill nothing pass untouched."""
+        assert route(method, self.ARK + path) is None
+
+    @pytest.mark.parametrize("path", ["/audio/speech", "/chat/completions/extra", "/responses/resp_1/input_items"])
+    def test_unknown_posts_are_refused(self, path: str) -> None:
+        """Any other POST to a guarded host is refused, naming its path."""
+        assert route("POST", self.ARK + path) == Route("refuse", "/api/v3" + path)
+
+    def test_unknown_posts_elsewhere_pass(self) -> None:
+        """Hosts that are not guarded are none of quotawrap's business."""
+        assert route("POST", "https://api.example.com/v1/audio/speech") is None
+
+    def test_unknown_posts_under_a_base_url_are_refused(self) -> None:
+        """A --base-url host is guarded like Ark: its unknown POSTs are refused too."""
+        found = route("POST", "http://127.0.0.1:9/v1/audio/speech", ["http://127.0.0.1:9/v1"])
+        assert found is not None and found.action == "refuse"
+
+    @pytest.mark.parametrize("pattern", ["/audio/speech", "audio/speech/", "/api/v3/audio/*", "*speech"])
+    def test_allow_path_by_suffix_or_glob(self, pattern: str) -> None:
+        """--allow-path matches a path suffix at a / boundary, or a glob over the whole path."""
+        assert route("POST", self.ARK + "/audio/speech", allow_paths=[pattern]) is None
+
+    @pytest.mark.parametrize("pattern", ["/audio", "dio/speech", "/api/v3/images/*", "/"])
+    def test_allow_path_does_not_match_more(self, pattern: str) -> None:
+        """A suffix must start at a path segment; an empty pattern allows nothing."""
+        assert route("POST", self.ARK + "/audio/speech", allow_paths=[pattern]) is not None
+
+    def test_allow_path_cannot_unguard_a_billed_endpoint(self) -> None:
+        """A billed endpoint stays guarded whatever --allow-path says."""
+        found = route("POST", self.ARK + "/chat/completions", allow_paths=["*"])
+        assert found is not None and found.action == "guard"

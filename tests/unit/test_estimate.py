@@ -378,7 +378,9 @@ class TestMalformed:
             ("embeddings", {"input": [1, "a"]}, r"input'\[0\]"),
             ("embeddings", {"input": [[1, "a"]]}, "token ids"),
             ("completions", {"prompt": None}, "prompt"),
-            ("images", {"prompt": "x"}, "unknown request kind"),
+            ("audio", {"prompt": "x"}, "unknown request kind"),
+            ("images", {"prompt": "x", "size": 1024}, "size"),
+            ("video", {"content": [], "duration": "5"}, "duration"),
         ],
     )
     def test_value_error_with_clear_message(self, kind: Any, body: Any, fragment: str) -> None:

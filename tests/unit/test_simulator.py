@@ -289,7 +289,7 @@ class TestChatCompletions:
 
     def test_unknown_path_is_ark_404(self, client: httpx.Client) -> None:
         """Paths the simulator does not serve answer 404 in Ark's shape."""
-        response = client.post("/images/generations", json={})
+        response = client.post("/audio/speech", json={})
         assert response.status_code == 404
         assert response.json()["error"]["type"] == "NotFound"
 

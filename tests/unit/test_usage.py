@@ -734,3 +734,47 @@ class TestProperties:
         out, reader = _read(stream, cuts, hide=True)
         assert out == visible
         assert reader.usage == usage
+
+
+class TestEndpointUsage:
+    def test_images_carry_their_count(self) -> None:
+        """Seedream's usage: generated_images beside output and total tokens."""
+        body = b'{"usage": {"generated_images": 2, "output_tokens": 8192, "total_tokens": 8192}}'
+        assert usage_from_body(body) == Usage(0, 8192, 8192, images=2)
+
+    def test_a_succeeded_video_task(self) -> None:
+        """A task GET once succeeded: completion_tokens and total_tokens, no prompt."""
+        body = b'{"id": "cgt-1", "status": "succeeded", "usage": {"completion_tokens": 48600, "total_tokens": 48600}}'
+        assert usage_from_body(body) == Usage(0, 48600, 48600)
+
+    def test_bot_plugin_calls_are_kept(self) -> None:
+        """bot_usage.action_usage becomes (plugin, calls) pairs; zero calls are dropped."""
+        body = {
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            "bot_usage": {
+                "action_usage": [{"name": "web_search", "search_count": 2}, {"name": "link", "search_count": 0}]
+            },
+        }
+        assert usage_from_body(body) == Usage(10, 5, 15, actions=(("web_search", 2),))
+
+    def test_bot_model_calls_beyond_the_main_usage_are_billed(self) -> None:
+        """When the bot's model_usage adds up to more than usage, the sum is what was spent."""
+        body = {
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            "bot_usage": {
+                "model_usage": [
+                    {"name": "main", "prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                    {"name": "summary", "prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+                ]
+            },
+        }
+        assert usage_from_body(body) == Usage(110, 25, 135)
+
+    def test_malformed_bot_usage_adds_nothing(self) -> None:
+        """A bot_usage of the wrong shape leaves the usage as it was."""
+        body = {"usage": {"prompt_tokens": 1, "completion_tokens": 1}, "bot_usage": {"action_usage": "x"}}
+        assert usage_from_body(body) == Usage(1, 1, 2)
+
+    def test_a_bad_image_count_makes_the_usage_unusable(self) -> None:
+        """generated_images that is no count is as untrustworthy as a bad token count."""
+        assert usage_from_body(b'{"usage": {"generated_images": -1, "output_tokens": 5}}') is None

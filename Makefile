@@ -16,7 +16,7 @@ redis-server:
 $(BIN)/quotawrap: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,redis,volc]'
+	$(BIN)/pip install -q -e '.[test,redis,volc,serve]'
 	touch $@
 
 demo: $(BIN)/quotawrap  ## the main job: a parallel agent guarded by quotawrap (simulator unless ARK_API_KEY)

@@ -151,13 +151,20 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         with contextlib.suppress(QuotawrapError):  # a warning must not stop the run
             for line in expiry_warnings(ledger, settings, time.time()):
                 warn(line)
+    proxy = None
+    child_options: dict[str, Any] = {}
+    if settings.proxy:
+        proxy, proxy_env = _start_proxy(settings, ledger)
+        child_options = {"extra_env": proxy_env, "on_child_exit": proxy.stop}
     try:
-        result = run_child(settings, command, ledger)
+        result = run_child(settings, command, ledger, **child_options)
     except FileNotFoundError:
         _fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
     except QuotawrapError as exc:
         _fail(str(exc), EXIT_STORE)
     finally:
+        if proxy is not None:
+            proxy.stop()
         if sync_loop is not None:
             sync_loop.stop()
     with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
@@ -179,6 +186,86 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     if settings.fail_on_block and result.totals.totals.blocked_calls:
         sys.exit(EXIT_BLOCKED)
     sys.exit(result.exit_code)
+
+
+def _start_proxy(settings: Settings, ledger: Any) -> tuple[Any, dict[str, str]]:
+    """``--proxy``: the run's gateway, started, and the child's variables pointing at it."""
+    try:
+        from .serve._runner import start_proxy
+    except ImportError as exc:
+        from .serve import MISSING_EXTRA
+
+        _fail(f"--proxy: {MISSING_EXTRA} ({exc.name} is not installed)", EXIT_USAGE)
+    try:
+        return start_proxy(settings, ledger)
+    except OSError as exc:
+        _fail(f"--proxy: cannot start the gateway on loopback: {exc}", EXIT_USAGE)
+    raise AssertionError("unreachable")
+
+
+_SERVE_OPTIONS = [option.name for option in OPTIONS if option.name not in ("proxy", "report_json", "fail_on_block")]
+
+
+@cli.command("serve")
+@settings_options(_SERVE_OPTIONS)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", default=8790, show_default=True, type=int, help="Port (0: any free port).")
+def serve_command(host: str, port: int, **values: Any) -> None:
+    """Serve a guarded OpenAI/Ark-compatible gateway: calls from any language, one Guard and ledger.
+
+    It forwards to the first --base-url (else Ark), reserving and settling every billed call
+    exactly as the in-process hook does; SIGTERM drains calls in flight, settles them, and exits.
+    """
+    from ._log import warn
+    from .attribution import automatic_tags, merge_tags, parse_tags
+    from .launcher import new_run_id
+    from .ledger import default_store_url, normalize_store_url
+    from .ledger.base import RunRecord
+    from .sync import SyncLoop, sync_source
+
+    try:
+        from .serve._gateway import Gateway
+        from .serve._runner import run_in_foreground
+    except ImportError as exc:
+        from .serve import MISSING_EXTRA
+
+        _fail(f"serve: {MISSING_EXTRA} ({exc.name} is not installed)", EXIT_USAGE)
+    settings = _settings(values)
+    try:
+        store = normalize_store_url(settings.store or default_store_url())
+        tags = merge_tags(automatic_tags(), parse_tags(settings.tag))
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    run_id = settings.run_id or f"serve-{new_run_id()}"
+    settings = settings.replace(run_id=run_id, store=store, tag=tuple(f"{k}={v}" for k, v in tags.items()))
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        warn(f"serve: listening on {host}, not loopback: whoever reaches it spends through it")
+    ledger = _open(settings)
+    try:
+        ledger.start_run(RunRecord(run_id, time.time(), command=f"quotawrap serve --port {port}", tags=tags))
+    except QuotawrapError as exc:
+        _fail(f"{exc}; the gateway cannot guard without its ledger", EXIT_STORE)
+    sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
+    if sync_loop is not None:
+        sync_loop.tick()
+        sync_loop.start()
+    gateway = Gateway(settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout)
+
+    def ready(url: str) -> None:
+        click.echo(f"quotawrap gateway listening on {url} (upstream {gateway.upstream}, run {run_id})")
+        sys.stdout.flush()
+
+    try:
+        run_in_foreground(gateway, ready)
+    except OSError as exc:
+        _fail(f"serve: cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE)
+    finally:
+        if sync_loop is not None:
+            sync_loop.stop()
+    with contextlib.suppress(QuotawrapError):
+        ledger.end_run(run_id, 0, time.time())
+    if not settings.quiet:
+        click.echo("quotawrap gateway: drained and stopped (every call it took is settled or charged)", err=True)
 
 
 @cli.command("simulate")
@@ -529,7 +616,7 @@ def consume_command(
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = load_config_file()
-        default_map = {name: config for name in ("run", "status", "sync", "report", "sessions", "consume")}
+        default_map = {name: config for name in ("run", "serve", "status", "sync", "report", "sessions", "consume")}
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE)
     cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)

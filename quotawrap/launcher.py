@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -129,8 +129,19 @@ def _terminal_delivers_sigint() -> bool:
         return False
 
 
-def run_child(settings: Settings, command: Sequence[str], ledger: Ledger) -> ChildResult:
-    """Start the child, forward signals, wait; then charge open holds and total the run."""
+def run_child(
+    settings: Settings,
+    command: Sequence[str],
+    ledger: Ledger,
+    *,
+    extra_env: Mapping[str, str] | None = None,
+    on_child_exit: Callable[[], None] | None = None,
+) -> ChildResult:
+    """Start the child, forward signals, wait; then charge open holds and total the run.
+
+    ``on_child_exit`` runs before the books close (``--proxy`` stops its gateway there, so the
+    calls it still had in flight settle before the run's open holds are charged).
+    """
     assert settings.run_id, "the CLI assigns a run id"
     executable = shutil.which(command[0])
     if executable is None:
@@ -141,7 +152,7 @@ def run_child(settings: Settings, command: Sequence[str], ledger: Ledger) -> Chi
         ledger.reclaim_orphans(time.time())
     except QuotawrapError as exc:
         warn(f"could not reclaim orphaned holds before the run: {exc}")
-    process = subprocess.Popen([executable, *command[1:]], env=child_environment(settings))
+    process = subprocess.Popen([executable, *command[1:]], env={**child_environment(settings), **(extra_env or {})})
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGINT and _terminal_delivers_sigint():
@@ -169,6 +180,8 @@ def run_child(settings: Settings, command: Sequence[str], ledger: Ledger) -> Chi
             stop.set()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if on_child_exit is not None:
+                on_child_exit()
         try:
             resolved = ledger.resolve_run(settings.run_id)
             totals = ledger.run_totals(settings.run_id)

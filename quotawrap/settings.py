@@ -153,6 +153,21 @@ OPTIONS: tuple[Option, ...] = (
         "Warn at the start of a run when a model's free packages expire within this many days.",
         child=False,
     ),
+    Option(
+        "proxy",
+        bool,
+        False,
+        "Also start a local guarded gateway for the run and point the child's SDKs at it"
+        " (OPENAI_BASE_URL, ARK_BASE_URL, ...): guards programs in any language.",
+        child=False,
+    ),
+    Option(
+        "drain_timeout",
+        float,
+        30.0,
+        "Seconds a stopping gateway lets calls in flight finish and settle (longer ones are charged whole).",
+        child=False,
+    ),
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),
     Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
@@ -196,6 +211,8 @@ class Settings:
     sync_burst: int = 100_000
     sync_check: float = 10.0
     expiry_warning_days: float = 3.0
+    proxy: bool = False
+    drain_timeout: float = 30.0
     report_json: str | None = None
     fail_on_block: bool = False
     quiet: bool = False

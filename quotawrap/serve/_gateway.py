@@ -1,0 +1,253 @@
+"""The gateway: an aiohttp server that drives the one :class:`Guard` exactly as the httpx adapter does.
+
+Per request: ``Guard.begin`` reserves (or refuses with its synthetic answer), the request goes
+upstream with the guard's header overrides and body, and every body chunk passes through
+``GuardedCall.feed`` on its way to the caller as it arrives; ``finish`` settles at the end,
+``close`` when the caller or the upstream goes away first, ``failed`` when nothing was sent.
+
+The upstream client is an ``httpx.AsyncClient`` whose request method is the unpatched one: should
+the in-process hook be installed in this process too (``quotawrap -- quotawrap serve``), the
+gateway's own upstream calls would otherwise be reserved a second time.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from aiohttp import web
+from multidict import CIMultiDict
+
+from .._errors import ConfigError
+from .._log import warn
+from ..guard import Guard, GuardedCall, SyntheticResponse
+from ..ledger import Ledger
+from ..settings import Settings
+from ._http import (
+    ARK_BASE_URL,
+    HEALTH_PATH,
+    TAG_HEADER,
+    forwarded_request_headers,
+    forwarded_response_headers,
+    header_tags,
+    upstream_url,
+)
+
+__all__ = ["Gateway"]
+
+_MAX_BODY = 64 * 1024 * 1024  # images travel base64-encoded in the body
+_GUARDS_KEPT = 256  # one Guard per distinct set of header tags
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+def _unguarded_client_class() -> type[httpx.AsyncClient]:
+    """An AsyncClient that sends with httpx's own method even where quotawrap's hook patched it."""
+    send = httpx.AsyncClient._send_single_request
+    while hasattr(send, "__wrapped__"):
+        send = send.__wrapped__
+
+    class UpstreamClient(httpx.AsyncClient):
+        _send_single_request = send
+
+    return UpstreamClient
+
+
+def _answer(synthetic: SyntheticResponse) -> web.Response:
+    return web.Response(status=synthetic.status, body=synthetic.body, headers=CIMultiDict(synthetic.headers))
+
+
+class Gateway:
+    """One listening gateway: its settings, its ledger, its upstream and what it has in flight."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        ledger: Ledger,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        drain_timeout: float = 30.0,
+    ) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.upstream = settings.base_url[0] if settings.base_url else ARK_BASE_URL
+        # The guard must see the upstream as guarded whatever it is (Ark's hosts already are).
+        if self.upstream not in settings.base_url:
+            settings = settings.replace(base_url=(*settings.base_url, self.upstream))
+        self._settings = settings
+        self.host = host
+        self.port = port
+        self.drain_timeout = drain_timeout
+        self.in_flight = 0
+        self.draining = False
+        self._guards: collections.OrderedDict[tuple[tuple[str, str], ...], Guard] = collections.OrderedDict()
+        self._base_tags = dict(entry.partition("=")[::2] for entry in settings.tag if "=" in entry)
+        self._client: httpx.AsyncClient | None = None
+        self._runner: web.AppRunner | None = None
+        self.started_at = time.time()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Bind, listen, and return the gateway's base URL (the port is known once bound)."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = int(sock.getsockname()[1])
+        self._client = _unguarded_client_class()(
+            timeout=httpx.Timeout(600.0, connect=30.0),  # Ark's SDK default: long thinking answers
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=128),
+        )
+        app = web.Application(client_max_size=_MAX_BODY)
+        app.router.add_get(HEALTH_PATH, self._health)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=self.drain_timeout)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop accepting, let calls in flight finish (up to ``drain_timeout``) and settle, then close.
+
+        A call still running at the deadline is cancelled, which closes its GuardedCall: the hold
+        is charged whole (its outcome is unknown), never dropped.
+        """
+        self.draining = True
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- handlers -----------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        """Liveness and readiness: the ledger answers, and the gateway is not draining."""
+        body: dict[str, Any] = {
+            "status": "ok",
+            "upstream": self.upstream,
+            "run_id": self.settings.run_id,
+            "in_flight": self.in_flight,
+            "uptime_s": round(time.time() - self.started_at, 3),
+        }
+        status = 200
+        try:
+            self.ledger.counters([])
+        except Exception as exc:
+            body.update(status="ledger unavailable", error=str(exc))
+            status = 503
+        if self.draining:
+            body["status"] = "draining"
+            status = 503
+        return web.json_response(body, status=status)
+
+    def _guard_for(self, tags: Mapping[str, str]) -> Guard:
+        key = tuple(sorted(tags.items()))
+        guard = self._guards.get(key)
+        if guard is None:
+            merged = {**self._base_tags, **tags}
+            settings = self._settings.replace(tag=tuple(f"{k}={v}" for k, v in merged.items()))
+            guard = self._guards[key] = Guard(settings, self.ledger)
+            if len(self._guards) > _GUARDS_KEPT:
+                self._guards.popitem(last=False)
+        else:
+            self._guards.move_to_end(key)
+        return guard
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        try:
+            return await self._forward_one(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _forward_one(self, request: web.Request) -> web.StreamResponse:
+        assert self._client is not None
+        body = await request.read()
+        url = upstream_url(self.upstream, request.rel_url.raw_path, request.rel_url.raw_query_string)
+        headers = forwarded_request_headers(request.headers.items())
+        try:
+            tags = header_tags(request.headers.getall(TAG_HEADER, []))
+        except ConfigError as exc:
+            return _answer(SyntheticResponse.ark_error(400, "QuotawrapBadTag", "BadRequest", f"{TAG_HEADER}: {exc}"))
+        call = self._guard_for(tags).begin(request.method, url, request.headers, body)
+        if call is not None:
+            if call.blocked is not None:
+                return _answer(call.blocked)
+            body = call.new_body if call.new_body is not None else body
+            overrides = {name.lower() for name in call.HEADER_OVERRIDES}
+            headers = [(n, v) for n, v in headers if n.lower() not in overrides]
+            headers.extend(call.HEADER_OVERRIDES.items())
+        upstream_request = self._client.build_request(request.method, url, headers=headers, content=body)
+        try:
+            upstream = await self._client.send(upstream_request, stream=True)
+        except _NOT_SENT as exc:
+            if call is not None:
+                call.failed(exc, sent=False)
+            return self._unreachable(exc)
+        except BaseException as exc:
+            if call is not None:
+                call.failed(exc, sent=True)
+            if isinstance(exc, Exception):
+                return self._unreachable(exc)
+            raise
+        try:
+            return await self._relay(request, upstream, call)
+        finally:
+            await upstream.aclose()
+
+    async def _relay(
+        self, request: web.Request, upstream: httpx.Response, call: GuardedCall | None
+    ) -> web.StreamResponse:
+        """The upstream's answer, chunk by chunk as it arrives, through the call's tee."""
+        event_stream = "text/event-stream" in upstream.headers.get("content-type", "")
+        headers = forwarded_response_headers(upstream.headers.multi_items(), keep_length=not event_stream)
+        response = web.StreamResponse(status=upstream.status_code, reason=upstream.reason_phrase or None)
+        for name, value in headers:
+            response.headers.add(name, value)
+        try:
+            if call is not None:
+                call.response_started(upstream.status_code, upstream.headers)
+            await response.prepare(request)
+            async for chunk in upstream.aiter_raw():
+                out = call.feed(chunk) if call is not None else chunk
+                if out:
+                    await response.write(out)
+            if call is not None:
+                tail = call.finish()  # settles before the caller sees the end of the answer
+                if tail:
+                    await response.write(tail)
+            await response.write_eof()
+        except BaseException:
+            # The caller went away, the upstream broke off, or the drain deadline cancelled us:
+            # usage already seen settles, otherwise the hold is charged whole.
+            if call is not None:
+                call.close()
+            raise
+        return response
+
+    def _unreachable(self, exc: Exception) -> web.Response:
+        warn(f"gateway: the upstream {self.upstream} did not answer: {exc!r}")
+        return _answer(
+            SyntheticResponse.ark_error(
+                502,
+                "QuotawrapUpstreamUnavailable",
+                "BadGateway",
+                f"quotawrap's gateway could not reach {self.upstream}: {type(exc).__name__}: {exc}",
+            )
+        )

@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench redis-server
+.PHONY: demo test lint bench redis-server node-deps
 
 # The Redis tests start a private redis-server from the binary (or use $REDIS_URL).
 redis-server:
@@ -22,7 +22,16 @@ $(BIN)/quotawrap: pyproject.toml
 demo: $(BIN)/quotawrap  ## the main job: a parallel agent guarded by quotawrap (simulator unless ARK_API_KEY)
 	$(BIN)/quotawrap demo
 
-test: $(BIN)/quotawrap redis-server  ## the whole test suite, lint included
+# The gateway tests run a real Node agent on the locked `openai` npm package (tests/node).
+node-deps:
+	@if ! command -v npm >/dev/null; then \
+	  echo "WARNING: npm not found: the Node gateway tests will be SKIPPED (install nodejs and npm to run them)"; \
+	elif [ ! -f tests/node/node_modules/.package-lock.json ] \
+	  || [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; then \
+	  cd tests/node && npm ci --no-audit --no-fund; \
+	fi
+
+test: $(BIN)/quotawrap redis-server node-deps  ## the whole test suite, lint included
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 

@@ -26,6 +26,7 @@ from .._errors import ConfigError
 from .._log import warn
 from ..guard import Guard, GuardedCall, SyntheticResponse
 from ..ledger import Ledger
+from ..ledger.base import run_key
 from ..settings import Settings
 from ._http import (
     ARK_BASE_URL,
@@ -79,6 +80,7 @@ class Gateway:
         if self.upstream not in settings.base_url:
             settings = settings.replace(base_url=(*settings.base_url, self.upstream))
         self._settings = settings
+        self._run_id = settings.run_id or "gateway"
         self.host = host
         self.port = port
         self.drain_timeout = drain_timeout
@@ -147,7 +149,7 @@ class Gateway:
         }
         status = 200
         try:
-            self.ledger.counters([])
+            self.ledger.counters([run_key(self._run_id)])  # one real read, on Redis a round trip
         except Exception as exc:
             body.update(status="ledger unavailable", error=str(exc))
             status = 503

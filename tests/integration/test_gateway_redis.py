@@ -1,0 +1,74 @@
+"""A team service: two `quotawrap serve` gateways on one private Redis share one quota."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from quotawrap.simulator import ArkSimulator
+from tests.integration.gateway_process import chat_body, gateway
+from tests.redis_server import session_url
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    with session_url() as url:
+        yield url
+
+
+def _until_refused(url: str, user: str, stream: bool) -> list[int]:
+    """One client: calls until five in a row are refused (a hold of another client may free up), at most 40."""
+    codes: list[int] = []
+    headers = {
+        "content-type": "application/json",
+        "authorization": f"Bearer sk-{user}",
+        "x-quotawrap-tag": f"user={user}",
+    }
+    with httpx.Client(timeout=60) as client:
+        for n in range(40):
+            body = chat_body(stream=stream, content=f"{user} {n}")
+            codes.append(client.post(f"{url}/chat/completions", content=body, headers=headers).status_code)
+            if codes[-5:] == [429] * 5:
+                break
+    return codes
+
+
+def test_two_gateways_share_one_daily_cap(sim: ArkSimulator, redis_url: str) -> None:
+    """16 clients split over two gateways on one Redis ledger: the bill stays within one shared cap.
+
+    The clients ask for far more than twice the cap, so two gateways that did not share it would bill past it.
+    """
+    sim.configure(reply_tokens=400)
+    cap = 16_000
+    args = ["--store", redis_url, "--base-url", sim.url, "--daily-cap", str(cap), "--usage-wall", str(cap)]
+    with gateway(args) as first, gateway(args) as second:
+        for gw in (first, second):
+            health = httpx.get(f"{gw.url}/_quotawrap/health", timeout=10)
+            assert health.status_code == 200 and health.json()["status"] == "ok"
+        jobs = [(gw.url, f"user{n}", n % 2 == 0) for n, gw in enumerate([first, second] * 8)]
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            results = list(pool.map(lambda job: _until_refused(*job), jobs))
+        assert first.terminate()[0] == 0 and second.terminate()[0] == 0
+    codes = [code for result in results for code in result]
+    assert 200 in codes and 429 in codes and set(codes) <= {200, 429}
+    billed = sim.billed_total()
+    # every hold is >= 4,096 tokens (the thinking floor): within one hold of the cap is all that fits
+    assert cap - 5_000 <= billed <= cap
+    report = subprocess.run(
+        [sys.executable, "-m", "quotawrap", "report", "--store", redis_url, "--by", "session", "--format", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = json.loads(report.stdout)["rows"]
+    assert len(rows) == 2  # one session per gateway, both counted against the one cap
+    assert all(row["calls"] > 0 for row in rows)
+    assert sum(row["settled_tokens"] for row in rows) == billed

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -160,6 +161,33 @@ class TestServe:
         assert (error["code"], error["type"]) == ("QuotawrapLimitExceeded", "TooManyRequests")
         assert "run_cap" in error["message"]
         assert sim.calls() == 0
+
+    def test_unreachable_upstream_is_a_502_and_the_hold_is_released(self, store: str) -> None:
+        """Nothing listens upstream: the caller gets a provider-shaped 502 and nothing is charged."""
+        from tests.redis_server import free_port
+
+        dead = f"http://127.0.0.1:{free_port()}/api/v3"
+        with gateway(["--store", store, "--base-url", dead]) as gw:
+            answer = httpx.post(f"{gw.url}/chat/completions", content=chat_body(), headers=JSON, timeout=30)
+        assert answer.status_code == 502
+        assert answer.json()["error"]["code"] == "QuotawrapUpstreamUnavailable"
+        assert ledger_rows(store, "SELECT state, charged FROM calls") == [("released", 0)]
+
+    def test_a_caller_that_hangs_up_mid_stream_is_charged_its_hold(self, sim: ArkSimulator, store: str) -> None:
+        """The caller closes a slow stream after one chunk: its outcome is unknown, so the whole hold is charged."""
+        with gateway(["--store", store, "--base-url", sim.url]) as gw:
+            headers = {**JSON, "x-sim-chunk-delay-s": "0.2", "x-sim-reply-tokens": "40"}
+            with httpx.stream(
+                "POST", f"{gw.url}/chat/completions", content=chat_body(stream=True), headers=headers, timeout=60
+            ) as response:
+                next(line for line in response.iter_lines() if line.startswith("data:"))
+            for _ in range(100):  # the gateway notices at its next write; then nothing is in flight
+                if httpx.get(f"{gw.url}/_quotawrap/health", timeout=10).json()["in_flight"] == 0:
+                    break
+                time.sleep(0.1)
+        ((state, charged, reserved),) = ledger_rows(store, "SELECT state, charged, reserved FROM calls")
+        assert (state, charged) == ("unresolved", reserved)
+        assert charged >= sim.billed_total()
 
     def test_attribution_by_tag_header_and_key_fingerprint(self, sim: ArkSimulator, store: str) -> None:
         """X-Quotawrap-Tag and the bearer key's fingerprint attribute each call; the key itself is never stored."""

@@ -121,6 +121,8 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     from .sync import SyncLoop, sync_source
 
     settings = _settings(values)
+    if settings.proxy:
+        _without_hook()
     try:
         store = normalize_store_url(settings.store or default_store_url())
         tags = merge_tags(automatic_tags(), parse_tags(settings.tag))
@@ -188,6 +190,17 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     sys.exit(result.exit_code)
 
 
+def _without_hook() -> None:
+    """A gateway reserves its calls itself: a hook loaded from an outer ``quotawrap`` would reserve its
+    upstream calls again. Run this same command anew without the variable that loads the hook."""
+    from . import bootstrap
+
+    if not bootstrap.loaded:
+        return
+    env = {name: value for name, value in os.environ.items() if name != bootstrap.RUN_ID_VARIABLE}
+    os.execve(sys.executable, [sys.executable, "-m", "quotawrap", *sys.argv[1:]], env)
+
+
 def _start_proxy(settings: Settings, ledger: Any) -> tuple[Any, dict[str, str]]:
     """``--proxy``: the run's gateway, started, and the child's variables pointing at it."""
     try:
@@ -230,6 +243,7 @@ def serve_command(host: str, port: int, **values: Any) -> None:
         from .serve import MISSING_EXTRA
 
         _fail(f"serve: {MISSING_EXTRA} ({exc.name} is not installed)", EXIT_USAGE)
+    _without_hook()
     settings = _settings(values)
     try:
         store = normalize_store_url(settings.store or default_store_url())

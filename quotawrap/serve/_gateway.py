@@ -47,6 +47,21 @@ _GUARDS_KEPT = 256  # one Guard per distinct set of header tags
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL)
 
 
+class _Relayed(web.StreamResponse):
+    """An upstream answer: its headers leave with its first bytes, in one write (a send costs ~0.1 ms here)."""
+
+    _send_headers_immediately = False
+
+
+def _env_proxy(url: str) -> URL | None:
+    """The HTTP(S)_PROXY / NO_PROXY answer for the upstream, looked up once, not on every call."""
+    try:
+        proxy, _auth = aiohttp.helpers.get_env_proxy_for_url(URL(url))
+    except LookupError:
+        return None
+    return proxy
+
+
 def _answer(synthetic: SyntheticResponse) -> web.Response:
     return web.Response(status=synthetic.status, body=synthetic.body, headers=CIMultiDict(synthetic.headers))
 
@@ -79,6 +94,7 @@ class Gateway:
         self._guards: collections.OrderedDict[tuple[tuple[str, str], ...], Guard] = collections.OrderedDict()
         self._base_tags = dict(entry.partition("=")[::2] for entry in settings.tag if "=" in entry)
         self._client: aiohttp.ClientSession | None = None
+        self._proxy: URL | None = None
         self._runner: web.AppRunner | None = None
         self.started_at = time.time()
 
@@ -105,8 +121,8 @@ class Gateway:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=600.0),
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-            trust_env=True,
         )
+        self._proxy = _env_proxy(self.upstream)
         app = web.Application(client_max_size=_MAX_BODY)
         app.router.add_get(HEALTH_PATH, self._health)
         app.router.add_route("*", "/{tail:.*}", self._forward)
@@ -190,7 +206,12 @@ class Gateway:
             headers.extend(call.HEADER_OVERRIDES.items())
         try:
             upstream = await self._client.request(
-                request.method, URL(url, encoded=True), headers=headers, data=body, allow_redirects=False
+                request.method,
+                URL(url, encoded=True),
+                headers=headers,
+                data=body,
+                allow_redirects=False,
+                proxy=self._proxy,
             )
         except _NOT_SENT as exc:
             if call is not None:
@@ -214,7 +235,7 @@ class Gateway:
         event_stream = "text/event-stream" in upstream.headers.get("content-type", "")
         pairs = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in upstream.raw_headers]
         headers = forwarded_response_headers(pairs, keep_length=not event_stream)
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason or None)
+        response = _Relayed(status=upstream.status, reason=upstream.reason or None)
         for name, value in headers:
             response.headers.add(name, value)
         try:

@@ -258,7 +258,9 @@ def serve_command(host: str, port: int, **values: Any) -> None:
     try:
         ledger.start_run(RunRecord(run_id, time.time(), command=f"quotawrap serve --port {port}", tags=tags))
     except QuotawrapError as exc:
-        _fail(f"{exc}; the gateway cannot guard without its ledger", EXIT_STORE)
+        if not settings.fail_open:
+            _fail(f"{exc}; the gateway cannot guard without its ledger (pass --fail-open to serve anyway)", EXIT_STORE)
+        warn(f"{exc}; --fail-open: serving, and guarded calls go out UNGUARDED while the store is down")
     sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
     if sync_loop is not None:
         sync_loop.tick()

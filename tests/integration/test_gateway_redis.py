@@ -13,7 +13,7 @@ import pytest
 
 from quotawrap.simulator import ArkSimulator
 from tests.integration.gateway_process import chat_body, gateway
-from tests.redis_server import session_url
+from tests.redis_server import private_server, session_url
 
 pytestmark = pytest.mark.redis
 
@@ -72,3 +72,21 @@ def test_two_gateways_share_one_daily_cap(sim: ArkSimulator, redis_url: str) -> 
     assert len(rows) == 2  # one session per gateway, both counted against the one cap
     assert all(row["calls"] > 0 for row in rows)
     assert sum(row["settled_tokens"] for row in rows) == billed
+
+
+def test_ledger_down_is_a_503_in_the_provider_shape_and_health_says_so(sim: ArkSimulator) -> None:
+    """Redis stops: health turns 503, calls are refused 503 QuotawrapStoreUnavailable, never sent; then recovers."""
+    with private_server(appendonly=True) as server, gateway(["--store", server.url, "--base-url", sim.url]) as gw:
+        headers = {"content-type": "application/json", "authorization": "Bearer sk-team"}
+        assert httpx.get(f"{gw.url}/_quotawrap/health", timeout=30).status_code == 200
+        server.stop()
+        health = httpx.get(f"{gw.url}/_quotawrap/health", timeout=30)
+        refused = httpx.post(f"{gw.url}/chat/completions", content=chat_body(), headers=headers, timeout=30)
+        server.start()
+        recovered = httpx.get(f"{gw.url}/_quotawrap/health", timeout=30)
+        answered = httpx.post(f"{gw.url}/chat/completions", content=chat_body(), headers=headers, timeout=30)
+    assert (health.status_code, health.json()["status"]) == (503, "ledger unavailable")
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "QuotawrapStoreUnavailable"
+    assert recovered.status_code == 200 and answered.status_code == 200
+    assert sim.calls() == 1

@@ -231,7 +231,7 @@ def serve_command(host: str, port: int, **values: Any) -> None:
     """
     from ._log import warn
     from .attribution import automatic_tags, merge_tags, parse_tags
-    from .launcher import new_run_id
+    from .launcher import default_unguarded_log, new_run_id
     from .ledger import default_store_url, normalize_store_url
     from .ledger.base import RunRecord
     from .sync import SyncLoop, sync_source
@@ -252,6 +252,8 @@ def serve_command(host: str, port: int, **values: Any) -> None:
         _fail(str(exc), EXIT_USAGE)
     run_id = settings.run_id or f"serve-{new_run_id()}"
     settings = settings.replace(run_id=run_id, store=store, tag=tuple(f"{k}={v}" for k, v in tags.items()))
+    if settings.fail_open and not settings.unguarded_log:
+        settings = settings.replace(unguarded_log=str(default_unguarded_log(run_id)))
     if host not in ("127.0.0.1", "::1", "localhost"):
         warn(f"serve: listening on {host}, not loopback: whoever reaches it spends through it")
     ledger = _open(settings)

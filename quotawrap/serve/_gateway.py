@@ -246,17 +246,24 @@ class Gateway:
                 out = call.feed(chunk) if call is not None else chunk
                 if out:
                     await response.write(out)
-            if call is not None:
-                tail = call.finish()  # settles before the caller sees the end of the answer
-                if tail:
-                    await response.write(tail)
-            await response.write_eof()
         except BaseException:
             # The caller went away, the upstream broke off, or the drain deadline cancelled us:
             # usage already seen settles, otherwise the hold is charged whole.
             if call is not None:
                 call.close()
             raise
+        # The whole answer has passed the tee: it settles from it, whatever the caller does now.
+        if call is None:
+            await response.write_eof()
+        elif call.new_body is not None:  # usage asked for by us: the reader may hold back the stream's end
+            await response.write_eof(call.finish())
+        else:
+            try:
+                await response.write_eof()
+            finally:
+                # After the caller has its answer, off its latency; this loop takes no other
+                # request before the settle is written, so no reservation sees the hold still open.
+                call.finish()
         return response
 
     def _unreachable(self, exc: Exception) -> web.Response:

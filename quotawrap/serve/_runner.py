@@ -34,7 +34,7 @@ def run_in_foreground(gateway: Gateway, on_ready: Callable[[str], None]) -> None
 
 
 def _run(coroutine: Coroutine[Any, Any, None]) -> None:
-    """uvloop when installed (the serve extra brings it): it halves the loop's share of each call."""
+    """uvloop when installed (the serve extra brings it): ~0.4 ms less per relayed call (bench_gateway.py)."""
     try:
         import uvloop
     except ImportError:

@@ -261,8 +261,9 @@ class Gateway:
             try:
                 await response.write_eof()
             finally:
-                # After the caller has its answer, off its latency; this loop takes no other
-                # request before the settle is written, so no reservation sees the hold still open.
+                # After the caller has its answer, off its latency. write_eof yields to the loop
+                # only when the caller reads slowly, so the caller cannot ask again before the
+                # settle is written; another caller meanwhile sees the hold still open (never less safe).
                 call.finish()
         return response
 

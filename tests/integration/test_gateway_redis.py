@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -90,3 +93,32 @@ def test_ledger_down_is_a_503_in_the_provider_shape_and_health_says_so(sim: ArkS
     assert refused.json()["error"]["code"] == "QuotawrapStoreUnavailable"
     assert recovered.status_code == 200 and answered.status_code == 200
     assert sim.calls() == 1
+
+
+def test_a_stalled_ledger_does_not_stall_the_gateway(sim: ArkSimulator) -> None:
+    """Redis frozen (SIGSTOP) while a call waits to reserve: other traffic still passes through meanwhile.
+
+    The ledger's round trips run off the event loop; run inline, the GET below would wait for the
+    frozen Redis's socket timeout (5 s) and miss its own 3 s bound.
+    """
+    with private_server(appendonly=False) as server, gateway(["--store", server.url, "--base-url", sim.url]) as gw:
+        assert server.process is not None
+        headers = {"content-type": "application/json", "authorization": "Bearer sk-team"}
+        waiting: list[int] = []
+        os.kill(server.process.pid, signal.SIGSTOP)
+        try:
+
+            def guarded_call() -> None:
+                answer = httpx.post(f"{gw.url}/chat/completions", content=chat_body(), headers=headers, timeout=120)
+                waiting.append(answer.status_code)
+
+            caller = threading.Thread(target=guarded_call)
+            caller.start()
+            passing = httpx.get(f"{gw.url}/models", headers=headers, timeout=3)
+            still_waiting = caller.is_alive()
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        caller.join(120)
+    assert still_waiting  # the guarded call was held up by the frozen ledger ...
+    assert passing.status_code == 404  # ... while the gateway relayed the simulator's answer to another
+    assert waiting and waiting[0] in (200, 503)

@@ -132,11 +132,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=400, help="latency samples per path (half streamed)")
     parser.add_argument("--load-calls", type=int, default=3000)
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--store", default=None, help="the gateways' ledger (default: SQLite in a temp dir)")
     args = parser.parse_args(argv)
-    print(f"machine: {machine_line()}; load average before: {load_average()}")
+    print(f"machine: {machine_line()}; ledger: {(args.store or 'sqlite').split(':')[0]}")
+    print(f"load average before: {load_average()}")
     quotawrap = [sys.executable, "-m", "quotawrap"]
     with tempfile.TemporaryDirectory() as tmp:
-        store = f"sqlite:///{Path(tmp) / 'ledger.sqlite3'}"
+        store = args.store or f"sqlite:///{Path(tmp) / 'ledger.sqlite3'}"
         simulate = [*quotawrap, "simulate", "--port", "0", "--reply-tokens", "12", "--reasoning-tokens", "0"]
         with process(simulate) as sim_url:
             serve = [*quotawrap, "serve", "--port", "0", "--store", store, "--base-url", sim_url, "--quiet"]

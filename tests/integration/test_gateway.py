@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,6 +32,16 @@ for i in $(seq 1 40); do
   echo "$stream $code"
 done
 """
+
+
+@contextlib.contextmanager
+def slow_stream(gateway_url: str, *, delay_s: str, tokens: str) -> Iterator[tuple[str, Iterator[str]]]:
+    """A slowly streamed call through the gateway, read up to its first event: (that event, the lines after)."""
+    headers = {**JSON, "x-sim-chunk-delay-s": delay_s, "x-sim-reply-tokens": tokens}
+    url = f"{gateway_url}/chat/completions"
+    with httpx.stream("POST", url, content=chat_body(stream=True), headers=headers, timeout=60) as response:
+        lines = response.iter_lines()
+        yield next(line for line in lines if line.startswith("data:")), lines
 
 
 def _settled(report: Path) -> int:
@@ -135,15 +147,12 @@ class TestServe:
 
     def test_stream_chunks_reach_the_caller_as_they_arrive(self, sim: ArkSimulator, store: str) -> None:
         """The first chunk of a slow stream arrives while the upstream is still producing the rest."""
-        with gateway(["--store", store, "--base-url", sim.url]) as gw:
-            headers = {**JSON, "x-sim-chunk-delay-s": "0.3", "x-sim-reply-tokens": "40"}
-            with httpx.stream(
-                "POST", f"{gw.url}/chat/completions", content=chat_body(stream=True), headers=headers, timeout=60
-            ) as response:
-                lines = response.iter_lines()
-                first = next(line for line in lines if line.startswith("data:"))
-                health = httpx.get(f"{gw.url}/_quotawrap/health", timeout=10).json()
-                rest = [line for line in lines if line.startswith("data:")]
+        with (
+            gateway(["--store", store, "--base-url", sim.url]) as gw,
+            slow_stream(gw.url, delay_s="0.3", tokens="40") as (first, lines),
+        ):
+            health = httpx.get(f"{gw.url}/_quotawrap/health", timeout=10).json()
+            rest = [line for line in lines if line.startswith("data:")]
         assert json.loads(first[5:])["object"] == "chat.completion.chunk"
         assert health["in_flight"] == 1  # the stream had not ended when its first chunk arrived
         assert rest[-1] == "data: [DONE]"
@@ -176,11 +185,8 @@ class TestServe:
     def test_a_caller_that_hangs_up_mid_stream_is_charged_its_hold(self, sim: ArkSimulator, store: str) -> None:
         """The caller closes a slow stream after one chunk: its outcome is unknown, so the whole hold is charged."""
         with gateway(["--store", store, "--base-url", sim.url]) as gw:
-            headers = {**JSON, "x-sim-chunk-delay-s": "0.2", "x-sim-reply-tokens": "40"}
-            with httpx.stream(
-                "POST", f"{gw.url}/chat/completions", content=chat_body(stream=True), headers=headers, timeout=60
-            ) as response:
-                next(line for line in response.iter_lines() if line.startswith("data:"))
+            with slow_stream(gw.url, delay_s="0.2", tokens="40"):
+                pass  # hung up after the first event
             for _ in range(100):  # the gateway notices at its next write; then nothing is in flight
                 if httpx.get(f"{gw.url}/_quotawrap/health", timeout=10).json()["in_flight"] == 0:
                     break
@@ -241,12 +247,7 @@ class TestServe:
         """SIGTERM mid-stream: the gateway stops accepting, lets the stream finish, settles it, exits 0."""
         results: list[tuple[int, str]] = []
         with gateway(["--store", store, "--base-url", sim.url]) as gw:
-            headers = {**JSON, "x-sim-chunk-delay-s": "0.2", "x-sim-reply-tokens": "30"}
-            with httpx.stream(
-                "POST", f"{gw.url}/chat/completions", content=chat_body(stream=True), headers=headers, timeout=60
-            ) as response:
-                lines = response.iter_lines()
-                next(line for line in lines if line.startswith("data:"))
+            with slow_stream(gw.url, delay_s="0.2", tokens="30") as (_, lines):
                 stopper = threading.Thread(target=lambda: results.append(gw.terminate()))
                 stopper.start()
                 rest = list(lines)

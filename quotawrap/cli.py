@@ -122,7 +122,9 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
 
     settings = _settings(values)
     if settings.proxy:
-        _without_hook()
+        from .serve import without_hook
+
+        without_hook()
     try:
         store = normalize_store_url(settings.store or default_store_url())
         tags = merge_tags(automatic_tags(), parse_tags(settings.tag))
@@ -190,17 +192,6 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     sys.exit(result.exit_code)
 
 
-def _without_hook() -> None:
-    """A gateway reserves its calls itself: a hook loaded from an outer ``quotawrap`` would reserve its
-    upstream calls again. Run this same command anew without the variable that loads the hook."""
-    from . import bootstrap
-
-    if not bootstrap.loaded:
-        return
-    env = {name: value for name, value in os.environ.items() if name != bootstrap.RUN_ID_VARIABLE}
-    os.execve(sys.executable, [sys.executable, "-m", "quotawrap", *sys.argv[1:]], env)
-
-
 def _start_proxy(settings: Settings, ledger: Any) -> tuple[Any, dict[str, str]]:
     """``--proxy``: the run's gateway, started, and the child's variables pointing at it."""
     try:
@@ -229,61 +220,28 @@ def serve_command(host: str, port: int, **values: Any) -> None:
     It forwards to the first --base-url (else Ark), reserving and settling every billed call
     exactly as the in-process hook does; SIGTERM drains calls in flight, settles them, and exits.
     """
-    from ._log import warn
-    from .attribution import automatic_tags, merge_tags, parse_tags
-    from .launcher import default_unguarded_log, new_run_id
-    from .ledger import default_store_url, normalize_store_url
-    from .ledger.base import RunRecord
-    from .sync import SyncLoop, sync_source
+    from .serve import without_hook
 
+    without_hook()
     try:
-        from .serve._gateway import Gateway
-        from .serve._runner import run_in_foreground
+        from .serve._command import prepare, serve
     except ImportError as exc:
         from .serve import MISSING_EXTRA
 
         _fail(f"serve: {MISSING_EXTRA} ({exc.name} is not installed)", EXIT_USAGE)
-    _without_hook()
-    settings = _settings(values)
     try:
-        store = normalize_store_url(settings.store or default_store_url())
-        tags = merge_tags(automatic_tags(), parse_tags(settings.tag))
+        settings = prepare(_settings(values))
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE)
-    run_id = settings.run_id or f"serve-{new_run_id()}"
-    settings = settings.replace(run_id=run_id, store=store, tag=tuple(f"{k}={v}" for k, v in tags.items()))
-    if settings.fail_open and not settings.unguarded_log:
-        settings = settings.replace(unguarded_log=str(default_unguarded_log(run_id)))
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        warn(f"serve: listening on {host}, not loopback: whoever reaches it spends through it")
     ledger = _open(settings)
     try:
-        ledger.start_run(RunRecord(run_id, time.time(), command=f"quotawrap serve --port {port}", tags=tags))
-    except QuotawrapError as exc:
-        if not settings.fail_open:
-            _fail(f"{exc}; the gateway cannot guard without its ledger (pass --fail-open to serve anyway)", EXIT_STORE)
-        warn(f"{exc}; --fail-open: serving, and guarded calls go out UNGUARDED while the store is down")
-    sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
-    if sync_loop is not None:
-        sync_loop.tick()
-        sync_loop.start()
-    gateway = Gateway(settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout)
-
-    def ready(url: str) -> None:
-        click.echo(f"quotawrap gateway listening on {url} (upstream {gateway.upstream}, run {run_id})")
-        sys.stdout.flush()
-
-    try:
-        run_in_foreground(gateway, ready)
+        serve(settings, ledger, host=host, port=port, say=click.echo)
+    except StoreError as exc:
+        _fail(f"{exc}; the gateway cannot guard without its ledger (pass --fail-open to serve anyway)", EXIT_STORE)
+    except ConfigError as exc:
+        _fail(str(exc), EXIT_USAGE)
     except OSError as exc:
         _fail(f"serve: cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE)
-    finally:
-        if sync_loop is not None:
-            sync_loop.stop()
-    with contextlib.suppress(QuotawrapError):
-        ledger.end_run(run_id, 0, time.time())
-    if not settings.quiet:
-        click.echo("quotawrap gateway: drained and stopped (every call it took is settled or charged)", err=True)
 
 
 @cli.command("simulate")

@@ -7,6 +7,9 @@ runs one for the length of a run and points the child's SDKs at it. Needs the ``
 
 from __future__ import annotations
 
+import os
+import sys
+
 from ._http import ARK_BASE_URL, HEALTH_PATH, PROXY_VARIABLES, TAG_HEADER, proxy_environment
 
 __all__ = [
@@ -16,6 +19,18 @@ __all__ = [
     "PROXY_VARIABLES",
     "TAG_HEADER",
     "proxy_environment",
+    "without_hook",
 ]
 
 MISSING_EXTRA = "the gateway needs aiohttp: pip install 'quotawrap[serve]'"
+
+
+def without_hook() -> None:
+    """A gateway reserves its calls itself: a hook loaded from an outer ``quotawrap`` would reserve its
+    upstream calls again. Run this same command anew without the variable that loads the hook."""
+    from .. import bootstrap
+
+    if not bootstrap.loaded:
+        return
+    env = {name: value for name, value in os.environ.items() if name != bootstrap.RUN_ID_VARIABLE}
+    os.execve(sys.executable, [sys.executable, "-m", "quotawrap", *sys.argv[1:]], env)

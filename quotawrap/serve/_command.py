@@ -1,0 +1,74 @@
+"""``quotawrap serve``: the gateway as a long-running service with a session of its own in the ledger.
+
+The CLI parses the flags and turns what this raises into one line and an exit code:
+ConfigError (bad setting), StoreError (no ledger, without ``--fail-open``), OSError (cannot listen).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+
+from .._errors import QuotawrapError
+from .._log import warn
+from ..ledger import Ledger
+from ..settings import Settings
+from ._gateway import Gateway  # aiohttp: importing this module is the check that the serve extra is there
+from ._runner import run_in_foreground
+
+__all__ = ["prepare", "serve"]
+
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def prepare(settings: Settings) -> Settings:
+    """The settings a gateway runs with: the store made explicit, tags resolved, a ``serve-`` session id."""
+    from ..attribution import automatic_tags, merge_tags, parse_tags
+    from ..launcher import default_unguarded_log, new_run_id
+    from ..ledger import default_store_url, normalize_store_url
+
+    store = normalize_store_url(settings.store or default_store_url())
+    tags = merge_tags(automatic_tags(), parse_tags(settings.tag))
+    run_id = settings.run_id or f"serve-{new_run_id()}"
+    settings = settings.replace(run_id=run_id, store=store, tag=tuple(f"{k}={v}" for k, v in tags.items()))
+    if settings.fail_open and not settings.unguarded_log:
+        settings = settings.replace(unguarded_log=str(default_unguarded_log(run_id)))
+    return settings
+
+
+def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Callable[[str], None]) -> None:
+    """Record the session, sync balances if configured, serve until SIGTERM, drain, close the session."""
+    from ..ledger.base import RunRecord
+    from ..sync import SyncLoop, sync_source
+
+    assert settings.run_id, "prepare() assigns the session id"
+    if host not in _LOOPBACK:
+        warn(f"serve: listening on {host}, not loopback: whoever reaches it spends through it")
+    tags = dict(entry.partition("=")[::2] for entry in settings.tag)
+    try:
+        ledger.start_run(RunRecord(settings.run_id, time.time(), command=f"quotawrap serve --port {port}", tags=tags))
+    except QuotawrapError as exc:
+        if not settings.fail_open:
+            raise
+        warn(f"{exc}; --fail-open: serving, and guarded calls go out UNGUARDED while the store is down")
+    sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
+    if sync_loop is not None:
+        sync_loop.tick()
+        sync_loop.start()
+    gateway = Gateway(settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout)
+
+    def ready(url: str) -> None:
+        say(f"quotawrap gateway listening on {url} (upstream {gateway.upstream}, run {settings.run_id})")
+        sys.stdout.flush()
+
+    try:
+        run_in_foreground(gateway, ready)
+    finally:
+        if sync_loop is not None:
+            sync_loop.stop()
+    with contextlib.suppress(QuotawrapError):
+        ledger.end_run(settings.run_id, 0, time.time())
+    if not settings.quiet:
+        warn("gateway drained and stopped (every call it took is settled or charged)")

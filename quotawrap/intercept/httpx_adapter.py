@@ -1,9 +1,11 @@
 """httpx and httpx2 (same API): wrap ``Client._send_single_request`` and its async twin.
 
 That private method is the one place every request passes whatever the transport (default,
-mounted, MockTransport, aiohttp): patching ``HTTPTransport.handle_request`` would miss
+mounted, MockTransport, aiohttp): patching ``HTTPTransport.handle_request`` alone would miss
 custom transports. It returns the response before its body is read, so one byte-stream tee
-sees streamed and non-streamed bodies alike.
+sees streamed and non-streamed bodies alike. ``HTTPTransport.handle_request`` (and its async
+twin) are wrapped too, for programs that drive a transport directly; the context mark of
+:mod:`._scope` makes the transport seam stand aside when the client seam already guards.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import functools
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import ModuleType
 from typing import Any
+
+from . import _scope
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the guard (and its imports) load on the first guarded call, not with the client
@@ -112,13 +116,22 @@ def _observe(response: Any, call: GuardedCall, tee: type) -> None:
         response.stream = tee(response.stream, call)
 
 
-def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type) -> Callable[..., Any]:
+def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type, stack: str) -> Callable[..., Any]:
     from . import get_guard
 
     not_sent = _not_sent_errors(module)
 
     @functools.wraps(original)
     def _send_single_request(self: Any, request: Any) -> Any:
+        if _scope.current() is not None:  # an outer seam examined this request already
+            return original(self, request)
+        token = _scope.enter(stack)
+        try:
+            return _guarded(self, request)
+        finally:
+            _scope.leave(token)
+
+    def _guarded(self: Any, request: Any) -> Any:
         guard = get_guard()
         if guard is None or not guard.wants(request.method, str(request.url)):
             return original(self, request)
@@ -142,13 +155,22 @@ def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type) -> C
     return _send_single_request
 
 
-def _make_async(module: ModuleType, original: Callable[..., Any], tee: type) -> Callable[..., Any]:
+def _make_async(module: ModuleType, original: Callable[..., Any], tee: type, stack: str) -> Callable[..., Any]:
     from . import get_guard
 
     not_sent = _not_sent_errors(module)
 
     @functools.wraps(original)
     async def _send_single_request(self: Any, request: Any) -> Any:
+        if _scope.current() is not None:
+            return await original(self, request)
+        token = _scope.enter(stack)
+        try:
+            return await _guarded(self, request)
+        finally:
+            _scope.leave(token)
+
+    async def _guarded(self: Any, request: Any) -> Any:
         guard = get_guard()
         if guard is None or not guard.wants(request.method, str(request.url)):
             return await original(self, request)
@@ -178,14 +200,26 @@ def patch(module: ModuleType) -> None:
     if getattr(module, _MARK, False):
         return
     tee_sync, tee_async = _tee_classes(module)
-    module.Client._send_single_request = _make_sync(module, module.Client._send_single_request, tee_sync)
-    module.AsyncClient._send_single_request = _make_async(module, module.AsyncClient._send_single_request, tee_async)
+    name = module.__name__
+    for cls, method, make in _targets(module):
+        tee = tee_async if make is _make_async else tee_sync
+        stack = f"{name} ({cls.__name__}.{method})"
+        setattr(cls, method, make(module, getattr(cls, method), tee, stack))
     setattr(module, _MARK, True)
+
+
+def _targets(module: ModuleType) -> list[tuple[type, str, Callable[..., Any]]]:
+    return [
+        (module.Client, "_send_single_request", _make_sync),
+        (module.AsyncClient, "_send_single_request", _make_async),
+        (module.HTTPTransport, "handle_request", _make_sync),
+        (module.AsyncHTTPTransport, "handle_async_request", _make_async),
+    ]
 
 
 def unpatch(module: ModuleType) -> None:
     if not getattr(module, _MARK, False):
         return
-    for cls in (module.Client, module.AsyncClient):
-        cls._send_single_request = cls._send_single_request.__wrapped__
+    for cls, method, _make in _targets(module):
+        setattr(cls, method, getattr(cls, method).__wrapped__)
     setattr(module, _MARK, False)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
+from . import _scope
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the guard (and its imports) load on the first guarded call, not with the client
     from ..guard import GuardedCall
@@ -101,6 +103,15 @@ def _make_send(module: ModuleType, original: Callable[..., Any]) -> Callable[...
 
     @functools.wraps(original)
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if _scope.current() is not None:  # an outer seam examined this request already
+            return original(self, request, *args, **kwargs)
+        token = _scope.enter("requests (HTTPAdapter.send)")
+        try:
+            return _guarded(self, request, *args, **kwargs)
+        finally:
+            _scope.leave(token)
+
+    def _guarded(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         guard = get_guard()
         if guard is None or not guard.wants(request.method or "", request.url or ""):
             return original(self, request, *args, **kwargs)

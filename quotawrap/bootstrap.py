@@ -1,8 +1,9 @@
-"""What the injected ``sitecustomize`` calls in every child interpreter.
+"""What the injected hook (``sitecustomize`` or the ``.pth`` file) calls in every child interpreter.
 
-It only registers post-import hooks: the guard, the ledger and the tokenizers load when the
-program first imports httpx, httpx2 or requests, so a child that makes no HTTP calls pays
-almost nothing at start-up.
+It registers the process with the wrapper (one 0600 file per pid in the run directory, so the
+wrapper can tell a Python process of its tree that runs without the hook), then only registers
+post-import hooks: the guard, the ledger and the tokenizers load when the program first
+imports an HTTP client, so a child that makes no HTTP calls pays almost nothing at start-up.
 """
 
 from __future__ import annotations
@@ -10,18 +11,52 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["RUN_ID_VARIABLE", "initialize", "loaded"]
+__all__ = ["RUN_DIR_VARIABLE", "RUN_ID_VARIABLE", "initialize", "loaded", "register_process"]
 
 RUN_ID_VARIABLE = "QUOTAWRAP_RUN_ID"
+RUN_DIR_VARIABLE = "QUOTAWRAP_RUN_DIR"
 loaded = False
 
 
-def initialize(*, swallow_exceptions: bool = True) -> None:
-    """Install interception if this interpreter was launched by quotawrap. Never raises by default."""
-    global loaded
-    if not os.environ.get(RUN_ID_VARIABLE):
+def _cmdline() -> bytes:
+    try:
+        with open("/proc/self/cmdline", "rb") as handle:
+            return handle.read()
+    except OSError:  # not Linux: the wrapper cannot watch /proc there anyway
+        return "\0".join(getattr(sys, "orig_argv", sys.argv)).encode("utf-8", "surrogateescape") + b"\0"
+
+
+def register_process() -> None:
+    """Tell the wrapper this process (this program image of it) runs with the hook. Never raises."""
+    run_dir = os.environ.get(RUN_DIR_VARIABLE)
+    if not run_dir:
         return
     try:
+        fd = os.open(
+            os.path.join(run_dir, f"proc-{os.getpid()}"),
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+            0o600,
+        )
+        try:
+            os.write(fd, _cmdline())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        sys.stderr.write(f"quotawrap: could not register this process with the wrapper: {exc}\n")
+
+
+def initialize(*, swallow_exceptions: bool = True) -> None:
+    """Install interception if this interpreter was launched by quotawrap. Never raises by default.
+
+    Idempotent: the ``.pth`` file and the ``sitecustomize`` may both call it in one process.
+    """
+    global loaded
+    if loaded or not os.environ.get(RUN_ID_VARIABLE):
+        return
+    try:
+        register_process()
+        if hasattr(os, "register_at_fork"):  # a forked child runs no site hook, but is guarded
+            os.register_at_fork(after_in_child=register_process)
         from .intercept import install
 
         install()

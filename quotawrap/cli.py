@@ -180,6 +180,8 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         tags=tags,
         unguarded=read_unguarded(settings.unguarded_log),
         store_error=result.store_error,
+        unguarded_processes=[process.as_dict() for process in result.unguarded_processes],
+        connections=result.connections,
     )
     if not settings.quiet:
         click.echo(format_summary(report), err=True)

@@ -26,6 +26,7 @@ from ._errors import QuotawrapError
 from ._log import warn
 from .ledger import Ledger, RunTotals
 from .live import LiveView
+from .registry import ProcessWatcher, RunDir, UnguardedProcess
 from .settings import OPTIONS, Settings, config_path, env_name
 
 __all__ = [
@@ -109,12 +110,21 @@ def injection_blockers(command: Sequence[str]) -> list[str]:
 
 class ChildResult:
     def __init__(
-        self, exit_code: int, totals: RunTotals, resolved_at_exit: int, store_error: str | None = None
+        self,
+        exit_code: int,
+        totals: RunTotals,
+        resolved_at_exit: int,
+        store_error: str | None = None,
+        *,
+        unguarded_processes: Sequence[UnguardedProcess] = (),
+        connections: Sequence[Mapping[str, object]] = (),
     ) -> None:
         self.exit_code = exit_code
         self.totals = totals
         self.resolved_at_exit = resolved_at_exit
         self.store_error = store_error  # the books could not be closed: totals are empty, holds stay open
+        self.unguarded_processes = list(unguarded_processes)  # Python processes that ran without the hook
+        self.connections = list(connections)  # connections to guarded hosts that went around every client
 
 
 def _exit_code(returncode: int) -> int:
@@ -146,13 +156,42 @@ def run_child(
     executable = shutil.which(command[0])
     if executable is None:
         raise FileNotFoundError(command[0])
-    for flag in injection_blockers(command):
-        warn(f"the command runs Python with {flag}: the hook cannot load there, so its calls are NOT guarded")
+    watch_tree = Path("/proc/self/task").is_dir()
+    if not watch_tree:  # elsewhere the process watcher cannot tell; say what argv alone shows
+        for flag in injection_blockers(command):
+            warn(f"the command runs Python with {flag}: the hook may not load there, so its calls may NOT be guarded")
     try:
         ledger.reclaim_orphans(time.time())
     except QuotawrapError as exc:
         warn(f"could not reclaim orphaned holds before the run: {exc}")
-    process = subprocess.Popen([executable, *command[1:]], env={**child_environment(settings), **(extra_env or {})})
+    run_dir = RunDir()
+    try:
+        return _run(settings, executable, command, ledger, run_dir, watch_tree, extra_env, on_child_exit)
+    finally:
+        run_dir.remove()
+
+
+def _run(
+    settings: Settings,
+    executable: str,
+    command: Sequence[str],
+    ledger: Ledger,
+    run_dir: RunDir,
+    watch_tree: bool,
+    extra_env: Mapping[str, str] | None,
+    on_child_exit: Callable[[], None] | None,
+) -> ChildResult:
+    assert settings.run_id
+    env = {**child_environment(settings), **(extra_env or {})}
+    # A run inside another run: its processes register with both wrappers, innermost first.
+    outer = os.environ.get("QUOTAWRAP_RUN_DIR")
+    env["QUOTAWRAP_RUN_DIR"] = os.pathsep.join([str(run_dir.path), *([outer] if outer else [])])
+    process = subprocess.Popen([executable, *command[1:]], env=env)
+    watcher = (
+        ProcessWatcher(process.pid, run_dir, strict=settings.strict, hook_dir=str(HOOK_DIR)).start()
+        if watch_tree
+        else None
+    )
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGINT and _terminal_delivers_sigint():
@@ -182,6 +221,8 @@ def run_child(
                 signal.signal(sig, handler)
             if on_child_exit is not None:
                 on_child_exit()
+        unguarded = watcher.stop() if watcher is not None else []
+        connections = run_dir.connections()
         try:
             resolved = ledger.resolve_run(settings.run_id)
             totals = ledger.run_totals(settings.run_id)
@@ -189,8 +230,15 @@ def run_child(
             # Nothing is lost: the run's open holds stay in the ledger and the next run, `status` or
             # reclaim charges them (they carry an expiry and their owner's pid).
             warn(f"could not close the run's books: {exc}; its open holds stay and are charged later")
-            return ChildResult(_exit_code(returncode), RunTotals(settings.run_id, {}), 0, store_error=str(exc))
-    return ChildResult(_exit_code(returncode), totals, resolved)
+            return ChildResult(
+                _exit_code(returncode),
+                RunTotals(settings.run_id, {}),
+                0,
+                store_error=str(exc),
+                unguarded_processes=unguarded,
+                connections=connections,
+            )
+    return ChildResult(_exit_code(returncode), totals, resolved, unguarded_processes=unguarded, connections=connections)
 
 
 def _reclaim_loop(ledger: Ledger, stop: threading.Event) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ def run_report(
     tags: Mapping[str, str] | None = None,
     unguarded: Mapping[str, int] | None = None,
     store_error: str | None = None,
+    unguarded_processes: Sequence[Mapping[str, Any]] = (),
+    connections: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The run's summary as data; token counts are tokens, ``*_cost`` fields micro-CNY."""
     models = {name: dataclasses.asdict(model) for name, model in totals.models.items()}
@@ -56,6 +58,10 @@ def run_report(
         model.setdefault("unguarded_calls", 0)
     summed = dataclasses.asdict(totals.totals)
     summed["unguarded_calls"] = sum(unguarded.values())
+    # What went around the guard: Python processes without the hook, connections no client made.
+    summed["unguarded_processes"] = [dict(process) for process in unguarded_processes]
+    summed["refused_connections"] = sum(1 for c in connections if not c.get("allowed"))
+    summed["unguarded_connections"] = sum(1 for c in connections if c.get("allowed"))
     return {
         "session": totals.run_id,
         "store": settings.store,
@@ -67,6 +73,7 @@ def run_report(
         "totals": summed,
         "unguarded_log": settings.unguarded_log if unguarded else None,
         "store_error": store_error,
+        "connections": [dict(connection) for connection in connections],
     }
 
 
@@ -103,6 +110,22 @@ def format_summary(report: dict[str, Any]) -> str:
             f"  {totals['unguarded_calls']} call(s) went out UNGUARDED while the store was unreachable"
             f" (--fail-open); recorded in {report['unguarded_log']}"
         )
+    for process in totals.get("unguarded_processes", ()):
+        what = "STOPPED by --strict" if process.get("stopped") else "its calls were NOT guarded"
+        lines.append(
+            f"  UNGUARDED PROCESS: pid {process['pid']} ({process['command']}) ran without quotawrap's hook"
+            f" ({process['reason']}): {what}"
+        )
+    if totals.get("refused_connections"):
+        lines.append(
+            f"  {totals['refused_connections']} connection(s) to a guarded endpoint refused: made outside every"
+            f" guarded HTTP client ({_stacks(report, allowed=False)}); --allow-unguarded lets them through"
+        )
+    if totals.get("unguarded_connections"):
+        lines.append(
+            f"  {totals['unguarded_connections']} connection(s) to a guarded endpoint went out UNGUARDED"
+            f" (--allow-unguarded; {_stacks(report, allowed=True)}): their calls are not in these totals"
+        )
     if report.get("store_error"):
         lines.append(f"  the ledger could not close this run ({report['store_error']}): totals above are incomplete")
     if totals["unresolved_calls"]:
@@ -111,6 +134,17 @@ def format_summary(report: dict[str, Any]) -> str:
             " charged at their full reservation"
         )
     return "\n".join(lines)
+
+
+def _stacks(report: dict[str, Any], *, allowed: bool) -> str:
+    made = sorted(
+        {
+            f"{c.get('stack')} -> {c.get('target')}"
+            for c in report.get("connections", ())
+            if bool(c.get("allowed")) == allowed
+        }
+    )
+    return "; ".join(made[:3]) + (f"; and {len(made) - 3} more" if len(made) > 3 else "")
 
 
 def write_json(report: dict[str, Any], path: str | os.PathLike[str]) -> None:

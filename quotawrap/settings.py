@@ -168,6 +168,19 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds a stopping gateway lets calls in flight finish and settle (longer ones are charged whole).",
         child=False,
     ),
+    Option(
+        "allow_unguarded",
+        bool,
+        False,
+        "Let connections to guarded hosts that no guarded HTTP client made through (counted, not refused).",
+    ),
+    Option(
+        "strict",
+        bool,
+        False,
+        "Stop any Python process of the run that starts without quotawrap's hook (it is reported either way).",
+        child=False,
+    ),
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),
     Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
@@ -213,6 +226,8 @@ class Settings:
     expiry_warning_days: float = 3.0
     proxy: bool = False
     drain_timeout: float = 30.0
+    allow_unguarded: bool = False
+    strict: bool = False
     report_json: str | None = None
     fail_on_block: bool = False
     quiet: bool = False

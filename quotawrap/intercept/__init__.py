@@ -82,6 +82,12 @@ def _patch_aiohttp(module: ModuleType) -> None:
     patch(module)
 
 
+def _guard_sockets(module: ModuleType) -> None:
+    from .netguard import patch
+
+    patch(module)
+
+
 def install() -> None:
     """Patch every HTTP stack as soon as it is imported. Idempotent."""
     global _installed
@@ -94,3 +100,4 @@ def install() -> None:
     when_imported("http.client", _patch_http_client)
     when_imported("urllib3", _patch_urllib3)
     when_imported("aiohttp", _patch_aiohttp)
+    when_imported("socket", _guard_sockets)

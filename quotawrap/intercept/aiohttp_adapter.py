@@ -122,7 +122,9 @@ def _synthetic(module: ModuleType, session: Any, method: str, url: Any, call: Gu
     response = module.ClientResponse(method, url, **{k: v for k, v in offered.items() if k in accepted})
     response.version = module.HttpVersion11
     response.status = blocked.status
-    response.reason = "Too Many Requests" if blocked.status == 429 else "Refused by quotawrap"
+    # raise_for_status() puts the reason into its error, and clients (litellm's aiohttp provider)
+    # show only that: the reason carries quotawrap's message, not just "Too Many Requests".
+    response.reason = _message(blocked.body) or ("Too Many Requests" if blocked.status == 429 else "Refused")
     response._headers = headers
     response._raw_headers = tuple((k.encode(), v.encode()) for k, v in blocked.headers)
     content = module.streams.StreamReader(_Quiet(), 2**16, loop=loop)
@@ -130,6 +132,16 @@ def _synthetic(module: ModuleType, session: Any, method: str, url: Any, call: Gu
     content.feed_eof()
     response.content = content
     return response
+
+
+def _message(body: bytes) -> str | None:
+    import json
+
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return str(message) if isinstance(message, str) else None
 
 
 def _make_request(module: ModuleType, original: Callable[..., Any], tee: type) -> Callable[..., Any]:

@@ -21,9 +21,7 @@ def _records(stdout: str) -> list[dict]:
 
 
 class TestConcurrentCap:
-    def test_threads_and_processes_never_overspend(
-        self, sim: ArkSimulator, store: str, tmp_path: Path
-    ) -> None:
+    def test_threads_and_processes_never_overspend(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """32 threads in 4 processes (fork, spawn; openai, ark, requests, async httpx) stay under the cap."""
         sim.configure(reply_tokens=400)
         cap = 20_000
@@ -133,18 +131,14 @@ class TestInjection:
     def test_sdk_objects_identical_with_and_without_quotawrap(self, sim: ArkSimulator, store: str) -> None:
         """What the caller's SDK yields (chunks too: the injected usage chunk is hidden) does not change."""
         env = {**os.environ, "SIM_URL": sim.url}
-        plain = subprocess.run(
-            child("parity.py"), env=env, capture_output=True, text=True, check=True, timeout=60
-        )
+        plain = subprocess.run(child("parity.py"), env=env, capture_output=True, text=True, check=True, timeout=60)
         guarded = run_quotawrap(["--store", store, "--base-url", sim.url], child("parity.py"), env=env)
         assert guarded.returncode == 0, guarded.stderr
         assert json.loads(guarded.stdout) == json.loads(plain.stdout)
         # and the guard really saw those calls, streams included, with their usage
         assert ledger_rows(store, "SELECT COUNT(*), SUM(state = 'settled') FROM calls") == [(8, 8)]
 
-    def test_grandchildren_are_guarded_in_the_same_run(
-        self, sim: ArkSimulator, store: str, tmp_path: Path
-    ) -> None:
+    def test_grandchildren_are_guarded_in_the_same_run(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """A subprocess of the child is guarded too, and counted in the run's report."""
         report = tmp_path / "r.json"
         result = run_quotawrap(
@@ -156,13 +150,30 @@ class TestInjection:
         assert json.loads(report.read_text())["totals"]["calls"] == 2
         assert len({pid for (pid,) in ledger_rows(store, "SELECT pid FROM calls")}) == 2
 
-    def test_isolated_python_gets_a_warning(self, sim: ArkSimulator, store: str) -> None:
-        """`python -I` cannot load the hook: the wrapper says the calls are not guarded."""
+    def test_isolated_python_of_this_environment_is_guarded(self, sim: ArkSimulator, store: str) -> None:
+        """`python -I` ignores PYTHONPATH, but the installed quotawrap-hook.pth still loads the hook."""
         result = run_quotawrap(
-            ["--store", store, "--base-url", sim.url], [sys.executable, "-I", "-c", "pass"]
+            ["--store", store, "--base-url", sim.url],
+            [sys.executable, "-I", *child("one_call.py")[1:]],
+            env={"SIM_URL": sim.url},
         )
-        assert result.returncode == 0
-        assert "-I" in result.stderr and "NOT guarded" in result.stderr
+        assert result.returncode == 0, result.stderr
+        assert f"TOTAL {sim.billed_total()}" in result.stdout
+        assert ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'settled'") == [(1,)]
+        assert "UNGUARDED" not in result.stderr
+
+    def test_python_without_site_is_reported(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """`python -S` loads no hook at all: the summary and the report name its pid and command."""
+        report = tmp_path / "report.json"
+        result = run_quotawrap(
+            ["--store", store, "--base-url", sim.url, "--report-json", str(report)],
+            [sys.executable, "-S", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(0.5)"],
+        )
+        assert result.returncode == 0, result.stderr
+        pid = int(result.stdout.strip())
+        (process,) = json.loads(report.read_text())["totals"]["unguarded_processes"]
+        assert process["pid"] == pid and "-S" in process["command"]
+        assert f"UNGUARDED PROCESS: pid {pid}" in result.stderr
 
 
 class TestResults:

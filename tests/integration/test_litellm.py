@@ -11,11 +11,11 @@ the client objects that sent its requests and the tests check them):
   ``LiteLLMAiohttpTransport`` (aiohttp under httpx's API), again handed to the openai SDK.
   quotawrap wraps ``AsyncClient._send_single_request``, above any transport, so it sees these too.
 * ``aiohttp_openai/...`` (an opt-in litellm provider): ``aiohttp.ClientSession`` directly, no
-  httpx at all. quotawrap does not patch aiohttp, so these calls are NOT guarded (TestAiohttpGap).
+  httpx at all. quotawrap wraps ``ClientSession._request``, so these are guarded too (TestAiohttpProvider).
 
 TestGuardedPaths: sync, sync stream, async and async stream on both routes; TestConcurrentCap:
 concurrent acompletions (async path) under --cap-tokens; TestStreamParity: sync and async streams
-that did not ask for usage; TestAiohttpGap: the unguarded aiohttp_openai path.
+that did not ask for usage; TestAiohttpProvider: the aiohttp_openai path.
 """
 
 from __future__ import annotations
@@ -231,16 +231,21 @@ class TestStreamParity:
         assert [c["usage"] for c in stream_pair.guarded.calls] == [[], []]
 
 
-class TestAiohttpGap:
-    def test_aiohttp_openai_provider_is_not_guarded(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
-        """KNOWN GAP: litellm's aiohttp_openai/ provider calls aiohttp directly, which quotawrap does not
-        patch, so its calls pass a --cap-tokens of 10 unseen and leave no ledger row. (Plain acompletion
-        also runs on aiohttp, but under httpx.AsyncClient, where quotawrap does see it: TestGuardedPaths.)
-        When quotawrap learns aiohttp, turn this into a blocked-call test."""
-        report = tmp_path / "report.json"
-        run = _guarded(sim, store, ["--cap-tokens", "10", "--report-json", str(report)], "aiohttp")
+class TestAiohttpProvider:
+    def test_aiohttp_openai_provider_is_guarded(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """litellm's aiohttp_openai/ provider calls aiohttp directly: quotawrap's aiohttp seam settles it
+        at the simulator's bill, and refuses it under a --cap-tokens of 10 before anything is billed.
+        litellm turns that provider's 429 into an InternalServerError built from the reason phrase,
+        so the refusal's reason carries quotawrap's message."""
+        run = _guarded(sim, store, [], "aiohttp")
         assert run.carriers == [AIOHTTP]
         assert [c["outcome"] for c in run.calls] == ["ok"]
-        assert sim.billed_total() > 10
-        assert ledger_rows(store, "SELECT COUNT(*) FROM calls") == [(0,)]
-        assert json.loads(report.read_text())["totals"]["calls"] == 0
+        (settled,) = ledger_rows(store, "SELECT SUM(charged) FROM calls WHERE state = 'settled'")[0]
+        assert settled == sim.billed_total() > 0
+        billed = sim.billed_total()
+        report = tmp_path / "report.json"
+        capped = _guarded(sim, store, ["--cap-tokens", "10", "--report-json", str(report)], "aiohttp")
+        assert [c["outcome"] for c in capped.calls] == ["blocked"]
+        assert "run_cap" in capped.calls[0]["message"]
+        assert sim.billed_total() == billed
+        assert json.loads(report.read_text())["totals"]["blocked_calls"] == 1

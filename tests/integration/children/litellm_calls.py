@@ -178,6 +178,10 @@ async def async_call(route: str, n: int, args: argparse.Namespace, *, stream: bo
         emit(path="async", route=route, stream=stream, outcome="ok", **result)
     except RateLimitError as exc:
         emit(path="async", route=route, stream=stream, **blocked_record(exc))
+    except Exception as exc:  # the aiohttp_openai provider maps any 429 to an InternalServerError
+        if "quotawrap blocked this request" not in str(exc):
+            raise
+        emit(path="async", route=route, stream=stream, **blocked_record(exc))  # type: ignore[arg-type]
 
 
 async def until_blocked(route: str, worker: int, args: argparse.Namespace) -> None:

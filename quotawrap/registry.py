@@ -1,0 +1,251 @@
+"""Which Python processes of the run carry the hook, and which connections went around it.
+
+The hook writes ``proc-<pid>`` (its command line) into the run directory as it loads; the
+wrapper walks its child tree through ``/proc`` and names every Python process that has not
+registered: one whose environment lost ``QUOTAWRAP_RUN_ID`` (``env={}``) or that runs with
+``-S`` is known at once; any other gets a grace period to register (start-up under load), and
+one that exits unregistered is reported too. ``--strict`` stops such a process at once.
+
+The connection guard appends refused and let-through connections to ``connections.jsonl``.
+All files are 0600 in a 0700 directory created for the run, and removed with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = ["ProcessWatcher", "RunDir", "UnguardedProcess", "redact_command"]
+
+_PROC = Path("/proc")
+_POLL_S = 0.02
+_GRACE_S = 3.0
+_PYTHON_EXE = re.compile(r"^python[0-9.]*[dmu]*$")
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|passw(or)?d|auth)[\w-]*$", re.IGNORECASE)
+_SECRET_ASSIGN = re.compile(r"^([\w.-]*(key|token|secret|passw(or)?d|auth)[\w.-]*=).+$", re.IGNORECASE)
+_SECRET_VALUE = re.compile(r"\b(sk-[A-Za-z0-9_-]{6,}|Bearer\s+\S+|ak-[A-Za-z0-9_-]{6,})")
+_URL_USERINFO = re.compile(r"(://)[^/@\s]+@")
+
+
+def redact_command(argv: list[str]) -> str:
+    """The command for a report: values of secret-looking flags and assignments masked."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        if _SECRET_FLAG.match(arg):
+            hide_next = True
+            out.append(arg)
+            continue
+        arg = _SECRET_ASSIGN.sub(r"\1***", arg)
+        arg = _SECRET_VALUE.sub("***", arg)
+        out.append(_URL_USERINFO.sub(r"\1***@", arg))
+    return " ".join(out)
+
+
+@dataclass
+class UnguardedProcess:
+    pid: int
+    command: str
+    reason: str
+    stopped: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class RunDir:
+    """The run's private directory, handed to the children as ``QUOTAWRAP_RUN_DIR``."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="quotawrap-run-"))  # 0700, never an existing path
+
+    def registered(self, pid: int) -> bytes | None:
+        with contextlib.suppress(OSError):
+            return (self.path / f"proc-{pid}").read_bytes()
+        return None
+
+    def connections(self) -> list[dict[str, object]]:
+        """What the connection guards recorded: one dict per connection, refused or let through."""
+        path = self.path / "connections.jsonl"
+        if not path.is_file():
+            return []
+        records = []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    records.append(record)
+        return records
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:  # gone, or not ours to read
+        return None
+
+
+def _children(pid: int) -> Iterator[int]:
+    for task in _iterdir(_PROC / str(pid) / "task"):
+        raw = _read(task / "children")
+        if raw:
+            for word in raw.split():
+                yield int(word)
+
+
+def _iterdir(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []
+
+
+def _tree(root: int) -> set[int]:
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo.extend(_children(pid))
+    return seen
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return False
+    return bool(_PYTHON_EXE.match(os.path.basename(exe.removesuffix(" (deleted)"))))
+
+
+def _argv(raw: bytes) -> list[str]:
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
+
+
+def _interpreter_flags(argv: list[str]) -> set[str]:
+    flags: set[str] = set()
+    for arg in argv[1:]:
+        if arg == "-" or not arg.startswith("-") or arg.startswith("--"):
+            break
+        letters = arg[1:]
+        for letter in letters:
+            if letter in "cmWX":
+                return flags
+            flags.add(letter)
+    return flags
+
+
+def _certain_reason(pid: int, argv: list[str]) -> str | None:
+    """Why the hook cannot load in this process, when that is certain from outside."""
+    environ = _read(_PROC / str(pid) / "environ")
+    if environ is not None and b"QUOTAWRAP_RUN_ID=" not in environ:
+        return "its environment has no QUOTAWRAP_RUN_ID (a cleared or replaced environment)"
+    if "S" in _interpreter_flags(argv):
+        return "Python runs with -S (no site hooks at all)"
+    return None
+
+
+class ProcessWatcher:
+    """Polls the child's process tree; collects Python processes that run without the hook."""
+
+    def __init__(self, root: int, run_dir: RunDir, *, strict: bool) -> None:
+        self._root = root
+        self._run_dir = run_dir
+        self._strict = strict
+        self._first_seen: dict[tuple[int, bytes], float] = {}
+        self._decided: set[tuple[int, bytes]] = set()
+        self.unguarded: list[UnguardedProcess] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="quotawrap-procwatch", daemon=True)
+
+    def start(self) -> ProcessWatcher:
+        self.poll()  # at once: a short-lived child may be gone before the first tick
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[UnguardedProcess]:
+        """Stop watching; processes seen but never registered are judged now."""
+        self._stop.set()
+        self._thread.join()
+        self.poll()
+        for key in list(self._first_seen):  # still starting, or still running without it, at the end
+            if key not in self._decided and not self._is_registered(*key):
+                self._judge(key, "quotawrap's hook had not loaded when the run ended", alive=False)
+        return self.unguarded
+
+    def _loop(self) -> None:
+        while not self._stop.wait(_POLL_S):
+            try:
+                self.poll()
+            except Exception as exc:  # the watcher must never take the run down
+                from ._log import warn
+
+                warn(f"cannot watch the child's processes: {exc}")
+                return
+
+    def _is_registered(self, pid: int, cmdline: bytes) -> bool:
+        registered = self._run_dir.registered(pid)
+        return registered is not None and registered == cmdline
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        alive: set[tuple[int, bytes]] = set()
+        for pid in _tree(self._root):
+            cmdline = _read(_PROC / str(pid) / "cmdline")
+            if not cmdline or not _is_python(pid):
+                continue
+            key = (pid, cmdline)
+            alive.add(key)
+            if key in self._decided:
+                continue
+            if self._is_registered(pid, cmdline):
+                self._decided.add(key)  # this image is guarded; a later exec is a new key
+                self._first_seen.pop(key, None)
+                continue
+            first = self._first_seen.setdefault(key, now)
+            reason = _certain_reason(pid, _argv(cmdline))
+            if reason is None and now - first >= _GRACE_S:
+                reason = f"quotawrap's hook did not load within {_GRACE_S:g} s (-I/-E with another interpreter?)"
+            if reason is not None:
+                self._judge(key, reason, alive=True)
+        for key in list(self._first_seen):
+            if key in alive or key in self._decided or self._is_registered(*key):
+                continue
+            now_running = _read(_PROC / str(key[0]) / "cmdline")
+            if now_running:  # the same pid runs another program: it was caught between fork and exec
+                self._first_seen.pop(key)
+                continue
+            self._judge(key, "it ended without quotawrap's hook having loaded", alive=False)
+
+    def _judge(self, key: tuple[int, bytes], reason: str, *, alive: bool) -> None:
+        self._decided.add(key)
+        pid, cmdline = key
+        record = UnguardedProcess(pid, redact_command(_argv(cmdline)), reason)
+        if alive and self._strict:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)  # --strict: it must not send a single unguarded call
+                record.stopped = True
+        self.unguarded.append(record)
+        from ._log import warn
+
+        what = "STOPPED (--strict)" if record.stopped else "its LLM calls are NOT guarded"
+        warn(f"Python process {pid} ({record.command}) runs without quotawrap's hook: {reason}; {what}")

@@ -1,0 +1,72 @@
+"""Ways around the hook: a raw socket to the guarded endpoint, and grandchildren without the hook.
+
+Modes (argv[1]):
+  raw-socket         POST by hand on a raw socket to $SIM_URL's host:port; prints "REFUSED <message>"
+                     or "STATUS <code>".
+  bare-env SECONDS   start a Python grandchild with env={} that sleeps SECONDS then prints "FINISHED";
+                     prints "GRANDCHILD <pid> <returncode>".
+  no-pythonpath      start a Python grandchild without PYTHONPATH that makes one urllib call to the
+                     simulator; prints its output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from urllib.parse import urlsplit
+
+SIM_URL = os.environ["SIM_URL"].rstrip("/")
+
+
+def raw_socket() -> None:
+    parts = urlsplit(SIM_URL)
+    body = json.dumps(
+        {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+    ).encode()
+    try:
+        sock = socket.create_connection((parts.hostname, parts.port))
+    except ConnectionRefusedError as exc:
+        print("REFUSED", exc.strerror, flush=True)
+        return
+    head = (
+        f"POST {parts.path}/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer sk-test\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    sock.close()
+    print("STATUS", answer.split(b" ", 2)[1].decode(), flush=True)
+
+
+def bare_env(seconds: str) -> None:
+    code = f"import time; time.sleep({float(seconds)}); print('FINISHED', flush=True)"
+    proc = subprocess.Popen([sys.executable, "-c", code], env={})
+    proc.wait()
+    print("GRANDCHILD", proc.pid, proc.returncode, flush=True)
+
+
+def no_pythonpath() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    code = f"""
+import json, urllib.request
+body = json.dumps({{"model": "deepseek-v4-flash", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 50}})
+request = urllib.request.Request({SIM_URL!r} + "/chat/completions", data=body.encode(),
+    headers={{"Content-Type": "application/json", "Authorization": "Bearer sk-test"}})
+print("TOTAL", json.load(urllib.request.urlopen(request))["usage"]["total_tokens"], flush=True)
+"""
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "raw-socket":
+        raw_socket()
+    elif mode == "bare-env":
+        bare_env(sys.argv[2])
+    elif mode == "no-pythonpath":
+        no_pythonpath()

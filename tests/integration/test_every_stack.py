@@ -1,0 +1,210 @@
+"""Nothing slips past the guard: every Python HTTP stack, the connection guard, and processes
+that run without the hook — all through the real `quotawrap` CLI against the real simulator.
+
+Children: children/stacks.py (one call through a named stack) and children/around.py (ways
+around the hook: a raw socket, grandchildren with a cleared environment or no PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from quotawrap.simulator import ArkSimulator
+from tests.conftest import child, ledger_rows, run_quotawrap
+
+STACKS = [
+    "aiohttp",
+    "aiohttp-stream",
+    "urllib",
+    "http.client",
+    "http.client-stream",
+    "urllib3",
+    "urllib3-stream",
+    "requests-adapter-subclass",
+    "httpx-transport",
+]
+
+
+def _run(sim: ArkSimulator, store: str, tmp_path: Path, args: list[str], command: list[str], **env: str) -> tuple:
+    report = tmp_path / "report.json"
+    result = run_quotawrap(
+        ["--store", store, "--base-url", sim.url, "--report-json", str(report), *args],
+        command,
+        env={"SIM_URL": sim.url, **env},
+    )
+    assert result.returncode == 0, result.stderr
+    return result, json.loads(report.read_text())
+
+
+def _record(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+class TestEveryStack:
+    @pytest.mark.parametrize("stack", STACKS)
+    def test_settles_exactly_the_providers_bill(
+        self, sim: ArkSimulator, store: str, tmp_path: Path, stack: str
+    ) -> None:
+        """One call through the stack is reserved, sent and settled at exactly what the simulator billed."""
+        result, report = _run(sim, store, tmp_path, [], child("stacks.py", stack))
+        assert _record(result.stdout)["status"] == 200
+        billed = sim.billed_total()
+        assert billed > 0
+        assert report["totals"]["calls"] == 1
+        assert report["totals"]["settled_tokens"] == billed
+        assert report["totals"]["unresolved_calls"] == 0
+        assert "0 guarded call(s)" not in result.stderr
+
+    @pytest.mark.parametrize("stack", STACKS)
+    def test_refused_under_a_small_cap(self, sim: ArkSimulator, store: str, tmp_path: Path, stack: str) -> None:
+        """max_tokens 500000 under --cap-tokens 1000: a 429 naming the limit, and nothing reaches the provider."""
+        result, report = _run(
+            sim, store, tmp_path, ["--cap-tokens", "1000"], child("stacks.py", stack), MAX_TOKENS="500000"
+        )
+        record = _record(result.stdout)
+        assert record["status"] == 429
+        assert "run_cap" in record["error"]
+        assert sim.billed_total() == 0
+        assert sim.calls() == 0
+        assert report["totals"]["blocked_calls"] == 1
+
+    def test_a_stream_that_asked_for_usage_still_gets_it(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """The tee under http.client hands the caller's own usage chunk on (only injected ones are hidden)."""
+        result, report = _run(sim, store, tmp_path, [], child("stacks.py", "http.client-stream"), ASK_USAGE="1")
+        assert _record(result.stdout)["total"] == sim.billed_total() == report["totals"]["settled_tokens"]
+
+    def test_without_quotawrap_the_same_calls_overspend(self, sim: ArkSimulator) -> None:
+        """Control: unguarded, the 500000-token requests go out and are billed (so the refusals above matter)."""
+        import subprocess
+
+        env = {**os.environ, "SIM_URL": sim.url, "MAX_TOKENS": "500000"}
+        for stack in ("aiohttp", "urllib", "urllib3"):
+            subprocess.run(child("stacks.py", stack), env=env, check=True, capture_output=True, timeout=60)
+        assert sim.calls() == 3
+
+    def test_requests_over_urllib3_over_http_client_is_reserved_once(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """Three seams lie on requests' path; the outermost guards, the ones below stand aside."""
+        code = (
+            "import os, requests; r = requests.post(os.environ['SIM_URL'] + '/chat/completions', headers="
+            "{'Authorization': 'Bearer sk-test'}, json={'model': 'deepseek-v4-flash', 'max_tokens': 50,"
+            " 'messages': [{'role': 'user', 'content': 'hi'}]}); print(r.status_code)"
+        )
+        result, report = _run(sim, store, tmp_path, [], [sys.executable, "-c", code])
+        assert result.stdout.strip() == "200"
+        assert ledger_rows(store, "SELECT COUNT(*) FROM calls") == [(1,)]
+        assert report["totals"]["settled_tokens"] == sim.billed_total()
+
+
+class TestConnectionGuard:
+    def test_a_raw_socket_to_the_base_url_is_refused_and_counted(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """A connection no guarded client made gets ECONNREFUSED naming its code and --allow-unguarded."""
+        result, report = _run(sim, store, tmp_path, [], child("around.py", "raw-socket"))
+        assert result.stdout.startswith("REFUSED")
+        assert "__main__.raw_socket" in result.stdout and "--allow-unguarded" in result.stdout
+        assert sim.calls() == 0
+        assert report["totals"]["refused_connections"] == 1
+        assert report["connections"][0]["stack"] == "__main__.raw_socket"
+        assert "1 connection(s) to a guarded endpoint refused" in result.stderr
+
+    def test_allow_unguarded_lets_it_through_and_says_so(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """--allow-unguarded: the raw call reaches the provider, and the summary counts it as UNGUARDED."""
+        result, report = _run(sim, store, tmp_path, ["--allow-unguarded"], child("around.py", "raw-socket"))
+        assert result.stdout.strip() == "STATUS 200"
+        assert sim.billed_total() > 0
+        assert report["totals"]["unguarded_connections"] == 1
+        assert report["totals"]["refused_connections"] == 0
+        assert "went out UNGUARDED" in result.stderr
+
+    def test_guarded_clients_are_not_refused(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """Every stack's own connections pass the guard: no refusal is recorded for a guarded call."""
+        for stack in ("urllib3", "aiohttp"):
+            _result, report = _run(sim, store, tmp_path, [], child("stacks.py", stack))
+            assert report["totals"]["refused_connections"] == 0
+            assert report["totals"]["unguarded_connections"] == 0
+
+
+class TestProcessesWithoutTheHook:
+    def test_a_grandchild_with_a_cleared_environment_is_reported(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """env={} drops every QUOTAWRAP_* variable: the summary and report name the grandchild's pid and command."""
+        result, report = _run(sim, store, tmp_path, [], child("around.py", "bare-env", "0.5"))
+        assert "FINISHED" in result.stdout
+        pid = int(result.stdout.split("GRANDCHILD")[1].split()[0])
+        (process,) = report["totals"]["unguarded_processes"]
+        assert process["pid"] == pid
+        assert "time.sleep(0.5)" in process["command"]
+        assert process["stopped"] is False
+        assert f"UNGUARDED PROCESS: pid {pid}" in result.stderr
+
+    def test_strict_stops_it(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """--strict: the unhooked grandchild is killed before it finishes, and the report says it was stopped."""
+        result, report = _run(sim, store, tmp_path, ["--strict"], child("around.py", "bare-env", "60"))
+        assert "FINISHED" not in result.stdout
+        pid, returncode = (int(word) for word in result.stdout.split("GRANDCHILD")[1].split()[:2])
+        assert returncode < 0
+        (process,) = report["totals"]["unguarded_processes"]
+        assert process["pid"] == pid and process["stopped"] is True
+
+    def test_a_grandchild_without_pythonpath_is_still_guarded(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """A child that strips PYTHONPATH still loads the hook from quotawrap-hook.pth: its call is settled."""
+        result, report = _run(sim, store, tmp_path, ["--cap-tokens", "100000"], child("around.py", "no-pythonpath"))
+        assert f"TOTAL {sim.billed_total()}" in result.stdout
+        assert report["totals"]["settled_tokens"] == sim.billed_total()
+        assert report["totals"]["unguarded_processes"] == []
+
+    def test_the_hook_pth_is_installed(self) -> None:
+        """The .pth that makes the hook independent of sitecustomize order sits in site-packages."""
+        import sysconfig
+
+        pth = Path(sysconfig.get_paths()["purelib"]) / "quotawrap-hook.pth"
+        assert pth.is_file()
+        assert "quotawrap.bootstrap" in pth.read_text()
+
+
+@pytest.mark.skipif(
+    shutil.which("opentelemetry-instrument", path=str(Path(sys.executable).parent)) is None,
+    reason="opentelemetry-instrumentation is not installed",
+)
+class TestOpenTelemetryInstrument:
+    def test_its_sitecustomize_does_not_shadow_ours(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """`quotawrap -- opentelemetry-instrument python app.py`: otel's sitecustomize comes first, and
+        app.py's calls are still guarded (settled at the bill; refused under a small cap)."""
+        otel = str(Path(sys.executable).parent / "opentelemetry-instrument")
+        quiet = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}
+        result, report = _run(sim, store, tmp_path, [], [otel, *child("stacks.py", "urllib3")], **quiet)
+        assert report["totals"]["settled_tokens"] == sim.billed_total() > 0
+        assert report["totals"]["unguarded_processes"] == []
+        billed = sim.billed_total()
+        result, report = _run(
+            sim,
+            store,
+            tmp_path,
+            ["--cap-tokens", "1000"],
+            [otel, *child("stacks.py", "aiohttp")],
+            MAX_TOKENS="500000",
+            **quiet,
+        )
+        assert _record(result.stdout)["status"] == 429
+        assert sim.billed_total() == billed
+
+    def test_its_sitecustomize_comes_first(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """Control: under opentelemetry-instrument, sys.modules['sitecustomize'] is otel's, not ours."""
+        otel = str(Path(sys.executable).parent / "opentelemetry-instrument")
+        code = "import sitecustomize; print('SITECUSTOMIZE', sitecustomize.__file__)"
+        result, _report = _run(
+            sim, store, tmp_path, [], [otel, sys.executable, "-c", code], OTEL_TRACES_EXPORTER="none"
+        )
+        assert "opentelemetry" in result.stdout.split("SITECUSTOMIZE")[1]

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._machine import load_average, machine_line  # noqa: E402
-from quotawrap.intercept import _scope, netguard  # noqa: E402
+from bench._machine import load_average, machine_line
+from quotawrap.intercept import _scope, netguard
 
 
 def _listener() -> tuple[socket.socket, int]:

@@ -212,7 +212,7 @@ def patch(module: ModuleType, base_urls: list[str] | None = None) -> GuardedAddr
     sock = module.socket
     sock.connect = _make_connect(guarded, sock.connect)
     sock.connect_ex = _make_connect_ex(guarded, sock.connect_ex)
-    module.getaddrinfo = _make_getaddrinfo(guarded, module.getaddrinfo)
+    setattr(module, "getaddrinfo", _make_getaddrinfo(guarded, module.getaddrinfo))  # noqa: B010
     setattr(module, _MARK, guarded)
     return guarded
 
@@ -223,5 +223,5 @@ def unpatch(module: ModuleType) -> None:
     sock = module.socket
     sock.connect = sock.connect.__wrapped__
     sock.connect_ex = sock.connect_ex.__wrapped__
-    module.getaddrinfo = module.getaddrinfo.__wrapped__
+    setattr(module, "getaddrinfo", module.getaddrinfo.__wrapped__)  # noqa: B010
     setattr(module, _MARK, None)

@@ -1,0 +1,200 @@
+"""Tests for quotawrap.intercept.stdlib_adapter (http.client, urllib.request, urllib3) and the
+connection guard, against the real in-process Ark simulator: real sockets, chunked SSE bodies.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import urllib3
+
+from quotawrap.guard import Guard
+from quotawrap.intercept import _scope, netguard, set_guard, stdlib_adapter
+from quotawrap.registry import _interpreter_flags, redact_command
+from quotawrap.settings import Settings
+from quotawrap.simulator import ArkSimulator
+from tests.conftest import ledger_rows
+
+MODEL = "doubao-seed-1-6-250615"
+HEADERS = {"Authorization": "Bearer sk-test", "Content-Type": "application/json"}
+
+
+def _body(**extra: Any) -> bytes:
+    return json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 64, **extra}
+    ).encode()
+
+
+@pytest.fixture(autouse=True)
+def patched() -> Iterator[None]:
+    """http.client and urllib3 patched for the test (and left as they were found)."""
+    was = getattr(http.client.HTTPConnection, "_quotawrap_patched", False)
+    was3 = getattr(urllib3.connectionpool.HTTPConnectionPool, "_quotawrap_patched", False)
+    stdlib_adapter.patch_http_client(http.client)
+    stdlib_adapter.patch_urllib3(urllib3)
+    yield
+    if not was:
+        stdlib_adapter.unpatch_http_client(http.client)
+    if not was3:
+        stdlib_adapter.unpatch_urllib3(urllib3)
+
+
+@pytest.fixture
+def guard(store: str, sim: ArkSimulator) -> Iterator[Guard]:
+    made = Guard(Settings(store=store, base_url=(sim.url,)))
+    set_guard(made)
+    yield made
+    set_guard(None)
+
+
+def _post(sim: ArkSimulator, body: bytes) -> http.client.HTTPResponse:
+    parts = urlsplit(sim.url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port)
+    conn.request("POST", parts.path + "/chat/completions", body, HEADERS)
+    return conn.getresponse()
+
+
+def _settled(store: str) -> list[tuple[Any, ...]]:
+    return ledger_rows(store, "SELECT state, charged FROM calls")
+
+
+READERS: dict[str, Callable[[http.client.HTTPResponse], bytes]] = {
+    "read": lambda r: r.read(),
+    "read(7)": lambda r: b"".join(iter(lambda: r.read(7), b"")),
+    "read1": lambda r: b"".join(iter(r.read1, b"")),
+    "readinto": lambda r: b"".join(_readinto(r)),
+    "readline": lambda r: b"".join(iter(r.readline, b"")),
+    "iteration": lambda r: b"".join(r),
+    "peek+read": lambda r: r.peek() and r.read(),
+}
+
+
+def _readinto(response: http.client.HTTPResponse) -> Iterator[bytes]:
+    buffer = bytearray(5)
+    while n := response.readinto(buffer):
+        yield bytes(buffer[:n])
+
+
+class TestHttpClientTee:
+    @pytest.mark.parametrize("reader", READERS, ids=list(READERS))
+    def test_every_reader_settles_a_stream_and_never_sees_the_injected_usage(
+        self, reader: str, guard: Guard, sim: ArkSimulator, store: str
+    ) -> None:
+        """Whichever way the body is read, the caller gets the stream without the usage-only chunk,
+        and the call settles at exactly the simulator's bill."""
+        response = _post(sim, _body(stream=True))
+        text = READERS[reader](response).decode()
+        assert text.endswith("data: [DONE]\n\n")
+        assert '"choices":[]' not in text.replace(" ", "")
+        assert _settled(store) == [("settled", sim.billed_total())]
+
+    @pytest.mark.parametrize("reader", ["read", "read(7)", "readline"])
+    def test_every_reader_settles_a_json_answer(self, reader: str, guard: Guard, sim: ArkSimulator, store: str) -> None:
+        """A non-streamed answer passes unchanged and settles from its usage."""
+        body = READERS[reader](_post(sim, _body()))
+        assert json.loads(body)["usage"]["total_tokens"] == sim.billed_total()
+        assert _settled(store) == [("settled", sim.billed_total())]
+
+    def test_closing_a_stream_early_charges_its_hold(self, guard: Guard, sim: ArkSimulator, store: str) -> None:
+        """A reader that stops and closes has abandoned the call: the whole hold is charged."""
+        response = _post(sim, _body(stream=True))
+        response.readline()
+        response.close()
+        ((state, charged),) = _settled(store)
+        assert state == "unresolved" and charged > 0
+
+    def test_a_refusal_is_a_real_response_and_nothing_is_sent(self, store: str, sim: ArkSimulator) -> None:
+        """Blocked: getresponse() hands back a 429 with Ark's error shape; the simulator saw nothing."""
+        set_guard(Guard(Settings(store=store, base_url=(sim.url,), cap_tokens=10)))
+        try:
+            response = _post(sim, _body())
+        finally:
+            set_guard(None)
+        assert response.status == 429
+        assert response.getheader("x-should-retry") == "false"
+        assert "run_cap" in json.loads(response.read())["error"]["message"]
+        assert sim.calls() == 0
+
+    def test_unguarded_paths_pass_untouched(self, guard: Guard, sim: ArkSimulator, store: str) -> None:
+        """A GET on the guarded host is not a billed call: no reservation, the answer as sent."""
+        parts = urlsplit(sim.url)
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port)
+        conn.request("GET", parts.path + "/models")
+        response = conn.getresponse()
+        assert response.status == 404 and response.read()  # the simulator has no /models: whatever it says
+        assert type(response) is http.client.HTTPResponse  # not teed
+        assert not Path(store.removeprefix("sqlite:///")).exists()  # the guard never opened its ledger
+
+
+class TestUrllib3:
+    def test_a_stream_through_urllib3_is_teed_below_its_own_chunk_parser(
+        self, guard: Guard, sim: ArkSimulator, store: str
+    ) -> None:
+        """urllib3 parses chunked framing from the socket file itself; the tee makes it read through us."""
+        pool = urllib3.PoolManager()
+        response = pool.request(
+            "POST", sim.url + "/chat/completions", body=_body(stream=True), headers=HEADERS, preload_content=False
+        )
+        text = b"".join(response.stream(64)).decode()
+        response.release_conn()
+        assert text.endswith("data: [DONE]\n\n")
+        assert _settled(store) == [("settled", sim.billed_total())]
+
+    def test_retries_inside_urlopen_reserve_once(self, guard: Guard, sim: ArkSimulator, store: str) -> None:
+        """urllib3's own recursion (retries, redirects) runs under the mark: one reservation per urlopen."""
+        pool = urllib3.PoolManager(retries=urllib3.Retry(total=2))
+        pool.request("POST", sim.url + "/chat/completions", body=_body(), headers=HEADERS)
+        assert len(_settled(store)) == 1
+
+
+class TestGuardedAddresses:
+    def test_base_url_ports_and_localhost(self) -> None:
+        """A --base-url's host:port is guarded, localhost's loopback addresses with it; other ports are not."""
+        guarded = netguard.GuardedAddresses(["http://localhost:8080/api/v3"])
+        assert guarded.guarded(("127.0.0.1", 8080)) == ("127.0.0.1", 8080)
+        assert guarded.guarded(("::1", 8080, 0, 0)) == ("::1", 8080)
+        assert guarded.guarded(("127.0.0.1", 8081)) is None
+        assert guarded.guarded("/tmp/unix.sock") is None
+
+    def test_ark_names_are_guarded_and_their_addresses_learnt(self) -> None:
+        """An Ark name is guarded by name; once resolved, its addresses are guarded too."""
+        guarded = netguard.GuardedAddresses([])
+        assert guarded.guarded(("ark.cn-beijing.volces.com", 443)) is not None
+        assert guarded.guarded(("203.0.113.7", 443)) is None
+        ports = guarded.ports_of("ark.cn-beijing.volces.com")
+        guarded.learn(ports, [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("203.0.113.7", 443))])
+        assert guarded.guarded(("203.0.113.7", 443)) == ("203.0.113.7", 443)
+
+    def test_a_connection_inside_a_seam_passes(self) -> None:
+        """The context mark of a seam lets a guarded address through; without it the check refuses."""
+        guarded = netguard.GuardedAddresses(["http://127.0.0.1:9/"])
+        assert netguard._check(guarded, ("127.0.0.1", 9)) is not None
+        token = _scope.enter("test")
+        try:
+            assert netguard._check(guarded, ("127.0.0.1", 9)) is None
+        finally:
+            _scope.leave(token)
+
+
+class TestRegistryHelpers:
+    def test_secrets_in_a_command_are_masked(self) -> None:
+        """Flag values, KEY=VALUE assignments, sk- tokens and URL credentials never reach a report."""
+        command = redact_command(
+            ["python", "app.py", "--api-key", "abc123", "ARK_API_KEY=xyz", "sk-live-0123456789", "https://u:p@h/x"]
+        )
+        assert "abc123" not in command and "xyz" not in command and "0123456789" not in command
+        assert "u:p@" not in command
+        assert command.startswith("python app.py --api-key ***")
+
+    def test_interpreter_flags_stop_at_the_program(self) -> None:
+        """-S of the interpreter counts; a -S after -c or the script belongs to the program."""
+        assert "S" in _interpreter_flags(["python", "-IS", "app.py"])
+        assert "S" not in _interpreter_flags(["python", "app.py", "-S"])
+        assert "S" not in _interpreter_flags(["python", "-c", "pass", "-S"])

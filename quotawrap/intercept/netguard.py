@@ -15,22 +15,21 @@ set lookup per connect (a port pre-filter first), one regex per name resolution.
 from __future__ import annotations
 
 import errno
-import functools
-import json
 import os
-import re
 import sys
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
 
 from . import _scope
+
+TYPE_CHECKING = False  # socket is imported by nearly every program: no typing, re or functools here
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
 
 __all__ = ["GuardedAddresses", "patch", "unpatch"]
 
 _MARK = "_quotawrap_netguard"
-# Same pattern as endpoints.ARK_HOST, kept here so a connect never imports the guard's modules.
-_ARK_HOST = re.compile(r"^ark(?:\.[a-z0-9-]+)?\.(?:volces|bytepluses)\.com$")
+_REGION_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 _ARK_PORTS = (443, 80)
 # Frames of these modules are the plumbing below the code that asked for the connection.
 _PLUMBING = ("socket", "ssl", "selectors", "asyncio", "concurrent", "threading", "contextlib", "quotawrap")
@@ -61,7 +60,7 @@ class GuardedAddresses:
         host = host.lower().rstrip(".")
         if host in self.names:
             return self.names[host]
-        return _ARK_PORTS if _ARK_HOST.match(host) else ()
+        return _ARK_PORTS if _is_ark(host) else ()
 
     def learn(self, ports: tuple[int, ...], results: Any) -> None:
         """Addresses ``getaddrinfo`` gave for a guarded name are guarded too."""
@@ -82,6 +81,24 @@ class GuardedAddresses:
         if (host, port) in self.pairs or port in self.ports_of(host):
             return host, port
         return None
+
+
+def _is_ark(host: str) -> bool:
+    """endpoints.ARK_HOST without ``re``: ark[.region].(volces|bytepluses).com."""
+    parts = host.split(".")
+    if len(parts) not in (3, 4) or parts[0] != "ark" or parts[-1] != "com":
+        return False
+    if parts[-2] not in ("volces", "bytepluses"):
+        return False
+    return len(parts) == 3 or (bool(parts[1]) and set(parts[1]) <= _REGION_CHARS)
+
+
+def _wraps(wrapper: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """functools.wraps, without importing functools at start-up: unpatch() needs __wrapped__."""
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(original, "__name__", wrapper.__name__)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    return wrapper
 
 
 def _host_port(url: str) -> tuple[str, int]:
@@ -110,6 +127,8 @@ def _record(target: str, stack: str, allowed: bool) -> None:
     run_dir = os.environ.get("QUOTAWRAP_RUN_DIR")
     if not run_dir:
         return
+    import json  # only on the rare refused or let-through connection, never at start-up
+
     line = json.dumps({"pid": os.getpid(), "target": target, "stack": stack, "allowed": allowed}) + "\n"
     try:
         fd = os.open(
@@ -158,18 +177,16 @@ def _check(guarded: GuardedAddresses, address: Any) -> str | None:
 
 
 def _make_connect(guarded: GuardedAddresses, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def connect(self: Any, address: Any) -> Any:
         refusal = _check(guarded, address)
         if refusal is not None:
             raise ConnectionRefusedError(errno.ECONNREFUSED, refusal)
         return original(self, address)
 
-    return connect
+    return _wraps(connect, original)
 
 
 def _make_connect_ex(guarded: GuardedAddresses, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def connect_ex(self: Any, address: Any) -> Any:
         refusal = _check(guarded, address)
         if refusal is not None:
@@ -177,11 +194,10 @@ def _make_connect_ex(guarded: GuardedAddresses, original: Callable[..., Any]) ->
             return errno.ECONNREFUSED
         return original(self, address)
 
-    return connect_ex
+    return _wraps(connect_ex, original)
 
 
 def _make_getaddrinfo(guarded: GuardedAddresses, original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
     def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
         results = original(host, port, *args, **kwargs)
         if isinstance(host, (str, bytes)):
@@ -191,12 +207,14 @@ def _make_getaddrinfo(guarded: GuardedAddresses, original: Callable[..., Any]) -
                 guarded.learn(ports, results)
         return results
 
-    return getaddrinfo
+    return _wraps(getaddrinfo, original)
 
 
 def _base_urls() -> list[str]:
     raw = os.environ.get("QUOTAWRAP_BASE_URL", "")
     if raw.lstrip().startswith("["):
+        import json
+
         try:
             return [str(item) for item in json.loads(raw)]
         except ValueError:

@@ -29,7 +29,8 @@ __all__ = ["ProcessWatcher", "RunDir", "UnguardedProcess", "redact_command"]
 
 _PROC = Path("/proc")
 _POLL_S = 0.02
-_GRACE_S = 3.0
+_GRACE_S = 5.0  # start-up under heavy load: a hooked interpreter registers within milliseconds
+_SHORT_GRACE_S = 0.5  # when neither the sitecustomize nor the .pth can reach the interpreter
 _PYTHON_EXE = re.compile(r"^python[0-9.]*[dmu]*$")
 _SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|passw(or)?d|auth)[\w-]*$", re.IGNORECASE)
 _SECRET_ASSIGN = re.compile(r"^([\w.-]*(key|token|secret|passw(or)?d|auth)[\w.-]*=).+$", re.IGNORECASE)
@@ -164,10 +165,34 @@ def _certain_reason(pid: int, argv: list[str]) -> str | None:
     return None
 
 
+def _environ(raw: bytes) -> dict[str, str]:
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {key.decode("utf-8", "replace"): value.decode("utf-8", "replace") for key, _sep, value in pairs}
+
+
+def _has_pth(pid: int, argv0: str, environ: dict[str, str]) -> bool:
+    """Whether the interpreter argv[0] names has quotawrap-hook.pth in its site-packages."""
+    if "/" not in argv0:
+        found = shutil.which(argv0, path=environ.get("PATH", os.defpath))
+        argv0 = found or argv0
+    elif not argv0.startswith("/"):
+        argv0 = os.path.join(f"/proc/{pid}/cwd", argv0)
+    prefix = Path(os.path.dirname(argv0)).parent
+    return any(prefix.glob("lib/python*/site-packages/quotawrap-hook.pth"))
+
+
+def _hookless(pid: int, argv: list[str], environ: dict[str, str], hook_dir: str) -> bool:
+    """True when neither the sitecustomize (PYTHONPATH) nor the .pth can load in this process."""
+    flags = _interpreter_flags(argv)
+    on_path = hook_dir in environ.get("PYTHONPATH", "").split(os.pathsep) and not flags & {"I", "E"}
+    return not on_path and not (argv and _has_pth(pid, argv[0], environ))
+
+
 class ProcessWatcher:
     """Polls the child's process tree; collects Python processes that run without the hook."""
 
-    def __init__(self, root: int, run_dir: RunDir, *, strict: bool) -> None:
+    def __init__(self, root: int, run_dir: RunDir, *, strict: bool, hook_dir: str = "") -> None:
+        self._hook_dir = hook_dir
         self._root = root
         self._run_dir = run_dir
         self._strict = strict
@@ -202,6 +227,10 @@ class ProcessWatcher:
                 warn(f"cannot watch the child's processes: {exc}")
                 return
 
+    def _cannot_load(self, pid: int, argv: list[str]) -> bool:
+        raw = _read(_PROC / str(pid) / "environ")
+        return raw is not None and _hookless(pid, argv, _environ(raw), self._hook_dir)
+
     def _is_registered(self, pid: int, cmdline: bytes) -> bool:
         registered = self._run_dir.registered(pid)
         return registered is not None and registered == cmdline
@@ -222,9 +251,15 @@ class ProcessWatcher:
                 self._first_seen.pop(key, None)
                 continue
             first = self._first_seen.setdefault(key, now)
-            reason = _certain_reason(pid, _argv(cmdline))
+            argv = _argv(cmdline)
+            reason = _certain_reason(pid, argv)
+            if reason is None and now - first >= _SHORT_GRACE_S and self._cannot_load(pid, argv):
+                reason = (
+                    "neither quotawrap's sitecustomize (PYTHONPATH replaced, or -I/-E)"
+                    " nor its .pth (another interpreter) can load there"
+                )
             if reason is None and now - first >= _GRACE_S:
-                reason = f"quotawrap's hook did not load within {_GRACE_S:g} s (-I/-E with another interpreter?)"
+                reason = f"quotawrap's hook did not load within {_GRACE_S:g} s"
             if reason is not None:
                 self._judge(key, reason, alive=True)
         for key in list(self._first_seen):

@@ -18,6 +18,7 @@ import pytest
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import child, ledger_rows, run_quotawrap
 
+OTHER_PYTHON = "/usr/bin/python3"
 STACKS = [
     "aiohttp",
     "aiohttp-stream",
@@ -155,6 +156,26 @@ class TestProcessesWithoutTheHook:
         assert returncode < 0
         (process,) = report["totals"]["unguarded_processes"]
         assert process["pid"] == pid and process["stopped"] is True
+
+    @pytest.mark.skipif(not Path(OTHER_PYTHON).is_file(), reason=f"no {OTHER_PYTHON} to play another interpreter")
+    @pytest.mark.parametrize("strict", [False, True])
+    def test_another_interpreter_without_pythonpath_is_reported(
+        self, sim: ArkSimulator, store: str, tmp_path: Path, strict: bool
+    ) -> None:
+        """An interpreter without quotawrap installed, PYTHONPATH stripped: no hook can load. It is named
+        by pid and command (and --strict kills it before it finishes)."""
+        args = ["--strict"] if strict else []
+        seconds = "60" if strict else "1"
+        result, report = _run(
+            sim, store, tmp_path, args, child("around.py", "other-python", seconds), OTHER_PYTHON=OTHER_PYTHON
+        )
+        pid, returncode = (int(word) for word in result.stdout.split("GRANDCHILD")[1].split()[:2])
+        (process,) = report["totals"]["unguarded_processes"]
+        assert process["pid"] == pid
+        assert process["command"].startswith(OTHER_PYTHON)
+        assert process["stopped"] is strict
+        assert ("FINISHED" in result.stdout) is not strict
+        assert (returncode < 0) is strict
 
     def test_a_grandchild_without_pythonpath_is_still_guarded(
         self, sim: ArkSimulator, store: str, tmp_path: Path

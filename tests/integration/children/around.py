@@ -7,6 +7,8 @@ Modes (argv[1]):
                      prints "GRANDCHILD <pid> <returncode>".
   no-pythonpath      start a Python grandchild without PYTHONPATH that makes one urllib call to the
                      simulator; prints its output.
+  other-python SECONDS  start $OTHER_PYTHON (an interpreter without quotawrap) without PYTHONPATH,
+                     sleeping SECONDS then printing "FINISHED"; prints "GRANDCHILD <pid> <returncode>".
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ def bare_env(seconds: str) -> None:
     print("GRANDCHILD", proc.pid, proc.returncode, flush=True)
 
 
+def other_python(seconds: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    code = f"import time; time.sleep({float(seconds)}); print('FINISHED', flush=True)"
+    proc = subprocess.Popen([os.environ["OTHER_PYTHON"], "-c", code], env=env)
+    proc.wait()
+    print("GRANDCHILD", proc.pid, proc.returncode, flush=True)
+
+
 def no_pythonpath() -> None:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     code = f"""
@@ -70,3 +80,5 @@ if __name__ == "__main__":
         bare_env(sys.argv[2])
     elif mode == "no-pythonpath":
         no_pythonpath()
+    elif mode == "other-python":
+        other_python(sys.argv[2])

@@ -41,6 +41,8 @@ def register_process() -> None:
             os.write(fd, _cmdline())
         finally:
             os.close(fd)
+    except FileNotFoundError:
+        pass  # the run is over and its directory gone (a grandchild that outlived the wrapper)
     except OSError as exc:
         sys.stderr.write(f"quotawrap: could not register this process with the wrapper: {exc}\n")
 

@@ -3,6 +3,11 @@
 It chains the user's own sitecustomize (if any), then lets quotawrap register its lazy
 post-import hooks. It never raises: an exception here would only print "Error in
 sitecustomize" and repeat in every child process.
+
+Its twin, ``quotawrap-hook.pth`` (installed into site-packages with quotawrap), loads the hook
+earlier in interpreters of quotawrap's own environment, so another tool's sitecustomize placed
+before this one (opentelemetry-instrument's does not chain) cannot shadow it; this file covers
+every other interpreter that gets the wrapper's PYTHONPATH. Loading twice is a no-op.
 """
 
 import os

@@ -117,6 +117,13 @@ class TestConnectionGuard:
         assert report["connections"][0]["stack"] == "__main__.raw_socket"
         assert "1 connection(s) to a guarded endpoint refused" in result.stderr
 
+    def test_an_asyncio_connection_is_refused_too(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """asyncio.open_connection (loop.create_connection, sock_connect) ends in the same guarded connect."""
+        result, report = _run(sim, store, tmp_path, [], child("around.py", "raw-asyncio"))
+        assert result.stdout.startswith("REFUSED")
+        assert "__main__.main" in result.stdout
+        assert report["totals"]["refused_connections"] == 1
+
     def test_allow_unguarded_lets_it_through_and_says_so(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """--allow-unguarded: the raw call reaches the provider, and the summary counts it as UNGUARDED."""
         result, report = _run(sim, store, tmp_path, ["--allow-unguarded"], child("around.py", "raw-socket"))

@@ -3,6 +3,7 @@
 Modes (argv[1]):
   raw-socket         POST by hand on a raw socket to $SIM_URL's host:port; prints "REFUSED <message>"
                      or "STATUS <code>".
+  raw-asyncio        the same connection through asyncio.open_connection (loop.create_connection).
   bare-env SECONDS   start a Python grandchild with env={} that sleeps SECONDS then prints "FINISHED";
                      prints "GRANDCHILD <pid> <returncode>".
   no-pythonpath      start a Python grandchild without PYTHONPATH that makes one urllib call to the
@@ -45,6 +46,23 @@ def raw_socket() -> None:
     print("STATUS", answer.split(b" ", 2)[1].decode(), flush=True)
 
 
+def raw_asyncio() -> None:
+    import asyncio
+
+    parts = urlsplit(SIM_URL)
+
+    async def main() -> None:
+        try:
+            _reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        except ConnectionRefusedError as exc:
+            print("REFUSED", exc.strerror, flush=True)
+            return
+        writer.close()
+        print("CONNECTED", flush=True)
+
+    asyncio.run(main())
+
+
 def bare_env(seconds: str) -> None:
     code = f"import time; time.sleep({float(seconds)}); print('FINISHED', flush=True)"
     proc = subprocess.Popen([sys.executable, "-c", code], env={})
@@ -76,6 +94,8 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "raw-socket":
         raw_socket()
+    elif mode == "raw-asyncio":
+        raw_asyncio()
     elif mode == "bare-env":
         bare_env(sys.argv[2])
     elif mode == "no-pythonpath":

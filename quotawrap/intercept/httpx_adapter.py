@@ -209,12 +209,19 @@ def patch(module: ModuleType) -> None:
 
 
 def _targets(module: ModuleType) -> list[tuple[type, str, Callable[..., Any]]]:
-    return [
+    targets: list[tuple[type, str, Callable[..., Any]]] = [
         (module.Client, "_send_single_request", _make_sync),
         (module.AsyncClient, "_send_single_request", _make_async),
-        (module.HTTPTransport, "handle_request", _make_sync),
-        (module.AsyncHTTPTransport, "handle_async_request", _make_async),
     ]
+    # The transports are the second line; a version without them still gets the first.
+    for name, method, make in (
+        ("HTTPTransport", "handle_request", _make_sync),
+        ("AsyncHTTPTransport", "handle_async_request", _make_async),
+    ):
+        cls = getattr(module, name, None)
+        if cls is not None and hasattr(cls, method):
+            targets.append((cls, method, make))
+    return targets
 
 
 def unpatch(module: ModuleType) -> None:

@@ -7,7 +7,9 @@ sitecustomize" and repeat in every child process.
 Its twin, ``quotawrap-hook.pth`` (installed into site-packages with quotawrap), loads the hook
 earlier in interpreters of quotawrap's own environment, so another tool's sitecustomize placed
 before this one (opentelemetry-instrument's does not chain) cannot shadow it; this file covers
-every other interpreter that gets the wrapper's PYTHONPATH. Loading twice is a no-op.
+every other interpreter that gets the wrapper's PYTHONPATH. Loading twice is a no-op. The .pth
+keys on ``QUOTAWRAP_RUN_DIR``, which only the wrapper sets for its children: a user who exports
+``QUOTAWRAP_RUN_ID`` to name runs does not get the hook in every Python of the environment.
 """
 
 import os

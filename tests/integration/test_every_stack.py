@@ -184,6 +184,27 @@ class TestProcessesWithoutTheHook:
         assert ("FINISHED" in result.stdout) is not strict
         assert (returncode < 0) is strict
 
+    def test_an_isolated_shebang_of_this_environment_is_guarded(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """`#!<quotawrap's python> -I`: PYTHONPATH is ignored, the .pth still loads the hook; the call settles."""
+        result, report = _run(sim, store, tmp_path, [], child("around.py", "shebang", sys.executable))
+        assert f"TOTAL {sim.billed_total()}" in result.stdout
+        assert report["totals"]["settled_tokens"] == sim.billed_total()
+        assert report["totals"]["unguarded_processes"] == []
+
+    @pytest.mark.skipif(not Path(OTHER_PYTHON).is_file(), reason=f"no {OTHER_PYTHON} to play another interpreter")
+    def test_an_isolated_shebang_of_another_interpreter_is_reported(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """`#!/usr/bin/python3 -I` can load no hook: its call goes out unguarded, and the run names it loudly."""
+        result, report = _run(sim, store, tmp_path, [], child("around.py", "shebang", OTHER_PYTHON))
+        pid = int(result.stdout.split("SCRIPT")[1].split()[0])
+        (process,) = report["totals"]["unguarded_processes"]
+        assert process["pid"] == pid
+        assert process["command"].startswith(f"{OTHER_PYTHON} -I ")
+        assert f"UNGUARDED PROCESS: pid {pid}" in result.stderr
+
     def test_a_grandchild_without_pythonpath_is_still_guarded(
         self, sim: ArkSimulator, store: str, tmp_path: Path
     ) -> None:

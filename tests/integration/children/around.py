@@ -8,6 +8,8 @@ Modes (argv[1]):
                      prints "GRANDCHILD <pid> <returncode>".
   no-pythonpath      start a Python grandchild without PYTHONPATH that makes one urllib call to the
                      simulator; prints its output.
+  shebang INTERPRETER  run a script whose shebang is "#!INTERPRETER -I"; it makes one urllib call to
+                     the simulator and sleeps a second; prints "SCRIPT <pid>" and the script's "TOTAL <n>".
   other-python SECONDS  start $OTHER_PYTHON (an interpreter without quotawrap) without PYTHONPATH,
                      sleeping SECONDS then printing "FINISHED"; prints "GRANDCHILD <pid> <returncode>".
 """
@@ -78,16 +80,31 @@ def other_python(seconds: str) -> None:
     print("GRANDCHILD", proc.pid, proc.returncode, flush=True)
 
 
-def no_pythonpath() -> None:
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    code = f"""
+def shebang(interpreter: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "isolated.py")
+        with open(script, "w", encoding="utf-8") as handle:
+            handle.write(f"#!{interpreter} -I\n" + _URLLIB_CALL + "import time; time.sleep(1)\n")
+        os.chmod(script, 0o700)
+        proc = subprocess.Popen([script])
+        print("SCRIPT", proc.pid, flush=True)
+        proc.wait()
+
+
+_URLLIB_CALL = f"""
 import json, urllib.request
 body = json.dumps({{"model": "deepseek-v4-flash", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": 50}})
 request = urllib.request.Request({SIM_URL!r} + "/chat/completions", data=body.encode(),
     headers={{"Content-Type": "application/json", "Authorization": "Bearer sk-test"}})
 print("TOTAL", json.load(urllib.request.urlopen(request))["usage"]["total_tokens"], flush=True)
 """
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def no_pythonpath() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", _URLLIB_CALL], env=env, check=True)
 
 
 if __name__ == "__main__":
@@ -100,5 +117,7 @@ if __name__ == "__main__":
         bare_env(sys.argv[2])
     elif mode == "no-pythonpath":
         no_pythonpath()
+    elif mode == "shebang":
+        shebang(sys.argv[2])
     elif mode == "other-python":
         other_python(sys.argv[2])

@@ -93,6 +93,7 @@ def format_summary(report: dict[str, Any]) -> str:
         f" {totals['settled_tokens']:,} tokens settled ({format_cny(totals['settled_cost'])}),"
         f" {totals['blocked_calls']} blocked"
         + (f", {totals['would_block_calls']} WOULD have been blocked (watch mode)" if watch else "")
+        + (" — and NOT everything went through the guard (below)" if _went_around(totals) else "")
     ]
     if report["models"]:
         width = max(len("model"), *(len(name) for name in report["models"]))
@@ -134,6 +135,13 @@ def format_summary(report: dict[str, Any]) -> str:
             " charged at their full reservation"
         )
     return "\n".join(lines)
+
+
+def _went_around(totals: dict[str, Any]) -> bool:
+    """Calls the totals cannot include: unguarded processes, connections or --fail-open calls."""
+    return bool(
+        totals.get("unguarded_processes") or totals.get("unguarded_connections") or totals.get("unguarded_calls")
+    )
 
 
 def _stacks(report: dict[str, Any], *, allowed: bool) -> str:

@@ -154,6 +154,8 @@ class TestProcessesWithoutTheHook:
         assert "time.sleep(0.5)" in process["command"]
         assert process["stopped"] is False
         assert f"UNGUARDED PROCESS: pid {pid}" in result.stderr
+        (headline,) = [line for line in result.stderr.splitlines() if line.startswith("quotawrap: session")]
+        assert headline.endswith("NOT everything went through the guard (below)")
 
     def test_strict_stops_it(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """--strict: the unhooked grandchild is killed before it finishes, and the report says it was stopped."""

@@ -75,6 +75,19 @@ class TestEveryStack:
         assert sim.calls() == 0
         assert report["totals"]["blocked_calls"] == 1
 
+    def test_concurrent_aiohttp_calls_hold_the_cap(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """24 concurrent aiohttp calls (half streamed) on one event loop: the bill stays under --cap-tokens,
+        the calls that did not fit got 429s, and what was settled is exactly what was billed."""
+        sim.configure(reply_tokens=300, chunk_delay_s=0.01)
+        cap = 20_000
+        result, report = _run(sim, store, tmp_path, ["--cap-tokens", str(cap)], child("stacks.py", "aiohttp-swarm"))
+        statuses = _record(result.stdout)["statuses"]
+        assert set(statuses) == {200, 429}
+        assert statuses.count(200) == sim.calls()
+        assert 0 < sim.billed_total() <= cap
+        assert report["totals"]["settled_tokens"] == sim.billed_total()
+        assert report["totals"]["blocked_calls"] == statuses.count(429)
+
     def test_a_stream_that_asked_for_usage_still_gets_it(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """The tee under http.client hands the caller's own usage chunk on (only injected ones are hidden)."""
         result, report = _run(sim, store, tmp_path, [], child("stacks.py", "http.client-stream"), ASK_USAGE="1")

@@ -55,6 +55,28 @@ def via_aiohttp() -> dict[str, object]:
     return asyncio.run(main())
 
 
+def via_aiohttp_swarm() -> dict[str, object]:
+    """24 calls at once on one session, every other one streamed: one status per call."""
+    import asyncio
+
+    import aiohttp
+
+    async def one(session: aiohttp.ClientSession, stream: bool) -> int:
+        async with session.post(URL, json={**BODY, "stream": stream}, headers=HEADERS) as resp:
+            if stream:
+                async for _chunk in resp.content.iter_any():
+                    pass
+            else:
+                await resp.read()
+            return resp.status
+
+    async def main() -> list[int]:
+        async with aiohttp.ClientSession() as session:
+            return await asyncio.gather(*(one(session, n % 2 == 1) for n in range(24)))
+
+    return {"stack": STACK, "statuses": asyncio.run(main())}
+
+
 def via_urllib() -> dict[str, object]:
     import urllib.error
     import urllib.request
@@ -132,6 +154,7 @@ def via_httpx_transport() -> dict[str, object]:
 STACKS = {
     "aiohttp": via_aiohttp,
     "aiohttp-stream": via_aiohttp,
+    "aiohttp-swarm": via_aiohttp_swarm,
     "urllib": via_urllib,
     "http.client": via_http_client,
     "http.client-stream": via_http_client,

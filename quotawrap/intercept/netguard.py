@@ -155,6 +155,8 @@ def _message(target: str, stack: str) -> str:
 
 
 def _allowed() -> bool:
+    # settings.parse_value's spelling of a true boolean, read here without importing settings:
+    # this module loads with socket in every child, settings with the first guarded call.
     return os.environ.get("QUOTAWRAP_ALLOW_UNGUARDED", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
@@ -211,6 +213,7 @@ def _make_getaddrinfo(guarded: GuardedAddresses, original: Callable[..., Any]) -
 
 
 def _base_urls() -> list[str]:
+    """QUOTAWRAP_BASE_URL as Settings.child_env writes it (a JSON list), or a comma list by hand."""
     raw = os.environ.get("QUOTAWRAP_BASE_URL", "")
     if raw.lstrip().startswith("["):
         import json

@@ -27,24 +27,30 @@ def _cmdline() -> bytes:
 
 
 def register_process() -> None:
-    """Tell the wrapper this process (this program image of it) runs with the hook. Never raises."""
-    run_dir = os.environ.get(RUN_DIR_VARIABLE)
-    if not run_dir:
+    """Tell the wrapper this process (this program image of it) runs with the hook. Never raises.
+
+    ``QUOTAWRAP_RUN_DIR`` may list several directories (a quotawrap run inside another): the
+    process registers with every wrapper that watches it.
+    """
+    run_dirs = os.environ.get(RUN_DIR_VARIABLE)
+    if not run_dirs:
         return
-    try:
-        fd = os.open(
-            os.path.join(run_dir, f"proc-{os.getpid()}"),
-            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
-            0o600,
-        )
+    cmdline = _cmdline()
+    for run_dir in run_dirs.split(os.pathsep):
         try:
-            os.write(fd, _cmdline())
-        finally:
-            os.close(fd)
-    except FileNotFoundError:
-        pass  # the run is over and its directory gone (a grandchild that outlived the wrapper)
-    except OSError as exc:
-        sys.stderr.write(f"quotawrap: could not register this process with the wrapper: {exc}\n")
+            fd = os.open(
+                os.path.join(run_dir, f"proc-{os.getpid()}"),
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0),
+                0o600,
+            )
+            try:
+                os.write(fd, cmdline)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            pass  # that run is over and its directory gone (a grandchild that outlived the wrapper)
+        except OSError as exc:
+            sys.stderr.write(f"quotawrap: could not register this process with the wrapper: {exc}\n")
 
 
 def initialize(*, swallow_exceptions: bool = True) -> None:

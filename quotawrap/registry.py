@@ -218,18 +218,31 @@ class ProcessWatcher:
         return self.unguarded
 
     def _loop(self) -> None:
+        warned = False
         while not self._stop.wait(_POLL_S):
             try:
                 self.poll()
-            except Exception as exc:  # the watcher must never take the run down
-                from ._log import warn
+            except Exception as exc:  # the watcher must never take the run down, nor stop watching
+                if not warned:
+                    from ._log import warn
 
-                warn(f"cannot watch the child's processes: {exc}")
-                return
+                    warn(f"trouble watching the child's processes (still watching): {exc!r}")
+                    warned = True
 
     def _cannot_load(self, pid: int, argv: list[str]) -> bool:
         raw = _read(_PROC / str(pid) / "environ")
         return raw is not None and _hookless(pid, argv, _environ(raw), self._hook_dir)
+
+    def _fork_of_hooked(self, pid: int, cmdline: bytes) -> bool:
+        """A fork of a hooked process, not yet exec'd (subprocess between fork and exec) or never."""
+        stat = _read(_PROC / str(pid) / "stat")
+        if not stat:
+            return False
+        try:
+            ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
+        except (ValueError, IndexError):
+            return False
+        return self._is_registered(ppid, cmdline)
 
     def _is_registered(self, pid: int, cmdline: bytes) -> bool:
         registered = self._run_dir.registered(pid)
@@ -250,6 +263,8 @@ class ProcessWatcher:
                 self._decided.add(key)  # this image is guarded; a later exec is a new key
                 self._first_seen.pop(key, None)
                 continue
+            if self._fork_of_hooked(pid, cmdline):
+                continue  # the hook is in its memory (or it is about to exec, a new key then)
             first = self._first_seen.setdefault(key, now)
             argv = _argv(cmdline)
             reason = _certain_reason(pid, argv)

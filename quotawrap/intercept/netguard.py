@@ -124,7 +124,7 @@ def _who() -> str:
 
 
 def _record(target: str, stack: str, allowed: bool) -> None:
-    run_dir = os.environ.get("QUOTAWRAP_RUN_DIR")
+    run_dir = os.environ.get("QUOTAWRAP_RUN_DIR", "").split(os.pathsep)[0]  # the innermost run's
     if not run_dir:
         return
     import json  # only on the rare refused or let-through connection, never at start-up

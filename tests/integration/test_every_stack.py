@@ -229,6 +229,15 @@ class TestProcessesWithoutTheHook:
         assert report["totals"]["settled_tokens"] == sim.billed_total()
         assert report["totals"]["unguarded_processes"] == []
 
+    def test_a_run_inside_a_run_reports_nothing(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """quotawrap -- quotawrap -- python: every process registers with both wrappers, so the outer one
+        names none of the inner run's processes (and --strict stops none)."""
+        inner = [sys.executable, "-m", "quotawrap", "--quiet", "--store", f"sqlite:///{tmp_path / 'inner.db'}"]
+        inner += ["--base-url", sim.url, "--", *child("stacks.py", "urllib")]
+        result, report = _run(sim, store, tmp_path, ["--strict"], inner)
+        assert _record(result.stdout)["status"] == 200
+        assert report["totals"]["unguarded_processes"] == []
+
     def test_the_hook_pth_is_installed(self) -> None:
         """The .pth that makes the hook independent of sitecustomize order sits in site-packages."""
         import sysconfig

@@ -12,43 +12,6 @@ keys on ``QUOTAWRAP_RUN_DIR``, which only the wrapper sets for its children: a u
 ``QUOTAWRAP_RUN_ID`` to name runs does not get the hook in every Python of the environment.
 """
 
-import os
-import sys
+from _quotawrap_hook import run
 
-loaded = False
-
-
-def _chain_user_sitecustomize() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    saved_path = list(sys.path)
-    ours = sys.modules.pop("sitecustomize", None)
-    sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or ".") != here]
-    try:
-        import sitecustomize  # noqa: F401  (the user's own, now that ours is out of the way)
-    except ImportError as exc:
-        if exc.name != "sitecustomize":
-            sys.stderr.write(f"Error in the user's sitecustomize (chained by quotawrap): {exc!r}\n")
-        if ours is not None:
-            sys.modules["sitecustomize"] = ours
-    except Exception as exc:
-        sys.stderr.write(f"Error in the user's sitecustomize (chained by quotawrap): {exc!r}\n")
-    finally:
-        sys.path[:] = saved_path
-
-
-def _install_quotawrap() -> None:
-    home = os.environ.get("QUOTAWRAP_HOME")
-    if home and home not in sys.path:
-        sys.path.append(home)  # last: the program's own packages win
-    from quotawrap.bootstrap import initialize
-
-    initialize()
-
-
-try:
-    _chain_user_sitecustomize()
-    if os.environ.get("QUOTAWRAP_RUN_ID"):
-        _install_quotawrap()
-    loaded = True
-except Exception as _exc:  # pragma: no cover - defensive
-    sys.stderr.write(f"quotawrap: sitecustomize failed, this process is NOT guarded: {_exc!r}\n")
+loaded = run("sitecustomize", __file__)

@@ -273,6 +273,29 @@ class TestOpenTelemetryInstrument:
         assert _record(result.stdout)["status"] == 429
         assert sim.billed_total() == billed
 
+    @pytest.mark.skipif(not Path(OTHER_PYTHON).is_file(), reason=f"no {OTHER_PYTHON} to play another interpreter")
+    def test_a_shadowing_sitecustomize_in_another_interpreter(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """What opentelemetry-instrument does, with an interpreter that has no quotawrap-hook.pth: another
+        sitecustomize first on PYTHONPATH, not chaining. quotawrap's usercustomize still loads the hook."""
+        shadow = tmp_path / "shadow"
+        shadow.mkdir()
+        (shadow / "sitecustomize.py").write_text("print('SHADOW', flush=True)\n")
+        script = f'PYTHONPATH={shadow}:$PYTHONPATH exec {OTHER_PYTHON} -c "$0"'
+        code = (
+            "import json, os, urllib.request\n"
+            "body = json.dumps({'model': 'deepseek-v4-flash', 'max_tokens': 50,"
+            " 'messages': [{'role': 'user', 'content': 'hi'}]}).encode()\n"
+            "request = urllib.request.Request(os.environ['SIM_URL'] + '/chat/completions', data=body,"
+            " headers={'Content-Type': 'application/json', 'Authorization': 'Bearer sk-test'})\n"
+            "print('TOTAL', json.load(urllib.request.urlopen(request))['usage']['total_tokens'], flush=True)\n"
+        )
+        result, report = _run(sim, store, tmp_path, [], ["bash", "-c", script, code])
+        assert result.stdout.startswith("SHADOW")
+        assert report["totals"]["settled_tokens"] == sim.billed_total() > 0
+        assert report["totals"]["unguarded_processes"] == []
+
     def test_its_sitecustomize_comes_first(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """Control: under opentelemetry-instrument, sys.modules['sitecustomize'] is otel's, not ours."""
         otel = str(Path(sys.executable).parent / "opentelemetry-instrument")

@@ -6,7 +6,8 @@ The body is observed on the producer side: the response's ``StreamReader`` gets 
 whose ``feed_data``/``feed_eof``/``set_exception`` pass through the :class:`GuardedCall`, so
 ``read()``, ``json()``, ``content.iter_any()``, ``readline()`` and every other reader see the
 same (possibly usage-hidden) bytes, and the call settles when the last byte arrives even if
-nobody reads it. Closing or releasing the response early settles it as abandoned.
+nobody reads it. Closing or releasing the response early settles it as abandoned. Redirects
+aiohttp follows inside ``_request`` go out under the call's hold, and the final answer settles it.
 """
 
 from __future__ import annotations

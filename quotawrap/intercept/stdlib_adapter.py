@@ -311,6 +311,8 @@ def _make_urlopen(module: ModuleType, original: Callable[..., Any]) -> Callable[
             if call.blocked is not None:
                 return _urllib3_refusal(module, call, method, full, kwargs)
             body = body if call.new_body is None else call.new_body
+            if len(args) < 2:  # redirect not given by position: a pool's own redirect would go out unseen
+                kwargs["redirect"] = False  # (PoolManager follows at its level, through this seam again)
             pending = _scope.set_pending(call)
             try:
                 return original(self, method, url, body, _overridden(merged, call), *args, **kwargs)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from quotawrap.simulator import ArkSimulator
+from quotawrap.simulator import ArkSimulator, SimConfig, serve
 from tests.conftest import child, ledger_rows, run_quotawrap
 
 OTHER_PYTHON = "/usr/bin/python3"
@@ -87,6 +87,23 @@ class TestEveryStack:
         assert 0 < sim.billed_total() <= cap
         assert report["totals"]["settled_tokens"] == sim.billed_total()
         assert report["totals"]["blocked_calls"] == statuses.count(429)
+
+    @pytest.mark.parametrize("stack", ["aiohttp", "aiohttp-stream", "urllib3", "http.client"])
+    def test_a_307_off_the_base_url_is_never_sent_unguarded(
+        self, sim: ArkSimulator, store: str, tmp_path: Path, stack: str
+    ) -> None:
+        """A redirect of a guarded call: aiohttp follows it under the call's hold, urllib3's PoolManager
+        through the seam again (settled at the new host's bill either way); http.client hands the 307
+        back. Nothing is billed unreserved."""
+        with serve(config=SimConfig(require_auth=False)) as target:
+            sim.configure(redirect_to=target.url.replace("127.0.0.1", "localhost"))
+            result, report = _run(sim, store, tmp_path, [], child("stacks.py", stack))
+            billed = target.billed_total()
+        assert sim.billed_total() == 0
+        assert report["totals"]["settled_tokens"] == billed
+        followed = stack != "http.client"
+        assert _record(result.stdout)["status"] == (200 if followed else 307)
+        assert (billed > 0) is followed
 
     def test_a_stream_that_asked_for_usage_still_gets_it(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """The tee under http.client hands the caller's own usage chunk on (only injected ones are hidden)."""

@@ -132,7 +132,8 @@ class TestRetryingClients:
     @pytest.fixture
     def refused(self, sim: ArkSimulator, store: str) -> dict[str, dict[str, Any]]:
         steps = ["batch", "litellm", "openai"]
-        if importlib.util.find_spec("llama_index.llms.openai") is not None:
+        # find_spec of a submodule raises when its parent package is missing.
+        if importlib.util.find_spec("llama_index") is not None and importlib.util.find_spec("llama_index.llms.openai"):
             steps.append("llamaindex")
         result = run_quotawrap(
             ["--store", store, "--base-url", sim.url, "--cap-tokens", "100"],

@@ -25,6 +25,7 @@ Failure policy (documented in README "Failure modes"):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from . import endpoints, quota, refusals
 from ._errors import QuotawrapError
@@ -44,7 +45,7 @@ from .contexts import ContextCreated, ContextSizes
 from .endpoint_prices import CostRule, with_media_prices
 from .estimate import Estimate, EstimateSettings, estimate_request, usage_bound
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
-from .ledger.base import CallRecord, CallState
+from .ledger.base import CallRecord, CallState, Settle
 from .prices import format_cny
 from .settings import Settings
 from .tokens import TokenizerUnavailable, utf8_bound
@@ -53,6 +54,7 @@ from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stre
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .prices import PriceTable
+    from .settler import Settler
 
 __all__ = ["CallContext", "Followup", "Guard", "GuardedCall", "SyntheticResponse", "warn"]
 
@@ -138,9 +140,12 @@ class Guard:
         *,
         clock: Callable[[], float] = time.time,
         soft_walls: bool = True,
+        background_settle: bool = False,
     ) -> None:
         """``soft_walls=False`` (``quotawrap consume`` only): the §7.6 soft-evict walls do not apply,
-        every hold limit (caps, the synced pool) still does."""
+        every hold limit (caps, the synced pool) still does. ``background_settle`` (the guard of a
+        guarded child): calls settle through this process's :class:`~quotawrap.settler.Settler`,
+        off the caller's path; otherwise each settle lands before the caller gets its last byte."""
         self.settings = settings
         self._soft_walls = soft_walls
         self._ledger = ledger
@@ -165,6 +170,11 @@ class Guard:
         self.retries = refusals.RetryMemory()
         self.contexts = ContextSizes()
         self._redirects = refusals.RedirectMemory(clock)
+        self._settler: Settler | None = None
+        if background_settle:
+            from .settler import Settler
+
+            self._settler = Settler(lambda: self.ledger)
 
     @property
     def host(self) -> str:
@@ -182,6 +192,24 @@ class Guard:
 
                     self._ledger = open_ledger(self.settings.store or default_store_url())
         return self._ledger
+
+    def land(self, settle: Settle, landed: Callable[[], None] | None) -> None:
+        """Settle or release one hold: queued for the settler, or at once. Never raises."""
+        if self._settler is not None:
+            self._settler.submit(settle, landed)
+            return
+        try:
+            self.ledger.settle_many((settle,))
+        except Exception as exc:
+            # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
+            warn(f"could not settle a call: {exc}; the wrapper will charge its hold")
+            return
+        if landed is not None:
+            landed()
+
+    def flush(self, timeout: float = -1) -> bool:
+        """Land every settle queued so far (the wrapper's resolve, tests). False on timeout."""
+        return self._settler.flush(timeout) if self._settler is not None else True
 
     # -- limits -----------------------------------------------------------------------------
 
@@ -762,29 +790,34 @@ class GuardedCall:
 
     def _apply(self, action: str, usage: Usage | None) -> None:
         self._chunks = []
-        if self.ledger is None or self.hold_id is None:
+        if self.ledger is None or self.hold_id is None or self._guard is None:
             return
         latency = time.monotonic() - self._started
         cost = 0
         try:
-            if action == "release":
-                self.ledger.release(self.hold_id)
-            else:
-                if usage is not None and self._guard is not None:
+            if action != "release":
+                if usage is not None:
                     cost = self._guard.actual_cost(self.model, usage, self.cost_rule)
                 elif self._context is not None:
                     cost = self._context.reserved_cost
-                self.ledger.settle(self.hold_id, usage, latency_s=latency, cost=cost)
         except Exception as exc:
             # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
             warn(f"could not settle a call to {self.model}: {exc}; the wrapper will charge its hold")
             return
-        if self._guard is not None and self._context is not None:
+        event: Literal["settle", "release"] = "release" if action == "release" else "settle"
+        landed = None
+        if self._context is not None:
             state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
-            try:
-                self._guard.audit(self._context, state, usage, cost, latency, anomaly=self.anomaly)
-            except Exception as exc:
-                warn(f"cannot audit a call to {self.model}: {exc}")
+            landed = functools.partial(self._audit_landed, state, usage, cost, latency)
+        self._guard.land(Settle(self.hold_id, event, usage, latency, cost), landed)
+
+    def _audit_landed(self, state: CallState, usage: Usage | None, cost: int, latency: float) -> None:
+        """The audit record, once the settle has landed (on the settler's thread for a guarded child)."""
+        assert self._guard is not None and self._context is not None
+        try:
+            self._guard.audit(self._context, state, usage, cost, latency, anomaly=self.anomaly)
+        except Exception as exc:
+            warn(f"cannot audit a call to {self.model}: {exc}")
 
 
 def _unreadable(message: str) -> GuardedCall:

@@ -41,7 +41,8 @@ def get_guard() -> Guard | None:
                 from ..guard import Guard
                 from ..settings import Settings
 
-                _guard = Guard(Settings.from_env())
+                # the child's one guard: settles off the caller's path, flushed at exit and before fork
+                _guard = Guard(Settings.from_env(), background_settle=True)
     return _guard
 
 

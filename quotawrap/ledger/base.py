@@ -13,7 +13,7 @@ import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from ..quota import Counters, Limit, Package, Snapshot, Verdict
 from ..usage import Usage
@@ -30,6 +30,7 @@ __all__ = [
     "ModelTotals",
     "RunRecord",
     "RunTotals",
+    "Settle",
     "model_day_key",
     "new_hold_id",
     "pid_alive",
@@ -71,6 +72,16 @@ class HoldRequest:
     key_fingerprint: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     hold_id: str = field(default_factory=new_hold_id)
+
+
+class Settle(NamedTuple):
+    """One queued end of a hold, as :meth:`Ledger.settle_many` lands it."""
+
+    hold_id: str
+    event: Literal["settle", "release"]
+    usage: Usage | None = None
+    latency_s: float | None = None
+    cost: int | None = None
 
 
 @dataclass(frozen=True)
@@ -179,6 +190,10 @@ class Ledger(Protocol):
 
     def release(self, hold_id: str) -> None:
         """The call never reached generation: free the hold, charge nothing. Idempotent."""
+        ...
+
+    def settle_many(self, settles: Sequence[Settle]) -> None:
+        """``settle`` or ``release`` each, in one store round trip where the store allows. Idempotent."""
         ...
 
     def resolve_run(self, run_id: str) -> int:

@@ -22,7 +22,17 @@ from typing import Any
 from .._errors import StoreCorrupt, StoreError
 from ..quota import Counters, Package, Snapshot, verdict
 from ..usage import Usage
-from .base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
+from .base import (
+    CallRecord,
+    Decision,
+    HoldRequest,
+    LimitsFor,
+    ModelTotals,
+    RunRecord,
+    RunTotals,
+    Settle,
+    pid_alive,
+)
 from .holds import Deltas, Event, clamp, step
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
 from .sqlite_file import (
@@ -308,6 +318,14 @@ class SQLiteLedger:
             row = self._hold_row(conn, hold_id)
             if row is not None:
                 self._step(conn, row, "release")
+
+    def settle_many(self, settles: Sequence[Settle]) -> None:
+        """Every settle and release in one transaction: one write lock and one commit for the batch."""
+        with self._write("settle") as conn:
+            for hold_id, event, usage, latency_s, cost in settles:
+                row = self._hold_row(conn, hold_id)
+                if row is not None:
+                    self._step(conn, row, event, usage, cost, latency_s)
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:

@@ -32,7 +32,17 @@ from ... import quota
 from ..._errors import ConfigError, StoreError
 from ...quota import BEIJING, Counters, Limit, Package, Snapshot, Verdict
 from ...usage import Usage
-from ..base import CallRecord, Decision, HoldRequest, LimitsFor, ModelTotals, RunRecord, RunTotals, pid_alive
+from ..base import (
+    CallRecord,
+    Decision,
+    HoldRequest,
+    LimitsFor,
+    ModelTotals,
+    RunRecord,
+    RunTotals,
+    Settle,
+    pid_alive,
+)
 from ..holds import Event, clamp
 from ..scopes import ModelDay, Run, parse_counter_key
 from . import records
@@ -319,27 +329,7 @@ class RedisLedger:
     ) -> tuple[bool, str]:
         """Apply holds.step's ``event`` to one hold. (changed, new state)."""
         client = self._redis()  # connected again if close() came between the reserve and this
-        now = self._clock()
-        fields = {
-            "hold_id": hold_id,
-            "mode": event,
-            "has_usage": "1" if usage is not None else "0",
-            "total": usage.total_tokens if usage else 0,  # clamped by hold_step, as holds.step does
-            "prompt": clamp(usage.prompt_tokens) if usage else 0,
-            "completion": clamp(usage.completion_tokens) if usage else 0,
-            "reasoning": clamp(usage.reasoning_tokens) if usage else 0,
-            "cached": clamp(usage.cached_tokens) if usage else 0,
-            "latency": "" if latency_s is None else repr(float(latency_s)),
-            "now": repr(now),
-            "minute": int(now // 60),
-            "expire_at": expire_at(at.day),
-            "audit_max": self.options.audit_max,
-            "foreign": self._foreign.last(at.model, at.day),
-            "run_ttl": self.options.run_ttl_s,
-            "own_ttl": OWN_DAILY_USAGE_TTL_S,
-            "cost": "" if cost is None else int(cost),
-        }
-        args = (json.dumps(fields, separators=(",", ":")),)
+        args = self._transition_args(at, hold_id, event, usage, latency_s, cost)
         if not client.cluster:
             keys = self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
             result = client.retrying(event, lambda: client.script("transition_one", keys, args))
@@ -363,6 +353,38 @@ class RedisLedger:
                 client.delete(self._keys.location(hold_id))
         return True, target
 
+    def _transition_args(
+        self,
+        at: Location,
+        hold_id: str,
+        event: Event,
+        usage: Usage | None = None,
+        latency_s: float | None = None,
+        cost: int | None = None,
+    ) -> tuple[str]:
+        """The transition scripts' one argument (lib.lua's transition_args)."""
+        now = self._clock()
+        fields = {
+            "hold_id": hold_id,
+            "mode": event,
+            "has_usage": "1" if usage is not None else "0",
+            "total": usage.total_tokens if usage else 0,  # clamped by hold_step, as holds.step does
+            "prompt": clamp(usage.prompt_tokens) if usage else 0,
+            "completion": clamp(usage.completion_tokens) if usage else 0,
+            "reasoning": clamp(usage.reasoning_tokens) if usage else 0,
+            "cached": clamp(usage.cached_tokens) if usage else 0,
+            "latency": "" if latency_s is None else repr(float(latency_s)),
+            "now": repr(now),
+            "minute": int(now // 60),
+            "expire_at": expire_at(at.day),
+            "audit_max": self.options.audit_max,
+            "foreign": self._foreign.last(at.model, at.day),
+            "run_ttl": self.options.run_ttl_s,
+            "own_ttl": OWN_DAILY_USAGE_TTL_S,
+            "cost": "" if cost is None else int(cost),
+        }
+        return (json.dumps(fields, separators=(",", ":")),)
+
     def settle(
         self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None, cost: int | None = None
     ) -> None:
@@ -375,6 +397,30 @@ class RedisLedger:
         at = self._locate(hold_id)
         if at is not None:
             self._transition(at, hold_id, "release")
+
+    def settle_many(self, settles: Sequence[Settle]) -> None:
+        """Every settle and release; on a single node as one pipeline of transition scripts (one round trip)."""
+        client = self._redis()
+        if client.cluster:
+            for hold_id, event, usage, latency_s, cost in settles:
+                if event == "release":
+                    self.release(hold_id)
+                else:
+                    self.settle(hold_id, usage, latency_s=latency_s, cost=cost)
+            return
+        calls: list[tuple[Sequence[str], Sequence[Arg]]] = []
+        for hold_id, event, usage, latency_s, cost in settles:
+            at = self._locate(hold_id)
+            if at is None:
+                continue
+            keys = self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
+            if event == "release":
+                calls.append((keys, self._transition_args(at, hold_id, "release")))
+            else:
+                calls.append((keys, self._transition_args(at, hold_id, "settle", usage, latency_s, cost)))
+        if calls:
+            # each transition is idempotent, so a retried pipeline never counts one twice
+            client.retrying("settle", partial(client.scripts, "transition_one", calls))
 
     def resolve_run(self, run_id: str) -> int:
         client = self._redis()

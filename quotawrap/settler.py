@@ -1,0 +1,130 @@
+"""Settle guarded calls off the caller's path: one daemon thread per process, settles in batches.
+
+The reserve must be answered before a call is sent; its settle need not hold the caller. A call's
+settle is queued here and a daemon thread lands the queue in one ledger call
+(:meth:`Ledger.settle_many`: one SQLite transaction, one Redis pipeline).
+
+Sound while pending: a queued settle has not touched its hold, so the ledger still counts the whole
+hold in flight and a later reserve sees at least the truth. Nothing is lost: the queue is flushed at
+interpreter exit (atexit, which also runs after Ctrl-C), before ``fork()`` in the parent (the child
+starts empty), and on demand (:meth:`Settler.flush`). A process killed before its queue lands leaves
+those holds open, and the wrapper's ``resolve_run`` (or reclaim) charges them whole, as unresolved.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from ._log import warn
+from .ledger.base import Ledger, Settle
+
+__all__ = ["MAX_BATCH", "Settler"]
+
+MAX_BATCH = 256  # settles per ledger call: bounds one transaction's lock time
+EXIT_FLUSH_S = 30.0  # at exit, how long to wait for a batch the thread is landing
+
+Landed = Callable[[], None] | None  # run once the settle has landed (the audit record)
+
+_settlers: weakref.WeakSet[Settler] = weakref.WeakSet()
+
+
+class Settler:
+    """A per-process queue of settles and the daemon thread that lands them. Thread-safe."""
+
+    def __init__(self, ledger: Callable[[], Ledger], *, what: str = "call") -> None:
+        self._ledger = ledger  # a getter: the guard opens its ledger lazily
+        self._what = what
+        self._fresh()
+        _settlers.add(self)
+
+    def _fresh(self) -> None:
+        self._queue: deque[tuple[Settle, Landed]] = deque()
+        self._lock = threading.Lock()  # one batch lands at a time
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def submit(self, settle: Settle, landed: Landed = None) -> None:
+        """Queue one settle; returns at once."""
+        self._queue.append((settle, landed))
+        thread = self._thread
+        if thread is None or not thread.is_alive() or self._pid != os.getpid():
+            self._start()
+        self._wake.set()
+
+    def _start(self) -> None:
+        with _start_lock:
+            if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._thread = threading.Thread(target=self._run, name="quotawrap-settler", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()  # a submit after this line sets it again: nothing waits unseen
+            self.flush()
+
+    @property
+    def pending(self) -> int:
+        """Settles queued and not yet taken for landing."""
+        return len(self._queue)
+
+    def flush(self, timeout: float = -1) -> bool:
+        """Land every settle queued so far. False when a batch in progress did not end within ``timeout``."""
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            while self._queue:
+                batch: list[tuple[Settle, Landed]] = []
+                while self._queue and len(batch) < MAX_BATCH:
+                    batch.append(self._queue.popleft())
+                self._land(batch)
+        finally:
+            self._lock.release()
+        return True
+
+    def _land(self, batch: Sequence[tuple[Settle, Landed]]) -> None:
+        try:
+            self._ledger().settle_many([settle for settle, _ in batch])
+        except Exception as exc:  # never let the thread die: the holds stay open and are charged whole
+            warn(f"could not settle {len(batch)} {self._what}(s): {exc}; the wrapper will charge their holds")
+            return
+        for _, landed in batch:
+            if landed is not None:
+                try:
+                    landed()
+                except Exception as exc:  # pragma: no cover - the audit writer never raises
+                    warn(f"after a settle: {exc}")
+
+    def _after_fork_in_child(self) -> None:
+        # The parent flushed before forking; whatever it queued since is its own to land.
+        self._fresh()
+
+
+_start_lock = threading.Lock()
+
+
+def flush_all(timeout: float = EXIT_FLUSH_S) -> None:
+    """Land every settler's queue (at exit, before fork)."""
+    for settler in list(_settlers):
+        if settler._pid == os.getpid():
+            settler.flush(timeout)
+
+
+def _fresh_in_child() -> None:
+    global _start_lock
+    _start_lock = threading.Lock()
+    for settler in list(_settlers):
+        settler._after_fork_in_child()
+
+
+atexit.register(flush_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=flush_all, after_in_child=_fresh_in_child)

@@ -1,0 +1,35 @@
+"""CALLS sequential calls with the openai SDK while this process's settler is held back, so every
+settle is still queued when the calls are done. Then, by MODE:
+
+* ``exit``: let the settler go at exit (an atexit hook registered after quotawrap's, so it runs
+  first) and end normally: quotawrap's own exit flush must land every queued settle;
+* ``wait``: print ``QUEUED <pid> <n>`` and sleep, for the test to SIGKILL it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+
+import openai
+
+from quotawrap.intercept import get_guard
+
+guard = get_guard()
+assert guard is not None and guard._settler is not None, "a guarded child settles in the background"
+# Test-only: holding the settler's landing lock keeps every settle queued (the thread waits on it).
+paused = guard._settler._lock
+paused.acquire()
+atexit.register(paused.release)
+
+sdk = openai.OpenAI(base_url=os.environ["SIM_URL"], api_key="sk-test", max_retries=0)
+calls = int(os.environ.get("CALLS", "5"))
+for _ in range(calls):
+    sdk.chat.completions.create(
+        model="deepseek-v4-flash", messages=[{"role": "user", "content": "hello"}], max_tokens=100
+    )
+print(f"QUEUED {os.getpid()} {guard._settler.pending}", flush=True)
+if sys.argv[1:] == ["wait"]:
+    time.sleep(120)

@@ -1,0 +1,62 @@
+"""The background settler through the real `quotawrap` CLI: queued settles land at a normal exit,
+and a SIGKILL with settles still queued leaves their holds charged whole (never under)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from quotawrap.simulator import ArkSimulator
+from tests.conftest import child, ledger_rows, run_quotawrap
+
+CALLS = 6
+
+
+def test_normal_exit_lands_every_queued_settle(sim: ArkSimulator, store: str) -> None:
+    """Six settles still queued when the program ends: the exit flush lands each at its billed usage."""
+    result = run_quotawrap(
+        ["--store", store, "--base-url", sim.url],
+        child("queued_settles.py", "exit"),
+        env={"SIM_URL": sim.url, "CALLS": str(CALLS)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == str(CALLS)  # every settle was still queued at the end
+    states = ledger_rows(store, "SELECT state, COUNT(*), SUM(charged) FROM calls GROUP BY state")
+    assert states == [("settled", CALLS, sim.billed_total())]
+
+
+def test_sigkill_with_queued_settles_charges_their_holds(sim: ArkSimulator, store: str) -> None:
+    """SIGKILL while six settles are queued: the wrapper charges each hold whole, as unresolved (sound)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "quotawrap",
+            "--store",
+            store,
+            "--base-url",
+            sim.url,
+            "--",
+            *child("queued_settles.py", "wait"),
+        ],
+        env={**os.environ, "SIM_URL": sim.url, "CALLS": str(CALLS)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("QUEUED"), proc.stderr.read() if proc.stderr else line
+    _, pid, pending = line.split()
+    assert int(pending) == CALLS
+    os.kill(int(pid), signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL, stderr
+    rows = ledger_rows(store, "SELECT state, COUNT(*), SUM(charged), SUM(reserved) FROM calls GROUP BY state")
+    assert len(rows) == 1
+    state, count, charged, reserved = rows[0]
+    assert (state, count) == ("unresolved", CALLS)
+    assert charged == reserved
+    assert isinstance(charged, int) and charged >= sim.billed_total() > 0

@@ -1,0 +1,136 @@
+"""The per-process settler and the stores' batched settle: exact once landed, never under while queued."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quotawrap.ledger import Ledger, open_ledger
+from quotawrap.ledger.base import Settle
+from quotawrap.quota import Counters
+from quotawrap.settler import Settler
+from tests.redis_server import flushed, session_url
+from tests.unit.test_ledger_contract import limits, rc, request, usage
+
+
+@pytest.fixture(scope="module")
+def module_redis() -> Iterator[str]:
+    with session_url() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    else:
+        url = flushed(request.getfixturevalue("module_redis"))
+    opened = open_ledger(url)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def test_settle_many_lands_a_mixed_batch_once(ledger: Ledger) -> None:
+    """One batch: settled, released, unresolved holds counted as settle and release would; a replay: no change."""
+    holds = [ledger.reserve(request(400), limits(run_cap=10_000)).hold_id for _ in range(4)]
+    batch = [
+        Settle(holds[0], "settle", usage(100), 0.1, 0),
+        Settle(holds[1], "settle", usage(450), 0.1, 0),  # beyond its hold: charged as billed
+        Settle(holds[2], "release"),
+        Settle(holds[3], "settle", None, 0.1, 0),  # no usage: the whole hold
+        Settle("no-such-hold", "settle", usage(5)),
+    ]
+    ledger.settle_many(batch)
+    assert rc(ledger) == Counters(100 + 450 + 400, 0)
+    ledger.settle_many(batch)
+    assert rc(ledger) == Counters(950, 0)
+    states = {r.id: r.state for r in ledger.call_records(run_id="run-a")}
+    assert [states[h] for h in holds] == ["settled", "settled", "released", "unresolved"]
+
+
+def test_a_queued_settle_keeps_its_hold_in_flight(ledger: Ledger) -> None:
+    """While settles wait, their holds count whole: a reserve that fits the truth but not the holds is refused."""
+    settler = Settler(lambda: ledger)
+    cap = limits(run_cap=1200)
+    held = [ledger.reserve(request(400), cap) for _ in range(3)]
+    with settler._lock:  # test-only: the thread cannot land anything while this is held
+        for decision in held:
+            settler.submit(Settle(decision.hold_id, "settle", usage(100), 0.1, 0))
+        assert settler.pending == 3
+        assert rc(ledger) == Counters(0, 1200)
+        refused = ledger.reserve(request(400), cap)
+        assert not refused.held and refused.verdict.blocking is not None
+    assert settler.flush(timeout=10)
+    assert rc(ledger) == Counters(300, 0)
+    assert ledger.reserve(request(400), cap).held
+
+
+def test_concurrent_settles_never_undercount(ledger: Ledger) -> None:
+    """4 threads reserve and queue settles while a reader checks: settled + in flight >= what completed calls used."""
+    settler = Settler(lambda: ledger)
+    threads, pairs, reserve, used = 4, 40, 400, 100
+    done = [0]
+    done_lock = threading.Lock()
+    stop = threading.Event()
+    violations: list[tuple[int, Counters]] = []
+
+    def caller() -> None:
+        for _ in range(pairs):
+            decision = ledger.reserve(request(reserve), limits(run_cap=10**9))
+            settler.submit(Settle(decision.hold_id, "settle", usage(used), 0.01, 0))
+            with done_lock:
+                done[0] += used  # the caller is done with this call: the truth includes it
+
+    def reader() -> None:
+        while not stop.is_set():
+            with done_lock:
+                truth = done[0]
+            seen = rc(ledger)
+            if seen.settled + seen.in_flight < truth:
+                violations.append((truth, seen))
+
+    watcher = threading.Thread(target=reader)
+    watcher.start()
+    workers = [threading.Thread(target=caller) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    stop.set()
+    watcher.join()
+    assert violations == []
+    assert settler.flush(timeout=30)
+    assert rc(ledger) == Counters(threads * pairs * used, 0)
+
+
+def test_fork_lands_the_parents_queue_and_starts_the_child_empty(tmp_path: Path) -> None:
+    """Before fork the parent's queue lands; the child starts with an empty settler that works."""
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    ledger = open_ledger(url)
+    settler = Settler(lambda: ledger)
+    holds = [ledger.reserve(request(400), limits(run_cap=10**9)).hold_id for _ in range(50)]
+    # Test-only: queued without waking the thread, so only the fork hook can land them.
+    settler._queue.extend((Settle(hold_id, "settle", usage(100), 0.01, 0), None) for hold_id in holds)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            mine = open_ledger(url)
+            child = Settler(lambda: mine)
+            decision = mine.reserve(request(400), limits(run_cap=10**9))
+            child.submit(Settle(decision.hold_id, "settle", usage(7), 0.01, 0))
+            if settler.pending == 0 and settler.flush(timeout=5) and child.flush(timeout=5):
+                code = 0
+        finally:
+            os._exit(code)
+    assert rc(ledger) == Counters(50 * 100, 0)  # before the parent flushed anything itself
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert rc(ledger) == Counters(50 * 100 + 7, 0)
+    ledger.close()

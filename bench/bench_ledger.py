@@ -52,8 +52,19 @@ LIMITS = [Limit("run_cap", "run", 10**15), Limit("daily_cap", "model_day", 10**1
 HEADING = "## Ledger throughput"
 
 
-def _worker(url: str, index: int, pairs: int, start_at: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _worker(
+    url: str,
+    index: int,
+    pairs: int,
+    start_at: float,
+    out: multiprocessing.Queue,  # type: ignore[type-arg]
+    background: bool,
+) -> None:
+    from quotawrap.ledger.base import Settle
+    from quotawrap.settler import Settler
+
     ledger = open_ledger(url)
+    settler = Settler(lambda: ledger) if background else None
     day = beijing_day(time.time())
     pid, host = os.getpid(), "bench"
     limits_for = lambda snapshot: LIMITS  # noqa: E731
@@ -70,7 +81,11 @@ def _worker(url: str, index: int, pairs: int, start_at: float, out: multiprocess
             expires_at=time.time() + 600,
         )
         decision = ledger.reserve(request, limits_for)
-        ledger.settle(decision.hold_id, Usage(100, 200 + i % 100, 300 + i % 100))
+        used = Usage(100, 200 + i % 100, 300 + i % 100)
+        if settler is not None:  # what a guarded child does: the settle queued, landed in batches
+            settler.submit(Settle(decision.hold_id, "settle", used))
+        else:
+            ledger.settle(decision.hold_id, used)
 
     try:
         for i in range(WARMUP_PAIRS):  # connections, scripts, caches
@@ -83,6 +98,8 @@ def _worker(url: str, index: int, pairs: int, start_at: float, out: multiprocess
             t0 = time.perf_counter()
             pair(i)
             latencies.append(time.perf_counter() - t0)
+        if settler is not None:
+            settler.flush()  # the pairs count once every settle has landed
         cpu = time.process_time() - cpu0
         ledger.close()
     except BaseException:
@@ -134,13 +151,15 @@ def _server_cpu(url: str) -> Callable[[], float] | None:
     return read
 
 
-def run_config(store: str, url: str, processes: int) -> Result:
+def run_config(store: str, url: str, processes: int, background: bool = False) -> Result:
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     pairs = max(TOTAL_PAIRS // processes, 100)
     start_at = time.time() + 1.0 + 0.05 * processes
     server_cpu = _server_cpu(url)
-    workers = [context.Process(target=_worker, args=(url, i, pairs, start_at, queue)) for i in range(processes)]
+    workers = [
+        context.Process(target=_worker, args=(url, i, pairs, start_at, queue, background)) for i in range(processes)
+    ]
     for worker in workers:
         worker.start()
     while time.time() < start_at:
@@ -268,7 +287,9 @@ def _load() -> str:
     return "{:.1f} / {:.1f} / {:.1f}".format(*os.getloadavg())
 
 
-def _run_rounds(stores: Sequence[str], counts: Sequence[int], repeat: int, label: str) -> list[Result]:
+def _run_rounds(
+    stores: Sequence[str], counts: Sequence[int], repeat: int, label: str, modes: Sequence[str] = ("direct",)
+) -> list[Result]:
     results: list[Result] = []
     with tempfile.TemporaryDirectory() as tmp:
         urls = {"SQLite": f"sqlite:///{Path(tmp) / 'bench.sqlite3'}"}
@@ -280,17 +301,20 @@ def _run_rounds(stores: Sequence[str], counts: Sequence[int], repeat: int, label
             for round_ in range(1, repeat + 1):
                 for store in stores:
                     for processes in counts:
-                        r = run_config(store, urls[store], processes)
-                        if store == "Redis" and label:
-                            r = dataclasses.replace(r, store=f"Redis, {label}")
-                        results.append(r)
-                        server_cpu = "" if r.server_cpu_us is None else f"  server {r.server_cpu_us:.0f} µs/pair"
-                        print(
-                            f"round {round_}  {r.store:6} {processes:3} procs  {r.rate:9,.0f} pairs/s"
-                            f"  p50 {r.p50_ms:.3f} ms  p99 {r.p99_ms:.3f} ms  client {r.client_cpu_us:.0f} µs/pair"
-                            f"{server_cpu}  load {_load()}",
-                            flush=True,
-                        )
+                        for mode in modes:  # direct settle and background settler alternate in each round
+                            r = run_config(store, urls[store], processes, background=mode == "settler")
+                            if store == "Redis" and label:
+                                r = dataclasses.replace(r, store=f"Redis, {label}")
+                            if mode == "settler":
+                                r = dataclasses.replace(r, store=f"{r.store}, settler")
+                            results.append(r)
+                            server_cpu = "" if r.server_cpu_us is None else f"  server {r.server_cpu_us:.0f} µs/pair"
+                            print(
+                                f"round {round_}  {r.store:6} {processes:3} procs  {r.rate:9,.0f} pairs/s"
+                                f"  p50 {r.p50_ms:.3f} ms  p99 {r.p99_ms:.3f} ms  client {r.client_cpu_us:.0f} µs/pair"
+                                f"{server_cpu}  load {_load()}",
+                                flush=True,
+                            )
         finally:
             if server is not None:
                 server.cleanup()  # type: ignore[attr-defined]
@@ -318,13 +342,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds over every configuration (median, range)")
     parser.add_argument("--without-hiredis", action="store_true", help="redis-py's pure-Python parser and packer")
     parser.add_argument("--json", type=Path, help="also write every run's figures to this file")
+    parser.add_argument(
+        "--modes", default="direct", help="comma-separated: direct (settle per pair), settler (background batches)"
+    )
     args = parser.parse_args(argv)
     if args.without_hiredis:
         sys.modules["hiredis"] = None  # type: ignore[assignment]  # before anything imports redis
     stores = [name.strip() for name in args.stores.split(",") if name.strip()]
     counts = [int(n) for n in args.processes.split(",")]
     load_before = _load()
-    results = _run_rounds(stores, counts, args.repeat, "no hiredis" if args.without_hiredis else "")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    results = _run_rounds(stores, counts, args.repeat, "no hiredis" if args.without_hiredis else "", modes)
     load_after = _load()
     child_load = None
     if args.write_docs and "Redis" in stores and not args.without_hiredis and _hiredis() != "none":

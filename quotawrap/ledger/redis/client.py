@@ -27,7 +27,7 @@ _T = TypeVar("_T")
 Arg = str | int | float
 
 # scripts that start with the shared library lua/lib.lua
-_WITH_LIB = ("reserve_one", "run_gate", "md_reserve", "run_apply", "transition_one", "md_transition")
+_WITH_LIB = ("reserve_one", "run_gate", "md_reserve", "run_apply", "transition_one", "transition_many", "md_transition")
 SCRIPTS = (*_WITH_LIB, "lease", "unlease")
 
 
@@ -224,43 +224,6 @@ class Client:
         except BaseException:
             conn.disconnect()  # anything else may leave a reply unread; redis-py connects again on the next command
             raise
-
-    def scripts(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
-        """Run one script on many (keys, args), pipelined in one round trip on a single node; the replies.
-
-        Cluster: one call after another (the calls' keys may live in different slots). An error reply
-        of one call is raised after every reply was read, so the connection stays in step.
-        """
-        if self.cluster or len(calls) <= 1:
-            return [self.script(name, keys, args) for keys, args in calls]
-        script = self._scripts[name]
-        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-        replies = self._pipeline(commands)
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, self._no_script)]
-        if missing:  # after a restart or SCRIPT FLUSH: those calls did not run
-            self._send("SCRIPT", "LOAD", script.source)
-            for i, reply in zip(missing, self._pipeline([commands[i] for i in missing]), strict=True):
-                replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
-
-    def _pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        """Send every command at once on this thread's connection, then read each reply (errors as values)."""
-        conn = self._connection()
-        replies: list[Any] = []
-        try:
-            conn.send_packed_command(conn.pack_commands(commands))
-            for _ in commands:
-                try:
-                    replies.append(conn.read_response())
-                except self._error_reply as exc:
-                    replies.append(exc)
-        except BaseException:
-            conn.disconnect()  # replies may be left unread
-            raise
-        return replies
 
     def _connection(self) -> Any:
         """This thread's own connection (single node), opened on first use."""

@@ -399,7 +399,7 @@ class RedisLedger:
             self._transition(at, hold_id, "release")
 
     def settle_many(self, settles: Sequence[Settle]) -> None:
-        """Every settle and release; on a single node as one pipeline of transition scripts (one round trip)."""
+        """Every settle and release; on a single node in one script call (lua/transition_many.lua)."""
         client = self._redis()
         if client.cluster:
             for hold_id, event, usage, latency_s, cost in settles:
@@ -408,19 +408,20 @@ class RedisLedger:
                 else:
                     self.settle(hold_id, usage, latency_s=latency_s, cost=cost)
             return
-        calls: list[tuple[Sequence[str], Sequence[Arg]]] = []
+        keys: list[str] = []
+        args: list[Arg] = []
         for hold_id, event, usage, latency_s, cost in settles:
             at = self._locate(hold_id)
             if at is None:
                 continue
-            keys = self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
+            keys += self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
             if event == "release":
-                calls.append((keys, self._transition_args(at, hold_id, "release")))
+                args += self._transition_args(at, hold_id, "release")
             else:
-                calls.append((keys, self._transition_args(at, hold_id, "settle", usage, latency_s, cost)))
-        if calls:
-            # each transition is idempotent, so a retried pipeline never counts one twice
-            client.retrying("settle", partial(client.scripts, "transition_one", calls))
+                args += self._transition_args(at, hold_id, "settle", usage, latency_s, cost)
+        if args:
+            # one script, one round trip; each transition is idempotent, so a retried batch never counts one twice
+            client.retrying("settle", partial(client.script, "transition_many", keys, args))
 
     def resolve_run(self, run_id: str) -> int:
         client = self._redis()

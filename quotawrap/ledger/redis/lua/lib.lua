@@ -291,3 +291,22 @@ end
 local function transition_args(first)
   return cjson.decode(ARGV[first])
 end
+
+-- Single node: settle, release or resolve one hold in the model-day and run slots at once, and
+-- mirror the settled delta into our LiteLLM daily_usage key. keys[first + 1 .. first + 11]:
+-- hold, md counters, md open, md pids, md run totals, md series, md audit, run counters, run holds,
+-- our daily_usage key, hold location (keys.transition_one). Returns md_transition's reply.
+local function transition_both(keys, first, a)
+  local k = {hold = keys[first + 1], counters = keys[first + 2], open = keys[first + 3], pids = keys[first + 4],
+    run_totals = keys[first + 5], series = keys[first + 6], audit = keys[first + 7]}
+  local r = md_transition(k, a)
+  if r[1] == 1 then
+    run_apply(keys[first + 8], keys[first + 9], a.hold_id, r[2], r[4], r[7], a.run_ttl)
+    if r[5] ~= 0 then
+      redis.call('INCRBY', keys[first + 10], int(r[5]))
+      redis.call('EXPIRE', keys[first + 10], a.own_ttl)
+    end
+    if r[2] ~= 'unresolved' then redis.call('DEL', keys[first + 11]) end
+  end
+  return r
+end

@@ -1,0 +1,9 @@
+-- transition_many.lua (single node): transition_one on several holds in one call (the settler's batch).
+-- KEYS: transition_one's eleven keys for each hold, one hold after another
+-- ARGV: one event (transition_args JSON) per hold, in the same order
+-- Returns how many holds changed.
+local changed = 0
+for i = 1, #ARGV do
+  changed = changed + transition_both(KEYS, (i - 1) * 11, transition_args(i))[1]
+end
+return changed

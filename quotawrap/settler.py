@@ -6,7 +6,8 @@ settle is queued here and a daemon thread lands the queue in one ledger call
 
 Sound while pending: a queued settle has not touched its hold, so the ledger still counts the whole
 hold in flight and a later reserve sees at least the truth. Nothing is lost: the queue is flushed at
-interpreter exit (atexit, which also runs after Ctrl-C), before ``fork()`` in the parent (the child
+interpreter exit (atexit, which also runs after Ctrl-C; in a multiprocessing child started by fork,
+which ends with ``os._exit()``, its exit finalizers), before ``fork()`` in the parent (the child
 starts empty), and on demand (:meth:`Settler.flush`). A process killed before its queue lands leaves
 those holds open, and the wrapper's ``resolve_run`` (or reclaim) charges them whole, as unresolved.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 import weakref
@@ -122,13 +124,39 @@ def flush_all(timeout: float = EXIT_FLUSH_S) -> None:
             settler.flush(timeout)
 
 
+class _ForkToken:
+    """What multiprocessing's after-fork registry holds a weak reference to (it needs an object)."""
+
+
+_FORK_TOKEN = _ForkToken()
+
+
+def _flush_at_mp_exit(_token: object) -> None:
+    # A multiprocessing child started by fork ends with os._exit(): atexit never runs there, its
+    # own finalizers do. Registered after its after-fork step, which clears the finalizers first.
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, flush_all, exitpriority=10)
+
+
 def _fresh_in_child() -> None:
     global _start_lock
     _start_lock = threading.Lock()
     for settler in list(_settlers):
         settler._after_fork_in_child()
+    _watch_multiprocessing(now=False)
+
+
+def _watch_multiprocessing(*, now: bool) -> None:
+    """Flush at a multiprocessing child's exit: ``now`` (this process may be one), and in each forked later."""
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        if now:
+            _flush_at_mp_exit(_FORK_TOKEN)
+        mp_util.register_after_fork(_FORK_TOKEN, _flush_at_mp_exit)
 
 
 atexit.register(flush_all)
+_watch_multiprocessing(now=True)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=flush_all, after_in_child=_fresh_in_child)

@@ -134,3 +134,30 @@ def test_fork_lands_the_parents_queue_and_starts_the_child_empty(tmp_path: Path)
     assert os.waitstatus_to_exitcode(status) == 0
     assert rc(ledger) == Counters(50 * 100 + 7, 0)
     ledger.close()
+
+
+_KEEP: list[Settler] = []
+
+
+def _queue_and_return(url: str) -> None:
+    """A multiprocessing target: three settles queued, none landed, then the child ends (os._exit)."""
+    ledger = open_ledger(url)
+    settler = Settler(lambda: ledger)
+    _KEEP.append(settler)  # as a guard keeps its settler for the process's life
+    holds = [ledger.reserve(request(400), limits(run_cap=10**9)).hold_id for _ in range(3)]
+    # Test-only: queued without waking the thread, so only the exit flush can land them.
+    settler._queue.extend((Settle(hold_id, "settle", usage(100), 0.01, 0), None) for hold_id in holds)
+
+
+def test_a_multiprocessing_fork_child_lands_its_queue_at_exit(tmp_path: Path) -> None:
+    """A fork-started multiprocessing child ends with os._exit (no atexit): its queued settles still land."""
+    import multiprocessing
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    process = multiprocessing.get_context("fork").Process(target=_queue_and_return, args=(url,))
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    ledger = open_ledger(url)
+    assert rc(ledger) == Counters(300, 0)
+    ledger.close()

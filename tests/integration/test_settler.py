@@ -60,3 +60,32 @@ def test_sigkill_with_queued_settles_charges_their_holds(sim: ArkSimulator, stor
     assert (state, count) == ("unresolved", CALLS)
     assert charged == reserved
     assert isinstance(charged, int) and charged >= sim.billed_total() > 0
+
+
+def test_ctrl_c_lands_every_queued_settle(sim: ArkSimulator, store: str) -> None:
+    """SIGINT (KeyboardInterrupt) while six settles are queued: the exit flush still lands them exactly."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "quotawrap",
+            "--store",
+            store,
+            "--base-url",
+            sim.url,
+            "--",
+            *child("queued_settles.py", "wait"),
+        ],
+        env={**os.environ, "SIM_URL": sim.url, "CALLS": str(CALLS)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("QUEUED"), proc.stderr.read() if proc.stderr else line
+    os.kill(int(line.split()[1]), signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert "KeyboardInterrupt" in stderr
+    states = ledger_rows(store, "SELECT state, COUNT(*), SUM(charged) FROM calls GROUP BY state")
+    assert states == [("settled", CALLS, sim.billed_total())]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
-from .ledger.base import CallRecord
+from .ledger.base import CallRecord, DayAggregate
 from .prices import format_cny
 from .quota import BEIJING
 
@@ -48,7 +48,7 @@ _SUMS = (
 )
 
 
-def _group_key(record: CallRecord, by: str) -> str:
+def _group_key(record: CallRecord | DayAggregate, by: str) -> str:
     if by == "model":
         return record.model
     if by == "session":
@@ -60,12 +60,16 @@ def _group_key(record: CallRecord, by: str) -> str:
     raise ConfigError(f"--by {by!r}: use one of {', '.join(GROUPINGS)}")
 
 
-def aggregate(records: Iterable[CallRecord], by: str = "model") -> list[dict[str, Any]]:
-    """Totals per group, sorted by settled tokens (largest first)."""
+def aggregate(records: Iterable[CallRecord | DayAggregate], by: str = "model") -> list[dict[str, Any]]:
+    """Totals per group, sorted by settled tokens (largest first); a pruned day's aggregate adds its sums."""
     groups: dict[str, dict[str, Any]] = {}
     for record in records:
         key = _group_key(record, by)
         row = groups.setdefault(key, {"key": key, **dict.fromkeys(_SUMS, 0)})
+        if isinstance(record, DayAggregate):
+            for name in _SUMS:
+                row[name] += getattr(record, name)
+            continue
         if record.state == "blocked":
             row["blocked_calls"] += 1
             continue

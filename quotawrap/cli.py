@@ -173,6 +173,7 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
             sync_loop.stop()
     with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
         ledger.end_run(run_id, result.exit_code, time.time())
+    _auto_prune(ledger, settings)
     report = run_report(
         result.totals,
         settings=settings,
@@ -244,6 +245,20 @@ def serve_command(host: str, port: int, **values: Any) -> None:
         _fail(str(exc), EXIT_USAGE)
     except OSError as exc:
         _fail(f"serve: cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE)
+
+
+def _auto_prune(ledger: Any, settings: Settings) -> None:
+    """The ledger's retention bound, at a run's end and at most once a day (``--retention``)."""
+    from ._log import warn
+    from .retention import auto_prune, describe
+
+    try:
+        result = auto_prune(ledger, settings.retention, time.time())
+    except QuotawrapError as exc:  # the run is over and guarded; a prune that failed waits for the next day
+        warn(f"automatic prune failed ({exc}); run `quotawrap prune --older-than {settings.retention}`")
+        return
+    if result is not None and result.calls and not settings.quiet:
+        warn(f"retention {settings.retention}: {describe(result)}")
 
 
 @cli.command("simulate")
@@ -341,6 +356,7 @@ def report_command(
 ) -> None:
     """Who spent what: guarded calls grouped by model, session, day or any tag."""
     from .audit import aggregate, read_jsonl, render_csv, render_table
+    from .report import ledger_rows
 
     start, end = _time_bound(since), _time_bound(until)
     try:
@@ -353,8 +369,9 @@ def report_command(
                 and (session is None or r.run_id == session)
             ]
         else:
-            records = _open(_settings(values)).call_records(since=start, until=end, run_id=session)
-        rows = aggregate(records, by)
+            rows = ledger_rows(_open(_settings(values)), by, since=start, until=end, session=session)
+        if audit_path:
+            rows = aggregate(records, by)
     except QuotawrapError as exc:
         _fail(str(exc), EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_STORE)
     if fmt == "json":
@@ -591,10 +608,34 @@ def consume_command(
     sys.exit(code)
 
 
+@cli.command("prune")
+@settings_options(["store"])
+@click.option("--older-than", required=True, metavar="DURATION", help="Prune whole days older than this: 90d, 12h.")
+@click.option("--dry-run", is_flag=True, help="Say what would be pruned and change nothing.")
+def prune_command(older_than: str, dry_run: bool, **values: Any) -> None:
+    """Fold calls older than DURATION into daily aggregates and delete them (reports stay right)."""
+    from .retention import cutoff_day, describe, parse_duration
+
+    try:
+        seconds = parse_duration(older_than)
+    except ConfigError as exc:
+        _fail(f"--older-than: {exc}", EXIT_USAGE)
+    if seconds is None:
+        _fail("--older-than: give a duration such as 90d or 12h ('off' is for --retention)", EXIT_USAGE)
+    ledger = _open(_settings(values))
+    try:
+        result = ledger.prune(cutoff_day(time.time(), seconds), dry_run=dry_run)
+    except QuotawrapError as exc:
+        _fail(f"{exc}; nothing of the day being pruned was lost (one day is one transaction)", EXIT_STORE)
+    click.echo(describe(result))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         config = load_config_file()
-        default_map = {name: config for name in ("run", "serve", "status", "sync", "report", "sessions", "consume")}
+        default_map = {
+            name: config for name in ("run", "serve", "status", "sync", "report", "sessions", "consume", "prune")
+        }
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE)
     cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)

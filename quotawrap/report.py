@@ -9,11 +9,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .ledger import ModelTotals, RunTotals
+from .ledger import Ledger, ModelTotals, RunTotals
+from .ledger.base import CallRecord, DayAggregate
 from .prices import format_cny
+from .quota import DAY_S, beijing_day, beijing_day_start
 from .settings import Settings
 
-__all__ = ["append_step_summary", "format_summary", "read_unguarded", "run_report", "write_json"]
+__all__ = [
+    "append_step_summary",
+    "day_range",
+    "format_summary",
+    "ledger_rows",
+    "read_unguarded",
+    "run_report",
+    "write_json",
+]
 
 _COLUMNS = (
     ("calls", "calls"),
@@ -161,3 +171,29 @@ def write_json(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
     tmp = target.with_name(target.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, target)
+
+
+def day_range(since: float | None, until: float | None) -> tuple[str | None, str | None]:
+    """The pruned days a report over [since, until) counts: those that *start* in the range, so that
+    adjacent ranges count every pruned day exactly once (a pruned day is kept whole, not by the hour)."""
+
+    def first_day_from(ts: float | None) -> str | None:
+        if ts is None:
+            return None
+        start = beijing_day_start(ts)
+        return beijing_day(start if start >= ts else start + DAY_S)
+
+    return first_day_from(since), first_day_from(until)
+
+
+def ledger_rows(
+    ledger: Ledger, by: str, *, since: float | None = None, until: float | None = None, session: str | None = None
+) -> list[dict[str, Any]]:
+    """``quotawrap report``'s rows: the calls still kept, plus the daily aggregates of pruned days."""
+    from .audit import aggregate
+
+    found: list[CallRecord | DayAggregate] = [*ledger.call_records(since=since, until=until, run_id=session)]
+    if session is None:  # aggregates keep no session: a session filter sees only kept calls
+        since_day, until_day = day_range(since, until)
+        found += ledger.aggregates(since_day=since_day, until_day=until_day)
+    return aggregate(found, by)

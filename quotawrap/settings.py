@@ -181,6 +181,14 @@ OPTIONS: tuple[Option, ...] = (
         "Stop any Python process of the run that starts without quotawrap's hook (it is reported either way).",
         child=False,
     ),
+    Option(
+        "retention",
+        str,
+        "90d",
+        "Keep calls this long (90d, 12h; 'off': never prune); older days are folded into daily aggregates"
+        " at a run's end, at most once a day.",
+        child=False,
+    ),
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),
     Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
@@ -228,6 +236,7 @@ class Settings:
     drain_timeout: float = 30.0
     allow_unguarded: bool = False
     strict: bool = False
+    retention: str = "90d"
     report_json: str | None = None
     fail_on_block: bool = False
     quiet: bool = False

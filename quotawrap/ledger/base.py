@@ -23,11 +23,13 @@ from .scopes import model_day_key, run_cost_key, run_key
 __all__ = [
     "CallRecord",
     "CallState",
+    "DayAggregate",
     "Decision",
     "HoldRequest",
     "Ledger",
     "LimitsFor",
     "ModelTotals",
+    "PruneResult",
     "RunRecord",
     "RunTotals",
     "Settle",
@@ -164,6 +166,45 @@ class CallRecord:
 
 
 @dataclass(frozen=True)
+class DayAggregate:
+    """What ``prune`` keeps of one (day, model, tags) group of calls it deleted: the sums a report shows."""
+
+    day: str
+    model: str
+    tags: Mapping[str, str]
+    calls: int = 0
+    blocked_calls: int = 0
+    settled_tokens: int = 0
+    cost_micro_cny: int = 0
+    unresolved_calls: int = 0
+    overshoot_calls: int = 0
+    released_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def run_id(self) -> str:
+        return "(pruned)"  # sessions are not kept per day: `report --by session` groups pruned days here
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What ``prune`` deleted (or, dry, would delete); ``note`` says why a store had nothing to do."""
+
+    before_day: str
+    calls: int = 0
+    days: tuple[str, ...] = ()
+    aggregate_rows: int = 0
+    runs: int = 0
+    series_rows: int = 0
+    sync_rows: int = 0
+    dry_run: bool = False
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class RunRecord:
     run_id: str
     started_at: float
@@ -241,5 +282,16 @@ class Ledger(Protocol):
     def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool: ...
 
     def release_lease(self, name: str, holder: str) -> None: ...
+
+    # -- retention (issue 10 item 5)
+
+    def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
+        """Fold the finished calls of every day before ``before_day`` into daily aggregates and delete
+        them (with those days' usage series, sync history, and the runs left without calls)."""
+        ...
+
+    def aggregates(self, *, since_day: str | None = None, until_day: str | None = None) -> list[DayAggregate]:
+        """The aggregates of pruned days in [since_day, until_day)."""
+        ...
 
     def close(self) -> None: ...

@@ -24,10 +24,12 @@ from ..quota import Counters, Package, Snapshot, verdict
 from ..usage import Usage
 from .base import (
     CallRecord,
+    DayAggregate,
     Decision,
     HoldRequest,
     LimitsFor,
     ModelTotals,
+    PruneResult,
     RunRecord,
     RunTotals,
     Settle,
@@ -544,6 +546,21 @@ class SQLiteLedger:
                 .fetchall()
             )
         return [RunRecord(r[0], r[1], r[2], r[3] or "", json.loads(r[4]) if r[4] else {}, r[5]) for r in rows]
+
+    def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
+        from datetime import datetime
+
+        from ..quota import BEIJING
+        from .retention import prune_sqlite
+
+        before_ts = datetime.fromisoformat(before_day).replace(tzinfo=BEIJING).timestamp()
+        return prune_sqlite(self, before_day, before_ts, dry_run=dry_run)
+
+    def aggregates(self, *, since_day: str | None = None, until_day: str | None = None) -> list[DayAggregate]:
+        from .retention import read_aggregates
+
+        with self._errors("read"):
+            return read_aggregates(self._conn(), since_day, until_day)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -26,9 +26,21 @@ __all__ = [
     "retry_locked",
 ]
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 
-_SCHEMA = """
+_AGGREGATES = """CREATE TABLE IF NOT EXISTS call_aggregates (
+    day TEXT NOT NULL, model TEXT NOT NULL, tags TEXT NOT NULL,
+    calls INTEGER NOT NULL DEFAULT 0, blocked_calls INTEGER NOT NULL DEFAULT 0,
+    settled_tokens INTEGER NOT NULL DEFAULT 0, cost_micro_cny INTEGER NOT NULL DEFAULT 0,
+    unresolved_calls INTEGER NOT NULL DEFAULT 0, overshoot_calls INTEGER NOT NULL DEFAULT 0,
+    released_calls INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0, reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+    cached_tokens INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (day, model, tags)
+)"""  # what `prune` keeps of the calls of a day it deletes (ledger/retention.py)
+
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (
     key TEXT PRIMARY KEY, settled INTEGER NOT NULL DEFAULT 0, in_flight INTEGER NOT NULL DEFAULT 0
@@ -80,6 +92,9 @@ CREATE TABLE IF NOT EXISTS usage_series (
     PRIMARY KEY (model, day, minute)
 );
 """
+    + _AGGREGATES
+    + ";\n"
+)
 
 
 # schema version -> the statements that bring it to the next one
@@ -89,6 +104,7 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
         "ALTER TABLE calls ADD COLUMN charged_cost INTEGER NOT NULL DEFAULT 0",
         "UPDATE meta SET value = '2' WHERE key = 'schema'",
     ),
+    "2": (_AGGREGATES, "UPDATE meta SET value = '3' WHERE key = 'schema'"),
 }
 
 

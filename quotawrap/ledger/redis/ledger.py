@@ -34,10 +34,12 @@ from ...quota import BEIJING, Counters, Limit, Package, Snapshot, Verdict
 from ...usage import Usage
 from ..base import (
     CallRecord,
+    DayAggregate,
     Decision,
     HoldRequest,
     LimitsFor,
     ModelTotals,
+    PruneResult,
     RunRecord,
     RunTotals,
     Settle,
@@ -636,6 +638,18 @@ class RedisLedger:
     def release_lease(self, name: str, holder: str) -> None:
         client = self._redis()
         client.retrying("lease", lambda: client.script("unlease", [self._keys.lease(name)], [holder]))
+
+    # Redis bounds itself, so prune has nothing to fold or delete (docs/redis.md, "Memory").
+    REDIS_PRUNE_NOTE = (
+        "nothing to prune on Redis: model-day keys (counters, series, sync history, the audit stream capped at"
+        " audit_max) expire 2 days after their day and run keys after run_ttl_s, so the store is already bounded"
+    )
+
+    def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
+        return PruneResult(before_day, dry_run=dry_run, note=self.REDIS_PRUNE_NOTE)
+
+    def aggregates(self, *, since_day: str | None = None, until_day: str | None = None) -> list[DayAggregate]:
+        return []  # what Redis expired is gone, not aggregated: long reports belong to a SQLite ledger
 
     def close(self) -> None:
         self._epoch = None

@@ -1,0 +1,65 @@
+"""Ledger retention: the ``--older-than`` durations, the cutoff day, and the automatic daily prune.
+
+Days are pruned whole: a day goes once it has entirely ended more than the duration ago (Beijing
+days, like the caps), so a report's day is either all calls or all aggregate, never half of each.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from . import quota
+from ._errors import ConfigError, QuotawrapError
+from .ledger.base import Ledger, PruneResult
+
+__all__ = ["AUTO_LEASE", "auto_prune", "cutoff_day", "describe", "parse_duration"]
+
+AUTO_LEASE = "prune:auto"  # taken for a day and never released: the automatic prune runs at most daily
+_UNITS = {"d": 86_400, "h": 3_600}
+_DURATION = re.compile(r"(\d+)\s*([dh])")
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of ``90d`` / ``12h``; None for ``off``. A ConfigError names the accepted forms."""
+    value = text.strip().lower()
+    if value in ("off", "never", "0"):
+        return None
+    match = _DURATION.fullmatch(value)
+    if not match or int(match[1]) == 0:
+        raise ConfigError(f"duration {text!r}: use a number of days or hours, e.g. 90d or 12h (or 'off')")
+    return float(int(match[1]) * _UNITS[match[2]])
+
+
+def cutoff_day(now: float, older_than_s: float) -> str:
+    """The first day kept: every day before it ended at least ``older_than_s`` ago."""
+    return quota.beijing_day(now - older_than_s)
+
+
+def describe(result: PruneResult) -> str:
+    """One line for the CLI."""
+    if result.note:
+        return result.note
+    verb = "would prune" if result.dry_run else "pruned"
+    if not result.days and not result.runs:
+        return f"nothing to prune before {result.before_day}"
+    span = f"{result.days[0]} .. {result.days[-1]}" if result.days else "no day"
+    return (
+        f"{verb} {result.calls:,} call(s) on {len(result.days)} day(s) ({span}) into {result.aggregate_rows:,}"
+        f" daily aggregate row(s), {result.runs:,} finished run(s), {result.series_rows:,} usage-series and"
+        f" {result.sync_rows:,} sync-history row(s); kept everything from {result.before_day}"
+    )
+
+
+def auto_prune(ledger: Ledger, retention: str, now: float) -> PruneResult | None:
+    """Prune by the ``retention`` setting unless some process did so in the last 24 h (any host of
+    the store: the lease lives in the ledger). None when off or already done."""
+    older_than = parse_duration(retention)
+    if older_than is None:
+        return None
+    try:
+        if not ledger.try_lease(AUTO_LEASE, uuid.uuid4().hex, quota.DAY_S, now):
+            return None
+    except QuotawrapError:
+        return None  # a bound that can wait a day must never fail the run it follows
+    return ledger.prune(cutoff_day(now, older_than))

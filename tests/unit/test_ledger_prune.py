@@ -1,0 +1,236 @@
+"""Ledger retention (issue 10 item 5): `prune` folds old calls into daily aggregates and deletes them,
+reports over pruned days give the same totals, old ledgers migrate, and concurrent prunes count once."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from quotawrap._errors import ConfigError
+from quotawrap.ledger import HoldRequest
+from quotawrap.ledger.sqlite import SCHEMA_VERSION, SQLiteLedger
+from quotawrap.quota import BEIJING, Limit
+from quotawrap.report import day_range, ledger_rows
+from quotawrap.retention import AUTO_LEASE, auto_prune, cutoff_day, parse_duration
+from quotawrap.usage import Usage
+
+MODELS = ("doubao-seed-1-6-250615", "deepseek-v4-flash")
+GROUPINGS = ("day", "model", "tag:user", "session")
+
+
+def _at(day: str, hour: int = 12) -> float:
+    return datetime.fromisoformat(f"{day}T{hour:02d}:00").replace(tzinfo=BEIJING).timestamp()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _refuse(_snapshot: object) -> list[Limit]:
+    return [Limit("daily_cap", "model_day", 0)]
+
+
+def _no_limits(_snapshot: object) -> list[Limit]:
+    return []
+
+
+def _seed(ledger: SQLiteLedger, clock: _Clock, days: list[str], *, calls_per_day: int = 6) -> list[str]:
+    """Calls of every outcome on each day, two models, two users; returns the ids of holds left open."""
+    open_holds = []
+    for d, day in enumerate(days):
+        for n in range(calls_per_day):
+            clock.now = _at(day, 1 + n)
+            model = MODELS[n % 2]
+            request = HoldRequest(
+                run_id=f"run-{d}-{n % 3}",
+                model=model,
+                day=day,
+                reserve=1000 + n,
+                endpoint="chat",
+                pid=os.getpid(),
+                host="test-host",
+                expires_at=clock.now + 10**9,
+                tags={"user": f"u{n % 2}", "team": "a"} if n % 2 else {"team": "a", "user": "u0"},
+            )
+            kind = n % 6
+            decision = ledger.reserve(request, _refuse if kind == 5 else _no_limits)
+            if kind == 0:
+                ledger.settle(
+                    decision.hold_id, Usage(300 + d, 50, 350 + d, reasoning_tokens=7, cached_tokens=5), cost=900
+                )
+            elif kind == 1:
+                ledger.settle(decision.hold_id, Usage(5000, 100, 5100), cost=1234)  # overshoot
+            elif kind == 2:
+                ledger.release(decision.hold_id)
+            elif kind == 3:
+                ledger.settle(decision.hold_id, None)  # unresolved, charged at the hold
+            elif kind == 4:
+                open_holds.append(decision.hold_id)
+        for run in range(3):
+            ledger.start_run(_run(f"run-{d}-{run}", _at(day, 0)))
+            ledger.end_run(f"run-{d}-{run}", 0, _at(day, 23))
+    return open_holds
+
+
+def _run(run_id: str, started_at: float) -> object:
+    from quotawrap.ledger.base import RunRecord
+
+    return RunRecord(run_id, started_at)
+
+
+@pytest.fixture
+def seeded(tmp_path: Path) -> tuple[SQLiteLedger, _Clock, list[str]]:
+    clock = _Clock()
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3", clock=clock)
+    days = ["2026-01-01", "2026-01-02", "2026-02-10", "2026-05-01"]
+    return ledger, clock, _seed(ledger, clock, days)
+
+
+def test_reports_are_the_same_before_and_after_pruning(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+    """Every grouping but session gives identical rows after pruning; session totals move to `(pruned)`."""
+    ledger, _, _ = seeded
+    before = {by: ledger_rows(ledger, by) for by in GROUPINGS}
+    pruned_tokens = sum(r.charged for r in ledger.call_records() if r.day < "2026-03-01" and r.state != "held")
+    result = ledger.prune("2026-03-01")
+    assert result.days == ("2026-01-01", "2026-01-02", "2026-02-10")
+    assert result.calls == 15  # 3 days x 6 calls, less the one open hold a day
+    after = {by: ledger_rows(ledger, by) for by in GROUPINGS}
+    for by in ("day", "model", "tag:user"):
+        assert after[by] == before[by], by
+    sessions = {row["key"]: row for row in after["session"]}
+    assert sessions["(pruned)"]["settled_tokens"] == pruned_tokens > 0
+    assert sum(row["settled_tokens"] for row in after["session"]) == sum(
+        row["settled_tokens"] for row in before["session"]
+    )
+    assert {r.day for r in ledger.call_records()} == {"2026-01-01", "2026-01-02", "2026-02-10", "2026-05-01"}
+    assert all(r.state == "held" for r in ledger.call_records() if r.day < "2026-03-01")
+
+
+def test_report_ranges_over_pruned_days(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+    """A --since/--until report over pruned days counts each whole day in exactly one of two adjacent ranges."""
+    ledger, _, _ = seeded
+    cut = _at("2026-01-02", 0)
+    before = [ledger_rows(ledger, "day", since=None, until=cut), ledger_rows(ledger, "day", since=cut)]
+    ledger.prune("2026-03-01")
+    after = [ledger_rows(ledger, "day", since=None, until=cut), ledger_rows(ledger, "day", since=cut)]
+    assert after == before
+    assert [row["key"] for row in after[0]] == ["2026-01-01"]
+
+
+def test_prune_again_adds_calls_that_finished_since(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+    """An open hold is never pruned; settled later and pruned again, it adds to its day's aggregate."""
+    ledger, _, open_holds = seeded
+    ledger.prune("2026-03-01")
+    for hold_id in open_holds:
+        ledger.settle(hold_id, Usage(10, 10, 20))
+    before = ledger_rows(ledger, "model")
+    assert ledger.prune("2026-03-01").calls == 3
+    assert ledger_rows(ledger, "model") == before
+    assert not [r for r in ledger.call_records() if r.day < "2026-03-01"]
+
+
+def test_dry_run_changes_nothing(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+    """--dry-run counts what would go and leaves calls, runs and aggregates as they were."""
+    ledger, _, _ = seeded
+    records = ledger.call_records()
+    dry = ledger.prune("2026-03-01", dry_run=True)
+    assert (dry.calls, dry.dry_run, len(dry.days)) == (15, True, 3)
+    assert ledger.call_records() == records
+    assert ledger.aggregates() == []
+    real = ledger.prune("2026-03-01")
+    assert (real.calls, real.aggregate_rows, real.series_rows) == (dry.calls, dry.aggregate_rows, dry.series_rows)
+
+
+def test_runs_without_calls_are_pruned_with_their_counters(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+    """A finished run of a pruned day goes with its run counters, a run that still owns an open hold stays."""
+    ledger, _, _ = seeded
+    result = ledger.prune("2026-03-01")
+    kept = {run.run_id for run in ledger.runs()}
+    assert "run-0-1" in kept  # owns the day's open hold (call 4)
+    assert "run-0-0" not in kept and "run-3-0" in kept
+    assert result.runs == 6
+    assert ledger.counters(["run:run-0-0"])["run:run-0-0"].settled == 0
+    assert ledger.usage_series(MODELS[0], "2026-01-01") == []
+    assert ledger.usage_series(MODELS[0], "2026-05-01") != []
+
+
+def test_concurrent_prunes_count_every_call_once(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+    """Four threads (each its own connection) prune at once: the aggregates hold each call exactly once."""
+    ledger, _, _ = seeded
+    before = ledger_rows(ledger, "day")
+    results = []
+    barrier = threading.Barrier(4)
+
+    def prune() -> None:
+        barrier.wait()
+        results.append(ledger.prune("2026-03-01"))
+
+    threads = [threading.Thread(target=prune) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(result.calls for result in results) == 15
+    assert ledger_rows(ledger, "day") == before
+
+
+def test_version_2_ledger_is_migrated(tmp_path: Path) -> None:
+    """A ledger of schema 2 (before aggregates) opens as the current schema with its calls intact and prunes."""
+    path = tmp_path / "old.sqlite3"
+    clock = _Clock()
+    ledger = SQLiteLedger(path, clock=clock)
+    _seed(ledger, clock, ["2026-01-01"])
+    ledger.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE call_aggregates")
+    conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
+    conn.commit()
+    conn.close()
+    reopened = SQLiteLedger(path)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == SCHEMA_VERSION == "3"
+    conn.close()
+    before = ledger_rows(reopened, "model")
+    assert reopened.prune("2026-02-01").calls == 5
+    assert ledger_rows(reopened, "model") == before
+
+
+def test_auto_prune_runs_at_most_once_a_day(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+    """The automatic bound prunes by the retention setting, then not again within 24 hours, on any process."""
+    ledger, _, _ = seeded
+    now = _at("2026-05-01", 12)
+    assert auto_prune(ledger, "off", now) is None
+    first = auto_prune(ledger, "30d", now)
+    assert first is not None and first.days == ("2026-01-01", "2026-01-02", "2026-02-10")
+    assert auto_prune(ledger, "30d", now + 3600) is None
+    assert not ledger.try_lease(AUTO_LEASE, "someone", 60, now + 3600)
+    later = auto_prune(ledger, "30d", now + 25 * 3600)
+    assert later is not None and later.days == ()
+
+
+def test_durations_and_cutoff() -> None:
+    """90d / 12h parse to seconds, garbage is a ConfigError, and the cutoff is the Beijing day of now - duration."""
+    assert parse_duration("90d") == 90 * 86_400
+    assert parse_duration("12h") == 12 * 3_600
+    assert parse_duration("off") is None
+    for bad in ("90", "1w", "-3d", "0d", "d"):
+        with pytest.raises(ConfigError, match="90d or 12h"):
+            parse_duration(bad)
+    assert cutoff_day(_at("2026-05-01", 10), 12 * 3600) == "2026-04-30"
+    assert cutoff_day(_at("2026-05-01", 13), 12 * 3600) == "2026-05-01"
+
+
+def test_day_range_counts_days_that_start_in_the_range() -> None:
+    """A bound at midnight starts its day; a bound inside a day starts from the next one."""
+    assert day_range(_at("2026-01-02", 0), _at("2026-01-05", 0)) == ("2026-01-02", "2026-01-05")
+    assert day_range(_at("2026-01-02", 5), None) == ("2026-01-03", None)
+    assert day_range(None, None) == (None, None)

@@ -622,6 +622,7 @@ def prune_command(older_than: str, dry_run: bool, **values: Any) -> None:
         _fail(f"--older-than: {exc}", EXIT_USAGE)
     if seconds is None:
         _fail("--older-than: give a duration such as 90d or 12h ('off' is for --retention)", EXIT_USAGE)
+        return
     ledger = _open(_settings(values))
     try:
         result = ledger.prune(cutoff_day(time.time(), seconds), dry_run=dry_run)

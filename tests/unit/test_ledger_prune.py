@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -234,3 +235,25 @@ def test_day_range_counts_days_that_start_in_the_range() -> None:
     assert day_range(_at("2026-01-02", 0), _at("2026-01-05", 0)) == ("2026-01-02", "2026-01-05")
     assert day_range(_at("2026-01-02", 5), None) == ("2026-01-03", None)
     assert day_range(None, None) == (None, None)
+
+
+@pytest.mark.redis
+def test_redis_prune_explains_why_nothing_is_needed() -> None:
+    """On Redis, prune deletes nothing and says in one line what already bounds the store (key TTLs,
+    the capped audit stream); a held call is untouched and there are no aggregates to read."""
+    from quotawrap.ledger import open_ledger
+    from tests.redis_server import flushed, session_url
+
+    with session_url() as url:
+        ledger = open_ledger(flushed(url))
+        try:
+            request = HoldRequest("run-r", MODELS[0], "2026-01-01", 10, "chat", os.getpid(), "h", time.time() + 60)
+            decision = ledger.reserve(request, _no_limits)
+            result = ledger.prune("2026-03-01")
+            assert result.note is not None and "\n" not in result.note
+            assert "expire" in result.note and "audit_max" in result.note
+            assert (result.calls, result.days) == (0, ())
+            assert [r.id for r in ledger.call_records(run_id="run-r")] == [decision.hold_id]
+            assert ledger.aggregates() == []
+        finally:
+            ledger.close()

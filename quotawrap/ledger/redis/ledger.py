@@ -639,14 +639,9 @@ class RedisLedger:
         client = self._redis()
         client.retrying("lease", lambda: client.script("unlease", [self._keys.lease(name)], [holder]))
 
-    # Redis bounds itself, so prune has nothing to fold or delete (docs/redis.md, "Memory").
-    REDIS_PRUNE_NOTE = (
-        "nothing to prune on Redis: model-day keys (counters, series, sync history, the audit stream capped at"
-        " audit_max) expire 2 days after their day and run keys after run_ttl_s, so the store is already bounded"
-    )
-
     def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
-        return PruneResult(before_day, dry_run=dry_run, note=self.REDIS_PRUNE_NOTE)
+        """Redis bounds itself (docs/redis.md, "Memory"): nothing to fold or delete, and the note says why."""
+        return PruneResult(before_day, dry_run=dry_run, note=records.PRUNE_NOTE)
 
     def aggregates(self, *, since_day: str | None = None, until_day: str | None = None) -> list[DayAggregate]:
         return []  # what Redis expired is gone, not aggregated: long reports belong to a SQLite ledger

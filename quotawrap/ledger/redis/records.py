@@ -15,6 +15,7 @@ from ...quota import Package, Snapshot
 from ..base import CallRecord, CallState, RunRecord
 
 __all__ = [
+    "PRUNE_NOTE",
     "Location",
     "call_record",
     "decode_packages",
@@ -185,3 +186,9 @@ def encode_packages(packages: Sequence[Package], synced_at: float) -> str:
 
 def decode_packages(model: str, text: str) -> list[Package]:
     return [Package(model, int(available), float(expires)) for available, expires in json.loads(text)["packages"]]
+
+
+PRUNE_NOTE = (
+    "nothing to prune on Redis: model-day keys (counters, series, sync history, the audit stream capped at"
+    " audit_max) expire 2 days after their day and run keys after run_ttl_s, so the store is already bounded"
+)

@@ -170,6 +170,31 @@ def step_summary_markdown(report: Mapping[str, Any]) -> str:
             f" | {format_cny(model.get('settled_cost', 0))} | {model['overshoot_calls']:,}"
             f" | {model['unresolved_calls']:,} |"
         )
+    lines += _went_around_markdown(totals)
     when = datetime.now(BEIJING).strftime("%Y-%m-%d %H:%M Beijing")
     lines += ["", f"<sub>{when} · exit code {report['exit_code']} · mode {report['mode']}</sub>", ""]
     return "\n".join(lines)
+
+
+def _went_around_markdown(totals: Mapping[str, Any]) -> list[str]:
+    """What the totals above cannot include: a CI page must say so as loudly as the terminal summary does."""
+    items = [
+        f"- **UNGUARDED PROCESS** pid {process['pid']} (`{process['command']}`) ran without quotawrap's hook"
+        f" ({process['reason']}): "
+        + ("stopped by --strict" if process.get("stopped") else "its calls were **not** guarded")
+        for process in totals.get("unguarded_processes", ())
+    ]
+    if totals.get("unguarded_connections"):
+        items.append(
+            f"- **{totals['unguarded_connections']} connection(s) went out UNGUARDED** (--allow-unguarded):"
+            " their calls are not in these totals"
+        )
+    if totals.get("refused_connections"):
+        items.append(
+            f"- {totals['refused_connections']} connection(s) made outside every guarded HTTP client were refused"
+        )
+    if totals.get("unguarded_calls"):
+        items.append(
+            f"- **{totals['unguarded_calls']} call(s) went out UNGUARDED** while the store was down (--fail-open)"
+        )
+    return ["", "**Not everything went through the guard:**", *items] if items else []

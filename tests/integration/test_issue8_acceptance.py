@@ -3,7 +3,7 @@
 The real `quotawrap` CLI runs children/acceptance.py against the bundled simulator. What the issue's other checks
 ask is proven elsewhere: `quotawrap -- opentelemetry-instrument python app.py` in
 test_every_stack.py::TestOpenTelemetry, a child without PYTHONPATH named by pid and command (and stopped by
---strict) in test_every_stack.py::TestProcessesWithoutTheHook, the step summary saying so in test_audit_and_ci.py.
+--strict) in test_every_stack.py::TestProcessesWithoutTheHook. Below, the GitHub step summary says so too.
 """
 
 from __future__ import annotations
@@ -91,3 +91,40 @@ class TestOneAgentUnderACap:
         (headline,) = [line for line in run["stderr"].splitlines() if line.startswith("quotawrap: session")]
         assert f"{totals['calls']} guarded call(s)" in headline
         assert totals["unguarded_processes"] == [] and totals["unguarded_connections"] == 0
+
+
+class TestStepSummarySaysWhatWentAround:
+    def _summary(self, sim: ArkSimulator, store: str, tmp_path: Path, args: list[str], *mode: str) -> str:
+        summary = tmp_path / "summary.md"
+        result = run_quotawrap(
+            ["--store", store, "--base-url", sim.url, *args],
+            child("around.py", *mode),
+            env={"SIM_URL": sim.url, "GITHUB_STEP_SUMMARY": str(summary)},
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout + "\n" + summary.read_text()
+
+    def test_an_unguarded_process_is_named_on_the_ci_page(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """A grandchild with a cleared environment: the step summary names its pid and command, as stderr does."""
+        text = self._summary(sim, store, tmp_path, [], "bare-env", "0.5")
+        pid = int(text.split("GRANDCHILD")[1].split()[0])
+        assert "**Not everything went through the guard:**" in text
+        assert f"**UNGUARDED PROCESS** pid {pid} (`" in text and "its calls were **not** guarded" in text
+
+    def test_an_unguarded_connection_is_counted_on_the_ci_page(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """--allow-unguarded lets a raw socket through: the step summary says a connection went out UNGUARDED."""
+        text = self._summary(sim, store, tmp_path, ["--allow-unguarded"], "raw-socket")
+        assert "**1 connection(s) went out UNGUARDED** (--allow-unguarded)" in text
+
+    def test_a_clean_run_says_nothing_of_the_kind(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """Control: a run where everything was guarded has no such section."""
+        summary = tmp_path / "summary.md"
+        result = run_quotawrap(
+            ["--store", store, "--base-url", sim.url],
+            child("one_call.py"),
+            env={"SIM_URL": sim.url, "GITHUB_STEP_SUMMARY": str(summary)},
+        )
+        assert result.returncode == 0, result.stderr
+        assert "guarded call(s)" in summary.read_text() and "Not everything" not in summary.read_text()

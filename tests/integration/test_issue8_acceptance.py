@@ -2,7 +2,7 @@
 
 The real `quotawrap` CLI runs children/acceptance.py against the bundled simulator. What the issue's other checks
 ask is proven elsewhere: `quotawrap -- opentelemetry-instrument python app.py` in
-test_every_stack.py::TestOpenTelemetry, a child without PYTHONPATH named by pid and command (and stopped by
+test_every_stack.py::TestOpenTelemetryInstrument, a child without PYTHONPATH named by pid and command (and stopped by
 --strict) in test_every_stack.py::TestProcessesWithoutTheHook. Below, the GitHub step summary says so too.
 """
 
@@ -17,12 +17,12 @@ import pytest
 
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.redis_server import session_url
 
 CAP = 120_000
 
 
-@pytest.fixture
-def run(sim: ArkSimulator, store: str, tmp_path: Path) -> dict[str, Any]:
+def _agent(sim: ArkSimulator, store: str, tmp_path: Path) -> dict[str, Any]:
     """One run of the acceptance agent under --cap-tokens CAP; its output lines, report and summary."""
     sim.configure(task_s=0.3, reply_tokens=1500)  # each chat bills ~1500: the cap binds in a few rounds
     report = tmp_path / "report.json"
@@ -40,6 +40,12 @@ def run(sim: ArkSimulator, store: str, tmp_path: Path) -> dict[str, Any]:
         "report": json.loads(report.read_text()),
         "stderr": result.stderr,
     }
+
+
+@pytest.fixture
+def run(sim: ArkSimulator, store: str, tmp_path: Path) -> dict[str, Any]:
+    """The agent on the test's SQLite ledger."""
+    return _agent(sim, store, tmp_path)
 
 
 class TestOneAgentUnderACap:
@@ -91,6 +97,14 @@ class TestOneAgentUnderACap:
         (headline,) = [line for line in run["stderr"].splitlines() if line.startswith("quotawrap: session")]
         assert f"{totals['calls']} guarded call(s)" in headline
         assert totals["unguarded_processes"] == [] and totals["unguarded_connections"] == 0
+
+    def test_on_redis_too(self, sim: ArkSimulator, tmp_path: Path) -> None:
+        """The same agent on the Redis ledger: the cap binds, the bill stays under it, settled is the bill."""
+        with session_url() as redis_url:
+            run = _agent(sim, redis_url, tmp_path)
+        assert {chat["status"] for chat in run["chats"]} == {200, 429}
+        assert run["report"]["totals"]["settled_tokens"] == sim.billed_total() <= CAP
+        assert run["steps"]["unknown"]["status"] == 403
 
 
 class TestStepSummarySaysWhatWentAround:

@@ -7,8 +7,9 @@ lags by a fixed Δ, with the whole pool there at midnight. Production is rougher
 adds each roughness on the same seeded traffic:
 
 * **reasoning tokens**: most calls leave thinking on and the simulator thinks 100-6,000 tokens
-  (2 % of calls: 15,000-30,000). ``max_tokens`` does not bound reasoning, so a call may bill more
-  than its hold (overshoot, §7.6); a third of the calls turn thinking off;
+  (2 % of calls: 15,000-30,000). ``max_tokens`` does not bound reasoning, so a call might bill more
+  than its hold (overshoot, §7.6); the guard now bounds it with ``max_completion_tokens`` (issue 9),
+  so none does; a third of the calls turn thinking off;
 * **calls in flight together**: a call is reserved when it starts and billed and settled when it
   ends, ``(reasoning + answer) / 40`` seconds later; other calls start in between, so bursts hold
   many reservations at once;
@@ -173,6 +174,7 @@ def run_stress(seed: int, variant: str, balance_lag_s: float, workdir: Path) -> 
         balance_lag=balance_lag_s,
         run_id="day-stress",
         quiet=True,
+        wait=0.0,  # one driver thread plays every call: a call waiting for room would wait for itself
     )
     guard = Guard(settings, ledger, clock=clock)
     loop = SyncLoop(ledger, settings, clock=clock, on_error=day._raise)

@@ -114,13 +114,16 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     """Run COMMAND with every guarded LLM call reserved before and reconciled after."""
     from ._log import warn
     from .attribution import automatic_tags, merge_tags, parse_tags
-    from .launcher import default_unguarded_log, new_run_id, run_child
+    from .launcher import default_events_log, default_unguarded_log, new_run_id, run_child
     from .ledger import default_store_url, normalize_store_url
     from .ledger.base import RunRecord
     from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
     from .sync import SyncLoop, sync_source
+    from .waiting import read_events
 
     settings = _settings(values)
+    if not 0 <= settings.wait < float("inf"):
+        _fail(f"--wait must be seconds >= 0 (0 refuses at once), got {settings.wait}", EXIT_USAGE)
     if settings.proxy:
         from .serve import without_hook
 
@@ -138,6 +141,9 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     )
     if settings.fail_open and not settings.unguarded_log:
         settings = settings.replace(unguarded_log=str(default_unguarded_log(run_id)))
+    own_events_log = not settings.events_log  # ours to delete once the summary has read it
+    if own_events_log:
+        settings = settings.replace(events_log=str(default_events_log(run_id)))
     ledger = _open(settings)
     try:
         ledger.start_run(RunRecord(run_id, time.time(), command=shlex.join(command), tags=tags))
@@ -183,14 +189,18 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         store_error=result.store_error,
         unguarded_processes=[process.as_dict() for process in result.unguarded_processes],
         connections=result.connections,
+        events=read_events(settings.events_log),
     )
+    if own_events_log and settings.events_log:
+        with contextlib.suppress(OSError):
+            os.unlink(settings.events_log)
     if not settings.quiet:
         click.echo(format_summary(report), err=True)
     if settings.report_json:
         write_json(report, settings.report_json)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         append_step_summary(os.environ["GITHUB_STEP_SUMMARY"], report)
-    if settings.fail_on_block and result.totals.totals.blocked_calls:
+    if settings.fail_on_block and report["totals"]["blocked_calls"]:
         sys.exit(EXIT_BLOCKED)
     sys.exit(result.exit_code)
 
@@ -311,16 +321,31 @@ def demo_command(model: str, cap_tokens: int, calls: int, store: str | None) -> 
 
 
 @cli.command("status")
-@settings_options(["store", "daily_cap", "small_buffer", "usage_wall", "balance_wall", "balance_lag", "model"])
+@settings_options(
+    [
+        "store",
+        "daily_cap",
+        "small_buffer",
+        "usage_wall",
+        "balance_wall",
+        "balance_lag",
+        "model",
+        "thinking_floor",
+        "default_max_tokens",
+    ]
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_command(as_json: bool, **values: Any) -> None:
-    """Per model: today's usage, in flight, the effective limit and what binds it."""
+    """Per model: today's usage, in flight, waiting, the effective limit and what binds it."""
+    from .launcher import default_events_log
     from .status import model_status, render_status
+    from .waiting import waiting_now
 
     settings = _settings(values)
     ledger = _open(settings)
     ledger.reclaim_orphans(time.time())
-    rows = model_status(ledger, settings, time.time())
+    waiting = waiting_now(default_events_log("any").parent)
+    rows = model_status(ledger, settings, time.time(), waiting=waiting)
     if as_json:
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
     else:

@@ -16,6 +16,10 @@ Output allowance:
 * images and video tasks bill output only, bounded by what the request asks for
   (:mod:`quotawrap.media`); classification answers one of its labels.
 
+Bounding (issue 9): ``max_tokens`` leaves reasoning unbounded, so the guard may add the field that
+bounds the whole output (``bounded``) at an allowance learned from the model's settled calls
+(``learned_allowance``); what cannot be bounded reserves the seed's ``PREBLOCK_RESERVE_TOKENS``.
+
 A limit of 0 is treated as absent: what a server does with it is not documented, and reading it
 as "no limit given" is the safe side.
 
@@ -45,14 +49,25 @@ from .tokens import count_tokens, utf8_bound
 from .usage import MODEL_MAX_OUTPUT, MODEL_WINDOW, TOKEN_CEILING, UsageBound
 
 __all__ = [
+    "MAX_OUTPUT_TOKENS",
+    "PREBLOCK_RESERVE_TOKENS",
     "Estimate",
     "EstimateSettings",
     "Kind",
+    "bound_field",
+    "bounded",
     "estimate_request",
+    "learned_allowance",
     "output_allowance",
     "thinking_disabled",
+    "unbounded_thinking",
     "usage_bound",
 ]
+
+# The seed's reserve for a request that names no output limit (§7.6 ``PREBLOCK_RESERVE_TOKENS``).
+PREBLOCK_RESERVE_TOKENS = 50_000
+# Ark accepts max_completion_tokens in [0, 65536]: no model's whole output can be larger.
+MAX_OUTPUT_TOKENS = 65_536
 
 Kind = Literal["chat", "responses", "embeddings", "completions", "images", "video", "context", "classification"]
 Count = Callable[[str, str], int]
@@ -108,6 +123,44 @@ def output_allowance(kind: Kind, body: Mapping[str, Any], settings: EstimateSett
     bound = _limit(body, "max_completion_tokens")
     per_choice = bound if bound is not None else _answer_plus_thinking(_limit(body, "max_tokens"), body, settings)
     return per_choice * _choices(kind, body)
+
+
+def bound_field(kind: Kind) -> str | None:
+    """The request field that bounds reasoning and answer together, if the endpoint has one."""
+    return {"chat": "max_completion_tokens", "responses": "max_output_tokens"}.get(kind)
+
+
+def unbounded_thinking(kind: Kind, body: Mapping[str, Any]) -> bool:
+    """Whether the model may think without any field bounding its whole output (reasoning + answer)."""
+    _check_kind(kind)
+    _check_body(body)
+    field = bound_field(kind)
+    return field is not None and _limit(body, field) is None and not thinking_disabled(body)
+
+
+def bounded(kind: Kind, body: Mapping[str, Any], allowance: int) -> dict[str, Any]:
+    """The body with its whole output bounded at ``allowance`` tokens (per choice).
+
+    Chat's ``max_tokens`` stays: Ark ignores it once ``max_completion_tokens`` is set, so the
+    answer is then bounded only by the allowance, which is never below ``max_tokens``.
+    """
+    field = bound_field(kind)
+    if field is None:
+        raise ValueError(f"a {kind} request has no field bounding its output")
+    return {**body, field: allowance}
+
+
+def learned_allowance(outputs: Sequence[int], *, floor: int, ceiling: int = MAX_OUTPUT_TOKENS) -> int | None:
+    """The output allowance a model's settled history asks for: its p99 output, within [floor, ceiling].
+
+    ``outputs`` are whole outputs (completion tokens, reasoning included, as Ark reports them).
+    Nearest-rank p99: with fewer than 100 calls that is the largest seen. None without history.
+    """
+    if not outputs:
+        return None
+    ordered = sorted(outputs)
+    rank = max(1, -(-99 * len(ordered) // 100))  # ceil(0.99 n)
+    return min(ceiling, max(floor, ordered[rank - 1]))
 
 
 def estimate_request(

@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -41,15 +41,18 @@ from typing import Any, Literal, Protocol
 from . import endpoints, quota, refusals
 from ._errors import QuotawrapError
 from ._log import warn
+from .admission import Plan, Room, Wait, only_in_flight_in_the_way, plan_output
+from .allowance import AllowanceBook
 from .contexts import ContextCreated, ContextSizes
 from .endpoint_prices import CostRule, with_media_prices
-from .estimate import Estimate, EstimateSettings, estimate_request, usage_bound
+from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unbounded_thinking, usage_bound
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
-from .ledger.base import CallRecord, CallState, Settle
+from .ledger.base import CallRecord, CallState, Decision, Settle, run_cost_key, run_key
 from .prices import format_cny
 from .settings import Settings
 from .tokens import TokenizerUnavailable, utf8_bound
 from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, usage_from_body
+from .waiting import EventLog, WaitLine
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,6 +62,11 @@ if TYPE_CHECKING:
 __all__ = ["CallContext", "Followup", "Guard", "GuardedCall", "SyntheticResponse", "warn"]
 
 _SNAPSHOT_TTL_S = 1.0
+# Waiting for room: the head of this process's line re-asks the ledger with a doubling backoff
+# (a settle in this process wakes it at once); the others check whether they are head yet.
+_BACKOFF_MIN_S = 0.005
+_BACKOFF_MAX_S = 0.25
+_LINE_POLL_S = 0.05
 _CHEAP_SHARE = 0.01  # of the smallest token cap: inputs bounded below it never load a tokenizer
 
 
@@ -86,6 +94,14 @@ class SyntheticResponse:
             *((f"x-quotawrap-{key.replace('_', '-')}", value) for key, value in extra.items()),
         )
         return cls(status, body, headers)
+
+    def with_note(self, note: str) -> SyntheticResponse:
+        """The same error with ``note`` appended to its message."""
+        data = json.loads(self.body)
+        data["error"]["message"] += note
+        body = json.dumps(data, ensure_ascii=False).encode()
+        headers = tuple((k, str(len(body)) if k == "content-length" else v) for k, v in self.headers)
+        return SyntheticResponse(self.status, body, headers)
 
 
 def _fmt(n: int) -> str:
@@ -175,6 +191,11 @@ class Guard:
             from .settler import Settler
 
             self._settler = Settler(lambda: self.ledger)
+        self._line = WaitLine()
+        self._events = EventLog(settings.events_log)
+        self._allowances = AllowanceBook(lambda: self.ledger, clock=clock)
+        self._known: dict[tuple[str, str], dict[str, quota.Counters]] = {}  # last counters seen per (model, day)
+        self._snapshots: dict[str, tuple[float, quota.Snapshot | None]] = {}
 
     @property
     def host(self) -> str:
@@ -324,6 +345,16 @@ class Guard:
         except OSError as exc:
             warn(f"cannot write the audit log {self.settings.audit_log}: {exc}")
 
+    def snapshot(self, model: str) -> quota.Snapshot | None:
+        """The model's stored balance snapshot, re-read at most once a second (for planning, not deciding)."""
+        now = self._clock()  # the guard's clock: a simulated day stays deterministic
+        cached = self._snapshots.get(model)
+        if cached is not None and now - cached[0] < _SNAPSHOT_TTL_S:
+            return cached[1]
+        snapshot = self.ledger.snapshot(model)
+        self._snapshots[model] = (now, snapshot)
+        return snapshot
+
     def _evicted(self, model: str, day: str, now: float) -> tuple[quota.Verdict, dict[str, quota.Counters]] | None:
         """The seed's short-cut: an evicted model is answered before any token counting.
 
@@ -361,7 +392,37 @@ class Guard:
         self._redirects.note(from_url, location, route)
 
     def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
-        """Called before a request is sent. None: not ours, send it untouched.
+        """Called before a request is sent. None: not ours, send it untouched. May wait for room (--wait)."""
+        steps = self._begin(method, url, headers, body)
+        try:
+            delay = next(steps)
+            while True:
+                self._line.nap(delay)
+                delay = next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            steps.close()
+
+    async def abegin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
+        """``begin`` for an event loop: waiting for room awaits, so the loop's other tasks go on."""
+        import asyncio
+
+        steps = self._begin(method, url, headers, body)
+        try:
+            delay = next(steps)
+            while True:
+                await asyncio.sleep(delay)
+                delay = next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        finally:
+            steps.close()  # a cancelled wait leaves its place in line
+
+    def _begin(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> Generator[float, None, GuardedCall | None]:
+        """The admission as steps: each yield is a pause (seconds) while waiting for room.
 
         Never raises: whatever goes wrong becomes an answer (400 for a body quotawrap cannot
         judge, 503 when the ledger fails), because an exception of quotawrap's own inside the
@@ -400,7 +461,7 @@ class Guard:
         if remembered is not None:
             return remembered
         try:
-            call = self._reserve(found, url, headers, request, model)
+            call = yield from self._reserve(found, url, headers, request, model)
         except Exception as exc:  # the ledger's faults, and any fault of ours: refuse loudly, never raise
             if self.settings.fail_open:
                 warn(f"{exc}; --fail-open: this call to {model} goes out UNGUARDED")
@@ -432,8 +493,8 @@ class Guard:
 
     def _reserve(
         self, found: endpoints.Route, url: str, headers: Mapping[str, str], request: dict[str, Any], model: str
-    ) -> GuardedCall:
-        kind = found.kind or "chat"
+    ) -> Generator[float, None, GuardedCall]:
+        kind: Kind = found.kind or "chat"
         # Ark's batch client retries every 429 until its timeout (x-should-retry ignored), but never a 403,
         # the status Ark itself gives when spending must stop (AccountOverdueError).
         refusal_status = 403 if found.endpoint.startswith("batch_") else 429
@@ -450,29 +511,109 @@ class Guard:
                 estimate = replace(
                     estimate, input_tokens=estimate.input_tokens + self.contexts.size(request.get("context_id"))
                 )
-            bound = usage_bound(kind, request, estimate)
             rule = CostRule.for_request(found.endpoint, request, estimate)
         except (ValueError, RecursionError) as exc:
             return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
-        # Decided before the hold is taken: nothing may raise between reserving and handing back the call.
-        new_body = None
-        hide = False
-        if (
-            self.settings.inject_usage
-            and kind in ("chat", "completions")
-            and endpoints.stream_requested(request)
-            and not endpoints.wants_usage(request)
-            # stream_options that is not an object is the provider's to refuse, not ours to rewrite
-            and isinstance(request.get("stream_options"), (Mapping, type(None)))
-        ):
-            new_body = endpoints.with_usage_requested(request)
-            hide = True
-        hold = HoldRequest(
+        keys = {
+            "run": run_key(self._run_id),
+            "model_day": model_day_key(model, day),
+            "run_cost": run_cost_key(self._run_id),
+        }
+        line_key = keys["model_day"] + "|" + keys["run"]
+        room = Room(
+            self.ledger,
+            lambda snapshot: self.limits_for(snapshot, day),
+            lambda: self.snapshot(model),
+            self._known,
+            (model, day),
+            keys,
+        )
+        wait_s = self.settings.wait if enforce and 0 < self.settings.wait < float("inf") else 0.0
+        deadline = time.monotonic() + wait_s
+        waits = wait_s > 0
+        ticket: int | None = None
+        wait: Wait | None = None
+        backoff = _BACKOFF_MIN_S
+        superseded = 0  # refused attempts this call left in the ledger before its final answer
+        outcome = "abandoned"
+        try:
+            while True:
+                plan = self._plan(kind, url, request, model, room, estimate)
+                hold = self._hold(model, day, found.endpoint or kind, headers, plan, now, enforce, rule)
+                overdue = time.monotonic() >= deadline
+                # Others of this process wait already (queue behind them), or the counters last seen say
+                # there is no room: wait without asking, as every refused reserve is a row in the ledger.
+                if ticket is None and waits and (self._line.busy(line_key) or room.looks_full(hold)):
+                    ticket = self._line.join(line_key)
+                    wait = Wait(self._events, model, self._clock)
+                if ticket is not None and not overdue:
+                    if not self._line.is_head(line_key, ticket):
+                        yield _LINE_POLL_S
+                        continue
+                    # The head looks before it asks: every refused reserve is a row in the ledger's records.
+                    if only_in_flight_in_the_way(room.read(), hold):
+                        yield backoff
+                        backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                        continue
+                decision = self.ledger.reserve(hold, room.limits_for)
+                room.seen(decision.counters)
+                if decision.held:
+                    outcome = "admitted"
+                    return self._admitted(found, kind, request, model, day, plan, hold, decision, now, rule)
+                limits = room.limits_for(self.snapshot(model))
+                never = quota.never_fits(limits, decision.counters, hold.reserve, reserve_cost=hold.reserve_cost)
+                if never is not None and plan.bound is not None:
+                    refit = self._plan(kind, url, request, model, room, estimate).bound
+                    if refit is not None and refit < plan.bound:
+                        superseded += 1
+                        self._audit_refusal(model, day, plan, hold, decision)
+                        continue  # the bound was fitted to counters since outgrown: fit it to these, ask again
+                if never is not None or overdue or not waits:
+                    outcome = "refused"
+                    return self._refused(model, day, plan, hold, decision, wait, refusal_status)
+                if wait is None:
+                    wait = Wait(self._events, model, self._clock)
+                superseded += 1
+                self._audit_refusal(model, day, plan, hold, decision)  # the audit log mirrors the ledger's rows
+                if ticket is None:
+                    ticket = self._line.join(line_key)
+                yield backoff
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+        finally:
+            if ticket is not None:
+                self._line.leave(line_key, ticket)
+            if wait is not None:
+                wait.done(outcome, superseded)
+            elif superseded:
+                self._events.write({"ev": "superseded", "model": model, "n": superseded})
+
+    def _plan(self, kind: Kind, url: str, request: dict[str, Any], model: str, room: Room, estimate: Estimate) -> Plan:
+        """Bound the call's whole output when it may think without a bound (not for bots, whose output is
+        theirs, nor under --no-bound or --watch), and what it then reserves."""
+        if kind not in ("chat", "responses") or not unbounded_thinking(kind, request):
+            return Plan(estimate, request, None)
+        # --watch observes the program as it is: it changes no request
+        boundable = self.settings.bound and not self.settings.watch and "/bots/" not in url
+        reasoning = self._allowances.reasoning(model) if boundable else None
+        return plan_output(kind, request, estimate, self._estimate_settings, boundable, reasoning, room.token_space)
+
+    def _hold(
+        self,
+        model: str,
+        day: str,
+        endpoint: str,
+        headers: Mapping[str, str],
+        plan: Plan,
+        now: float,
+        enforce: bool,
+        rule: CostRule,
+    ) -> HoldRequest:
+        return HoldRequest(
             run_id=self._run_id,
             model=model,
             day=day,
-            reserve=estimate.total,
-            endpoint=found.endpoint or kind,
+            reserve=plan.estimate.total,
+            endpoint=endpoint,
             pid=os.getpid(),
             host=self._host,
             # a video task's hold is handed over to the task once created (see tasks.py)
@@ -480,11 +621,14 @@ class Guard:
             enforce=enforce,
             key_fingerprint=_key_fingerprint(headers),
             tags=self.tags,
-            reserve_cost=self.reserve_cost(model, estimate, rule),
+            reserve_cost=self.reserve_cost(model, plan.estimate, rule),
         )
-        decision = self.ledger.reserve(hold, lambda snapshot: self.limits_for(snapshot, day))
+
+    def _context(
+        self, model: str, day: str, hold: HoldRequest, decision: Decision, now: float, output_bound: int | None
+    ) -> CallContext:
         blocking = decision.verdict.blocking
-        context = CallContext(
+        return CallContext(
             hold_id=hold.hold_id,
             run_id=hold.run_id,
             model=model,
@@ -497,14 +641,54 @@ class Guard:
             pid=hold.pid,
             would_block=blocking is not None,
             blocked_by=blocking.name if blocking else None,
+            output_bound=output_bound,
         )
-        if not decision.held:
-            self.audit(context, "blocked", None, 0, 0.0)
-            return GuardedCall.refused(
-                self._blocked(
-                    model, decision.verdict, decision.counters, estimate.total, hold.reserve_cost, status=refusal_status
-                )
-            )
+
+    def _audit_refusal(self, model: str, day: str, plan: Plan, hold: HoldRequest, decision: Decision) -> None:
+        self.audit(self._context(model, day, hold, decision, self._clock(), plan.bound), "blocked", None, 0, 0.0)
+
+    def _refused(
+        self, model: str, day: str, plan: Plan, hold: HoldRequest, decision: Decision, waited: Wait | None, status: int
+    ) -> GuardedCall:
+        self._audit_refusal(model, day, plan, hold, decision)
+        response = self._blocked(
+            model, decision.verdict, decision.counters, hold.reserve, hold.reserve_cost, status=status
+        )
+        if waited is not None and waited.seconds() >= 0.001:
+            response = response.with_note(f" (refused after waiting {waited.seconds():.1f}s for room; --wait)")
+        return GuardedCall.refused(response)
+
+    def _admitted(
+        self,
+        found: endpoints.Route,
+        kind: Kind,
+        request: dict[str, Any],
+        model: str,
+        day: str,
+        plan: Plan,
+        hold: HoldRequest,
+        decision: Decision,
+        now: float,
+        rule: CostRule,
+    ) -> GuardedCall:
+        body = plan.body
+        hide = False
+        new_body: bytes | None = None
+        if (
+            self.settings.inject_usage
+            and kind in ("chat", "completions")
+            and endpoints.stream_requested(body)
+            and not endpoints.wants_usage(body)
+            # stream_options that is not an object is the provider's to refuse, not ours to rewrite
+            and isinstance(body.get("stream_options"), (Mapping, type(None)))
+        ):
+            new_body = endpoints.with_usage_requested(body)
+            hide = True
+        elif body is not request:
+            new_body = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        if plan.bound is not None:
+            self._events.write({"ev": "bound", "model": model, "bound": plan.bound, "pid": os.getpid()})
+        context = self._context(model, day, hold, decision, now, plan.bound)
         call = GuardedCall(
             self.ledger,
             decision.hold_id,
@@ -513,7 +697,7 @@ class Guard:
             hide_usage_chunk=hide,
             guard=self,
             context=context,
-            bound=bound,
+            bound=usage_bound(kind, body, plan.estimate),
         )
         call.cost_rule = rule
         if found.endpoint == "video_task":
@@ -523,6 +707,16 @@ class Guard:
         elif found.endpoint == "context":
             call.followup = ContextCreated(self.contexts)
         return call
+
+    # -- learning and waking ---------------------------------------------------------------------
+
+    def settled(self, context: CallContext, usage: Usage | None) -> None:
+        """A call of this process settled or was released: wake this process's waiters, learn its reasoning."""
+        self._line.room_freed()
+        if usage is not None and context.endpoint != "embeddings":
+            self._allowances.observe(
+                context.model, usage.reasoning_tokens, usage.completion_tokens, context.output_bound
+            )
 
     def _smallest_token_cap(self) -> int:
         """The smallest cap on tokens held at once that the settings alone fix (run cap, daily cap).
@@ -598,6 +792,7 @@ class CallContext:
     pid: int
     would_block: bool
     blocked_by: str | None
+    output_bound: int | None = None  # the whole-output bound the guard set on the request, if it set one
 
 
 class Followup(Protocol):
@@ -814,6 +1009,7 @@ class GuardedCall:
     def _audit_landed(self, state: CallState, usage: Usage | None, cost: int, latency: float) -> None:
         """The audit record, once the settle has landed (on the settler's thread for a guarded child)."""
         assert self._guard is not None and self._context is not None
+        self._guard.settled(self._context, usage)  # the room is free now: wake waiters, learn
         try:
             self._guard.audit(self._context, state, usage, cost, latency, anomaly=self.anomaly)
         except Exception as exc:

@@ -33,6 +33,7 @@ __all__ = [
     "HOOK_DIR",
     "ChildResult",
     "child_environment",
+    "default_events_log",
     "default_unguarded_log",
     "injection_blockers",
     "new_run_id",
@@ -50,6 +51,13 @@ def default_unguarded_log(run_id: str) -> Path:
     import platformdirs
 
     return Path(platformdirs.user_state_dir("quotawrap")) / "unguarded" / f"{run_id}.jsonl"
+
+
+def default_events_log(run_id: str) -> Path:
+    """Where a run's children record their waits for room and the calls they bounded."""
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("quotawrap")) / "events" / f"{run_id}.jsonl"
 
 
 def new_run_id() -> str:

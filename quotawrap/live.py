@@ -34,6 +34,7 @@ from typing import TextIO
 from . import quota
 from .ledger import Ledger, model_day_key, run_key
 from .settings import Settings
+from .waiting import EventsTail, RunEvents
 
 __all__ = [
     "DAILY_LIMIT",
@@ -56,6 +57,7 @@ __all__ = [
     "render_line",
     "threshold_crossings",
     "tightest",
+    "wait_line",
     "warning_line",
 ]
 
@@ -235,6 +237,16 @@ def block_lines(reading: Reading) -> list[str]:
     ]
 
 
+def wait_line(events: RunEvents) -> str | None:
+    """``waiting  3 call(s) for room now; 21 waited, p50 0.07s, p99 0.17s``, or None when none ever waited."""
+    if not events.waiting_now and not events.waits:
+        return None
+    text = f"waiting  {events.waiting_now} call(s) for room now"
+    if events.waits:
+        text += f"; {len(events.waits)} waited, p50 {events.wait_p50:.2f}s, p99 {events.wait_p99:.2f}s"
+    return text
+
+
 # -- the terminal --------------------------------------------------------------------------------
 
 _SAVE, _RESTORE = "\x1b7", "\x1b8"  # DECSC / DECRC: cursor position (and attributes)
@@ -357,6 +369,7 @@ class LiveView:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._events = EventsTail(settings.events_log)
 
     @property
     def is_terminal(self) -> bool:
@@ -408,6 +421,9 @@ class LiveView:
             return  # a view never fails the run; the guard reports ledger trouble to the child
         warnings = self._crossings(reading)
         lines = block_lines(reading)
+        waiting = wait_line(self._events.poll())
+        if waiting is not None:
+            lines.append(waiting)
         with self._lock:
             if self._stopped:
                 return

@@ -59,6 +59,7 @@ __all__ = [
     "lag_fit",
     "lagged_usage",
     "model_day_limits",
+    "never_fits",
     "ordered",
     "pool_estimate",
     "run_limits",
@@ -67,6 +68,7 @@ __all__ = [
     "should_restore",
     "should_soft_evict",
     "soft_evict_walls",
+    "token_room",
     "usage_at",
     "verdict",
 ]
@@ -133,6 +135,38 @@ def verdict(
         elif c.settled + c.in_flight + (reserve_cost if limit.scope == "run_cost" else reserve) > limit.cap:
             return Verdict(False, limit)
     return Verdict(True)
+
+
+def never_fits(
+    limits: Sequence[Limit], counters: Mapping[str, Counters], reserve: int, *, reserve_cost: int = 0
+) -> Limit | None:
+    """The limit a call can never pass, whatever settles first; None if only holds in flight stand in its way.
+
+    Settled usage only grows within a day, and every hold in flight settles to at least 0, so a wall
+    already crossed, or ``settled + reserve > cap``, refuses the call now and later alike: waiting
+    for room cannot help it. (A day's limits end at Beijing midnight; that reset is not waited for.)
+    """
+    for limit in ordered(limits):
+        c = counters.get(limit.scope, Counters())
+        if limit.kind == "wall":
+            if c.settled >= limit.cap:
+                return limit
+        elif c.settled + (reserve_cost if limit.scope == "run_cost" else reserve) > limit.cap:
+            return limit
+    return None
+
+
+def token_room(limits: Sequence[Limit], counters: Mapping[str, Counters]) -> int | None:
+    """Tokens the tightest token hold limit leaves once everything in flight has settled; None: no such limit.
+
+    What one call may ever reserve: ``settled + reserve <= cap`` for every token limit.
+    """
+    rooms = [
+        limit.cap - counters.get(limit.scope, Counters()).settled
+        for limit in limits
+        if limit.kind == "hold" and limit.scope != "run_cost"
+    ]
+    return min(rooms) if rooms else None
 
 
 def evicted_by(limits: Sequence[Limit], counters: Mapping[str, Counters]) -> Limit | None:

@@ -14,6 +14,7 @@ from .ledger.base import CallRecord, DayAggregate
 from .prices import format_cny
 from .quota import DAY_S, beijing_day, beijing_day_start
 from .settings import Settings
+from .waiting import RunEvents
 
 __all__ = [
     "append_step_summary",
@@ -58,9 +59,19 @@ def run_report(
     store_error: str | None = None,
     unguarded_processes: Sequence[Mapping[str, Any]] = (),
     connections: Sequence[Mapping[str, Any]] = (),
+    events: RunEvents | None = None,
 ) -> dict[str, Any]:
-    """The run's summary as data; token counts are tokens, ``*_cost`` fields micro-CNY."""
+    """The run's summary as data; token counts are tokens, ``*_cost`` fields micro-CNY.
+
+    A call that waited for room may have left refused attempts in the ledger before it was admitted
+    (``events.superseded_by_model``): they are not refusals of the program's calls, so ``blocked``
+    counts calls the program was answered 429, not attempts.
+    """
+    events = events or RunEvents()
     models = {name: dataclasses.asdict(model) for name, model in totals.models.items()}
+    for name, model in models.items():
+        model["blocked_calls"] = max(0, model["blocked_calls"] - events.superseded_by_model.get(name, 0))
+        model["bounded_calls"] = events.bounded_by_model.get(name, 0)
     unguarded = dict(unguarded or {})
     for name, count in unguarded.items():
         models.setdefault(name, dataclasses.asdict(ModelTotals()))["unguarded_calls"] = count
@@ -72,6 +83,8 @@ def run_report(
     summed["unguarded_processes"] = [dict(process) for process in unguarded_processes]
     summed["refused_connections"] = sum(1 for c in connections if not c.get("allowed"))
     summed["unguarded_connections"] = sum(1 for c in connections if c.get("allowed"))
+    summed["blocked_calls"] = sum(model.get("blocked_calls", 0) for model in models.values())
+    summed["bounded_calls"] = events.bounded_calls
     return {
         "session": totals.run_id,
         "store": settings.store,
@@ -84,6 +97,7 @@ def run_report(
         "unguarded_log": settings.unguarded_log if unguarded else None,
         "store_error": store_error,
         "connections": [dict(connection) for connection in connections],
+        "waits": events.as_dict(),
     }
 
 
@@ -116,6 +130,18 @@ def format_summary(report: dict[str, Any]) -> str:
             if watch:
                 row += f"  {model['would_block_calls']:>11,}"
             lines.append(row)
+    waits = report.get("waits") or {}
+    if waits.get("waited_calls"):
+        lines.append(
+            f"  {waits['waited_calls']} call(s) waited for room (--wait): {waits['admitted_after_wait']} admitted,"
+            f" {waits['refused_after_wait']} refused;"
+            f" wait p50 {waits['wait_p50_s']:.2f}s, p99 {waits['wait_p99_s']:.2f}s"
+        )
+    if totals.get("bounded_calls"):
+        lines.append(
+            f"  {totals['bounded_calls']} call(s) left their whole output open: bounded at the learned allowance"
+            " (max_completion_tokens / max_output_tokens; --no-bound to opt out)"
+        )
     if totals.get("unguarded_calls"):
         lines.append(
             f"  {totals['unguarded_calls']} call(s) went out UNGUARDED while the store was unreachable"

@@ -83,6 +83,24 @@ OPTIONS: tuple[Option, ...] = (
     Option("thinking_floor", int, 4096, "Minimum output allowance for models that may think."),
     Option("default_max_tokens", int, 4096, "Output allowance when a request sets no max_tokens."),
     Option("image_tokens", int, 2000, "Tokens reserved per image part."),
+    Option(
+        "wait",
+        float,
+        600.0,
+        "Seconds a call that does not fit only because of calls in flight waits for room (0: refuse at once).",
+    ),
+    Option(
+        "bound",
+        bool,
+        True,
+        "Bound the whole output (reasoning too) of calls that leave it open at the learned allowance.",
+    ),
+    Option(
+        "events_log",
+        str,
+        None,
+        "Where the children record waits and bounded calls (default: the state directory).",
+    ),
     Option("hold_ttl", float, 3600.0, "Seconds a hold stays valid before it is charged as unresolved."),
     Option(
         "task_hold_ttl",
@@ -211,6 +229,9 @@ class Settings:
     thinking_floor: int = 4096
     default_max_tokens: int = 4096
     image_tokens: int = 2000
+    wait: float = 600.0
+    bound: bool = True
+    events_log: str | None = None
     hold_ttl: float = 3600.0
     task_hold_ttl: float = 172800.0
     allow_path: tuple[str, ...] = ()

@@ -6,6 +6,8 @@ from datetime import datetime
 from typing import Any
 
 from . import quota
+from .allowance import HISTORY_S, model_reasoning
+from .estimate import MAX_OUTPUT_TOKENS, PREBLOCK_RESERVE_TOKENS
 from .ledger import Ledger, model_day_key
 from .settings import Settings
 from .tasks import TASK_HOLD_PREFIX, open_task_holds
@@ -13,7 +15,10 @@ from .tasks import TASK_HOLD_PREFIX, open_task_holds
 __all__ = ["expiry_warnings", "model_status", "render_status"]
 
 
-def model_status(ledger: Ledger, settings: Settings, now: float) -> list[dict[str, Any]]:
+def model_status(
+    ledger: Ledger, settings: Settings, now: float, *, waiting: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """``waiting``: per model, calls waiting for room now (from the runs' events logs)."""
     day = quota.beijing_day(now)
     qsettings = settings.quota
     tasks: dict[str, list[dict[str, Any]]] = {}
@@ -21,6 +26,7 @@ def model_status(ledger: Ledger, settings: Settings, now: float) -> list[dict[st
         tasks.setdefault(record.model, []).append(
             {"task_id": record.id.removeprefix(TASK_HOLD_PREFIX), "held": record.reserved, "since": record.started_at}
         )
+    reasoning = model_reasoning(ledger.call_records(since=now - HISTORY_S))
     rows = []
     for model in ledger.known_models():
         counters = ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]
@@ -60,6 +66,14 @@ def model_status(ledger: Ledger, settings: Settings, now: float) -> list[dict[st
                 "keep_alive_advice": advice[0].text() if advice else None,
                 "seconds_to_reset": round(quota.seconds_to_beijing_midnight(now), 1),
                 "open_video_tasks": tasks.get(model, []),
+                "reasoning_p99": reasoning.get(model),
+                # the bound of a call that leaves reasoning open and sets no max_tokens
+                "output_allowance": None
+                if model not in reasoning
+                else min(
+                    MAX_OUTPUT_TOKENS, max(settings.thinking_floor, settings.default_max_tokens + reasoning[model])
+                ),
+                "waiting": (waiting or {}).get(model, 0),
             }
         )
     return rows
@@ -81,6 +95,18 @@ def render_status(rows: list[dict[str, Any]]) -> str:
             f" (bound by {row['binding']}; headroom {row['headroom']:,})"
         )
         lines.append(f"  limit: {row['limit_detail']}")
+        if row.get("waiting"):
+            lines.append(f"  {row['waiting']} call(s) waiting for room (holds in flight must settle first)")
+        if row.get("output_allowance") is not None:
+            lines.append(
+                f"  reasoning p99 {row['reasoning_p99']:,}: a call that leaves reasoning open is bounded at its"
+                f" max_tokens + that (without max_tokens: {row['output_allowance']:,})"
+            )
+        else:
+            lines.append(
+                f"  output allowance: none learned yet; calls that leave reasoning open are bounded at"
+                f" {PREBLOCK_RESERVE_TOKENS:,} (fitted to the cap's room)"
+            )
         if row["evicted"]:
             lines.append(f"  evicted: {row['evicted_detail']}")
         if row["balance_known"]:

@@ -170,7 +170,8 @@ def _make_request(module: ModuleType, original: Callable[..., Any], tee: type) -
         url = self._build_url(str_or_url) if hasattr(self, "_build_url") else _url(str_or_url)
         if guard is None or not guard.wants(method, str(url)):
             return await original(self, method, str_or_url, **kwargs)
-        call = guard.begin(method, str(url), _merged_headers(self, kwargs.get("headers")), _body(self, kwargs))
+        # waiting for room awaits: the loop's other tasks go on
+        call = await guard.abegin(method, str(url), _merged_headers(self, kwargs.get("headers")), _body(self, kwargs))
         if call is None:
             return await original(self, method, str_or_url, **kwargs)
         if call.blocked is not None:

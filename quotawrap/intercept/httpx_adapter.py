@@ -174,8 +174,8 @@ def _make_async(module: ModuleType, original: Callable[..., Any], tee: type, sta
         guard = get_guard()
         if guard is None or not guard.wants(request.method, str(request.url)):
             return await original(self, request)
-        # The reservation is one synchronous ledger transaction: no await between read and write.
-        call = guard.begin(request.method, str(request.url), request.headers, await request.aread())
+        # Each reservation is one synchronous ledger transaction; waiting for room between them awaits.
+        call = await guard.abegin(request.method, str(request.url), request.headers, await request.aread())
         if call is None:
             return await original(self, request)
         if call.blocked is not None:

@@ -36,9 +36,10 @@ def lag_aware() -> Any:
 
 class TestStressedDay:
     def test_the_roughness_really_happened(self, lag_aware: Any) -> None:
-        """Reasoning beat some holds, several calls were in flight at once, and demand outran the pool."""
+        """Calls reasoned, several were in flight at once, and demand outran the pool; the guard's bound on
+        reasoning (issue 9) kept every call within its hold, so none overshot."""
         assert lag_aware.reasoning_tokens > 0
-        assert lag_aware.overshoot_calls > 0 and lag_aware.overshoot_tokens > 0
+        assert lag_aware.overshoot_calls == 0 and lag_aware.overshoot_tokens == 0
         assert lag_aware.max_in_flight > 1
         assert lag_aware.blocked > 0
 

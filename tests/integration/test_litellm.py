@@ -165,7 +165,9 @@ class TestConcurrentCap:
         assert 0.5 * cap <= billed <= cap
         assert json.loads(report.read_text())["totals"]["settled_tokens"] == billed
         blocked = [c for c in run.calls if c["outcome"] == "blocked"]
-        assert ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'blocked'") == [(len(blocked),)]
+        # the summary counts calls answered 429; a call that waited may also have left refused attempts
+        assert json.loads(report.read_text())["totals"]["blocked_calls"] == len(blocked)
+        assert ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'blocked'")[0][0] >= len(blocked)
         # At most 14 calls fit, so at most one worker can finish its 10 calls: the rest were blocked.
         assert len(blocked) >= 7
         assert {c["route"] for c in blocked} == {"openai", "volcengine"}

@@ -431,7 +431,7 @@ class TestStreams:
 
     def test_caller_asked_for_usage(self, backend: Backend, make_guard: Callable[..., Guard], store: str) -> None:
         """The caller's own include_usage: the body goes out unchanged and the chunk is theirs to see."""
-        make_guard()
+        make_guard(bound=False)
         backend.reply(_ark_chat(backend.module))
         raw = json.dumps(_chat_body(stream=True, stream_options={"include_usage": True})).encode()
         with backend.client() as client, client.stream("POST", CHAT, content=raw) as response:
@@ -442,7 +442,7 @@ class TestStreams:
 
     def test_injection_switched_off(self, backend: Backend, make_guard: Callable[..., Guard], store: str) -> None:
         """--no-inject-usage: the body is untouched and the stream, lacking usage, charges the hold."""
-        make_guard(inject_usage=False)
+        make_guard(inject_usage=False, bound=False)
         backend.reply(_ark_chat(backend.module))
         raw = json.dumps(_chat_body(stream=True)).encode()
         with backend.client() as client, client.stream("POST", CHAT, content=raw) as response:
@@ -455,7 +455,7 @@ class TestStreams:
         self, backend: Backend, make_guard: Callable[..., Guard], store: str
     ) -> None:
         """stream_options that is not an object: the call goes out as written and its hold is settled."""
-        make_guard()
+        make_guard(bound=False)
         backend.reply(lambda request: _sse_response(backend.module, [*CONTENT_FRAMES, USAGE_FRAME, DONE_FRAME]))
         raw = json.dumps(_chat_body(stream=True, stream_options="include_usage")).encode()
         with backend.client() as client, client.stream("POST", CHAT, content=raw) as response:

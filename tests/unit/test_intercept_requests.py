@@ -169,7 +169,7 @@ class TestStreams:
 
     def test_caller_asked_for_usage(self, sim: ArkSimulator, make_guard: Callable[..., Guard], store: str) -> None:
         """The caller's own include_usage: its body is sent as is and the chunk is visible."""
-        make_guard()
+        make_guard(bound=False)
         raw = json.dumps(_chat(stream=True, stream_options={"include_usage": True})).encode()
         headers = {**AUTH, "Content-Type": "application/json"}
         response = requests.post(sim.url + "/chat/completions", data=raw, headers=headers, stream=True)

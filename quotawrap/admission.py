@@ -1,0 +1,166 @@
+"""One call's admission, the parts the guard's reserve loop leans on: the room its limits leave, the
+output bound it is planned with, and the record of its wait (issue 9). I/O only through what is passed in."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import quota
+from .estimate import (
+    MAX_OUTPUT_TOKENS,
+    PREBLOCK_RESERVE_TOKENS,
+    Estimate,
+    EstimateSettings,
+    Kind,
+    bounded,
+    output_allowance,
+)
+from .ledger import HoldRequest, Ledger
+from .waiting import EventLog, wait_id
+
+__all__ = ["Fresh", "Plan", "Room", "Wait", "only_in_flight_in_the_way", "plan_output"]
+
+Known = dict[tuple[str, str], dict[str, quota.Counters]]
+
+
+@dataclass(frozen=True)
+class Fresh:
+    limits: list[quota.Limit]
+    counters: dict[str, quota.Counters]
+
+
+class Room:
+    """What one call knows of the room its limits leave: counters last seen (shared per process), re-read on demand."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        limits_for: Callable[[quota.Snapshot | None], list[quota.Limit]],
+        snapshot: Callable[[], quota.Snapshot | None],
+        known: Known,
+        where: tuple[str, str],
+        keys: Mapping[str, str],
+    ) -> None:
+        self._ledger = ledger
+        self.limits_for = limits_for
+        self._snapshot = snapshot
+        self._known = known
+        self._where = where
+        self._keys = keys
+
+    def read(self) -> Fresh:
+        raw = self._ledger.counters(list(self._keys.values()))
+        counters = {scope: raw.get(key, quota.Counters()) for scope, key in self._keys.items()}
+        self.seen(counters)
+        return Fresh(self.limits_for(self._snapshot()), counters)
+
+    def seen(self, counters: Mapping[str, quota.Counters]) -> None:
+        self._known[self._where] = dict(counters)
+
+    def looks_full(self, hold: HoldRequest) -> bool:
+        """By the counters last seen (no read), the call must wait for holds in flight to settle."""
+        known = self._known.get(self._where)
+        if known is None:
+            return False
+        return only_in_flight_in_the_way(Fresh(self.limits_for(self._snapshot()), known), hold)
+
+    def token_space(self) -> int | None:
+        """Tokens one call may reserve at most once everything in flight settled (from counters last seen)."""
+        known = self._known.get(self._where)
+        if known is None:
+            fresh = self.read()
+            return quota.token_room(fresh.limits, fresh.counters)
+        return quota.token_room(self.limits_for(self._snapshot()), known)
+
+
+@dataclass(frozen=True)
+class Plan:
+    estimate: Estimate
+    body: dict[str, Any]  # what goes out (the request itself when unchanged)
+    bound: int | None  # the whole-output bound set on it, per choice
+
+
+def plan_output(
+    kind: Kind,
+    request: dict[str, Any],
+    estimate: Estimate,
+    settings: EstimateSettings,
+    boundable: bool,
+    reasoning: int | None,
+    token_space: Callable[[], int | None],
+) -> Plan:
+    """The plan of a request that may think with its whole output open.
+
+    Not boundable: unchanged, reserving the seed's ``PREBLOCK_RESERVE_TOKENS`` for the open part.
+    Boundable: bounded at ``max_tokens`` (or the default) + the model's learned ``reasoning`` (the
+    seed's fallback without history), at least the thinking floor, fitted into what the cap's settled
+    usage leaves but not below the floor: a bound no cap can hold would refuse the call for good,
+    one below the floor starves thinking.
+    """
+    if not boundable:
+        fallback = dataclasses.replace(settings, thinking_floor=PREBLOCK_RESERVE_TOKENS)
+        return Plan(Estimate(estimate.input_tokens, output_allowance(kind, request, fallback)), request, None)
+    answer = _answer(request) or settings.default_max_tokens
+    if reasoning is None:
+        wanted = max(PREBLOCK_RESERVE_TOKENS, answer)
+    else:
+        wanted = max(settings.thinking_floor, answer + reasoning)
+    # Ark's range ends at MAX_OUTPUT_TOKENS, but never cut below the answer the caller asked for
+    wanted = max(answer, min(MAX_OUTPUT_TOKENS, wanted))
+    choices = output_allowance(kind, bounded(kind, request, 1), settings)
+    space = token_space()
+    floor = min(settings.thinking_floor, wanted)
+    allowance = wanted if space is None else min(wanted, max(floor, (space - estimate.input_tokens) // choices))
+    body = bounded(kind, request, max(1, allowance))
+    return Plan(Estimate(estimate.input_tokens, output_allowance(kind, body, settings)), body, allowance)
+
+
+class Wait:
+    """One call's wait for room, recorded in the run's events log when it starts and when it ends."""
+
+    def __init__(self, events: EventLog, model: str, clock: Callable[[], float] = time.time) -> None:
+        self._events = events
+        self.id = wait_id()
+        self.model = model
+        self._started = time.monotonic()
+        self._done = False
+        events.write({"ev": "wait", "id": self.id, "model": model, "pid": os.getpid(), "t": clock()})
+
+    def seconds(self) -> float:
+        return time.monotonic() - self._started
+
+    def done(self, outcome: str, superseded: int) -> None:
+        """``superseded``: refused attempts the call left in the ledger before its final answer."""
+        if self._done:
+            return
+        self._done = True
+        self._events.write(
+            {
+                "ev": "waited",
+                "id": self.id,
+                "model": self.model,
+                "outcome": outcome,
+                "waited_s": round(self.seconds(), 4),
+                "superseded": superseded,
+            }
+        )
+
+
+def only_in_flight_in_the_way(fresh: Fresh, hold: HoldRequest) -> bool:
+    """The call does not fit now, but will once enough of what is in flight settles."""
+    verdict = quota.verdict(fresh.limits, fresh.counters, hold.reserve, reserve_cost=hold.reserve_cost)
+    if verdict.allowed:
+        return False
+    return quota.never_fits(fresh.limits, fresh.counters, hold.reserve, reserve_cost=hold.reserve_cost) is None
+
+
+def _answer(request: Mapping[str, Any]) -> int:
+    value = request.get("max_tokens")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

@@ -1,0 +1,96 @@
+"""How much a model thinks: learned from its settled calls, it sets the bound on calls that leave reasoning open.
+
+A request that lets a model think without bounding its whole output is bounded by the guard at
+
+    max_tokens (or Ark's default 4,096) + the p99 of the model's reasoning tokens,
+
+at least ``--thinking-floor`` and at most ``MAX_OUTPUT_TOKENS``, so the provider stops the
+generation there (``admission.plan_output``). The answer keeps the room the caller asked for, and
+reasoning the room the model has needed in 99 of 100 recent calls: too small starves thinking (the
+answer is cut, and billed), too large only makes holds bigger. A model that never reasons keeps
+the reserve it had before, ``max(max_tokens or 4,096, floor)``. Without history, the seed's
+``PREBLOCK_RESERVE_TOKENS``.
+
+A call cut by the guard's own bound shows reasoning up to the bound, which would keep the p99 from
+ever growing past it; such a call counts here as twice its bound, so a model that needs more earns
+it within a few calls (in this process; other processes learn it from their own cuts).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from .estimate import MAX_OUTPUT_TOKENS, learned_allowance
+from .ledger import Ledger
+from .ledger.base import CallRecord
+
+__all__ = ["HISTORY_CALLS", "HISTORY_S", "AllowanceBook", "model_reasoning", "reasoning_samples"]
+
+HISTORY_S = 86_400.0  # the last day: recent enough to be today's prompts, few enough rows to read every 30 s
+HISTORY_CALLS = 1000  # per model, the most recent
+_REFRESH_S = 30.0
+
+
+def reasoning_samples(records: Iterable[CallRecord]) -> dict[str, list[int]]:
+    """Per model, the reasoning tokens of its settled generating calls, oldest first."""
+    samples: dict[str, list[int]] = {}
+    for record in sorted(records, key=lambda r: r.started_at):
+        if record.state != "settled" or record.completion_tokens is None or record.endpoint == "embeddings":
+            continue
+        samples.setdefault(record.model, []).append(record.reasoning_tokens or 0)
+    return {model: values[-HISTORY_CALLS:] for model, values in samples.items()}
+
+
+def model_reasoning(records: Iterable[CallRecord]) -> dict[str, int]:
+    """Per model with history, the p99 of its reasoning (what ``status`` shows)."""
+    learned = {model: learned_allowance(values, floor=0) for model, values in reasoning_samples(records).items()}
+    return {model: value for model, value in learned.items() if value is not None}
+
+
+class AllowanceBook:
+    """Per model: ledger history (re-read every 30 s) plus what this process saw settle since."""
+
+    def __init__(
+        self,
+        ledger: Callable[[], Ledger],
+        *,
+        clock: Callable[[], float] = time.time,
+        refresh_s: float = _REFRESH_S,
+    ) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self._refresh_s = refresh_s
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._history: dict[str, list[int]] = {}
+        self._recent: dict[str, deque[int]] = {}  # settled here since the last read of the ledger
+        self._cut: dict[str, deque[int]] = {}  # lessons of calls our bound cut: kept, the ledger lacks them
+
+    def reasoning(self, model: str) -> int | None:
+        """The p99 of the model's reasoning, or None when the model has no settled call anywhere yet."""
+        self._refresh()
+        with self._lock:
+            values = [*self._history.get(model, ()), *self._recent.get(model, ()), *self._cut.get(model, ())]
+        return learned_allowance(values[-HISTORY_CALLS:], floor=0)
+
+    def observe(self, model: str, reasoning: int, output: int, bound: int | None) -> None:
+        """A call of this process settled with ``output`` tokens out (``reasoning`` of them), under our ``bound``."""
+        with self._lock:
+            if bound is not None and output >= bound:
+                self._cut.setdefault(model, deque(maxlen=HISTORY_CALLS)).append(min(MAX_OUTPUT_TOKENS, 2 * bound))
+            else:
+                self._recent.setdefault(model, deque(maxlen=HISTORY_CALLS)).append(reasoning)
+
+    def _refresh(self) -> None:
+        now = self._clock()
+        with self._lock:
+            if self._read_at is not None and now - self._read_at < self._refresh_s:
+                return
+            self._read_at = now
+        history = reasoning_samples(self._ledger().call_records(since=now - HISTORY_S))
+        with self._lock:
+            self._history = history
+            self._recent = {}  # the ledger has them now

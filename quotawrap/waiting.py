@@ -1,0 +1,257 @@
+"""Waiting for room: the in-process first-come-first-served line, and the run's record of waits and bounds.
+
+A call that does not fit only because of holds in flight waits instead of being refused (issue 9).
+The ledger decides every admission atomically; what this module adds is *order*:
+
+* **Within one process** the calls waiting for the same room form a line (:class:`WaitLine`):
+  only its head asks the ledger, a newcomer queues behind anyone already waiting (it never
+  overtakes), and a settle in this process wakes the head at once.
+* **Across processes and hosts** there is no line: each process's head retries the atomic
+  reserve with a short backoff, and whichever asks first once room appears gets it. That is
+  fair on average, not first come first served; a small call may pass a large one that waits
+  for more room than is free. A line kept in the ledger itself (a ticket counter per limit,
+  admission only for the lowest ticket) would give strict order across processes, runs and hosts
+  and wake waiters by notification instead of polling; it needs a ledger change.
+
+The children record each wait and each bounded call as a JSON line in the run's events log
+(``QUOTAWRAP_EVENTS_LOG``), which the wrapper reads for the live view, the summary and ``status``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._log import warn
+
+__all__ = [
+    "EventLog",
+    "EventsTail",
+    "RunEvents",
+    "WaitLine",
+    "percentile",
+    "read_events",
+    "summarize",
+    "wait_id",
+    "waiting_now",
+]
+
+
+class WaitLine:
+    """First come, first served among the threads (and event loops) of one process, per room key."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._lines: dict[str, list[int]] = {}
+        self._tickets = itertools.count(1)
+
+    def busy(self, key: str) -> bool:
+        with self._cond:
+            return bool(self._lines.get(key))
+
+    def join(self, key: str) -> int:
+        with self._cond:
+            ticket = next(self._tickets)
+            self._lines.setdefault(key, []).append(ticket)
+            return ticket
+
+    def is_head(self, key: str, ticket: int) -> bool:
+        with self._cond:
+            line = self._lines.get(key)
+            return line is not None and bool(line) and line[0] == ticket
+
+    def leave(self, key: str, ticket: int) -> None:
+        with self._cond:
+            line = self._lines.get(key, [])
+            if ticket in line:
+                line.remove(ticket)
+            if not line:
+                self._lines.pop(key, None)
+            self._cond.notify_all()
+
+    def nap(self, seconds: float) -> None:
+        """Sleep up to ``seconds``; a settle or a departure in this process ends it early."""
+        with self._cond:
+            self._cond.wait(seconds)
+
+    def room_freed(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
+class EventLog:
+    """Appends the run's events (``wait``/``waited``/``bound``) as JSON lines; never raises."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._warned = False
+
+    def write(self, event: dict[str, Any]) -> None:
+        if not self.path:
+            return
+        try:
+            target = Path(self.path)
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                os.write(fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                warn(f"cannot record waits and bounds in {self.path}: {exc}")
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in (0, 100]); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered) / 100)) - 1]
+
+
+@dataclass
+class RunEvents:
+    """What a run's events log says: waits (finished and still open), bounded calls, superseded refusals."""
+
+    waits: list[float] = field(default_factory=list)  # seconds each finished wait took
+    waiting_now: int = 0
+    admitted_after_wait: int = 0
+    refused_after_wait: int = 0
+    bounded_calls: int = 0
+    superseded_blocks: int = 0  # refused attempts of calls that waited on and were admitted
+    bounded_by_model: dict[str, int] = field(default_factory=dict)
+    superseded_by_model: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def wait_p50(self) -> float | None:
+        return percentile(self.waits, 50)
+
+    @property
+    def wait_p99(self) -> float | None:
+        return percentile(self.waits, 99)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "waited_calls": len(self.waits),
+            "waiting_now": self.waiting_now,
+            "admitted_after_wait": self.admitted_after_wait,
+            "refused_after_wait": self.refused_after_wait,
+            "wait_p50_s": None if self.wait_p50 is None else round(self.wait_p50, 3),
+            "wait_p99_s": None if self.wait_p99 is None else round(self.wait_p99, 3),
+            "bounded_calls": self.bounded_calls,
+            "superseded_blocks": self.superseded_blocks,
+        }
+
+
+class EventsTail:
+    """Reads a run's events log incrementally (the live view polls it several times a second)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+        self._path = path
+        self._offset = 0
+        self._partial = b""
+        self._open: set[str] = set()
+        self.events = RunEvents()
+
+    def feed(self, lines: Iterable[str]) -> RunEvents:
+        events = self.events
+        for line in lines:
+            try:
+                event = json.loads(line)
+                kind = event["ev"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            model = str(event.get("model"))
+            if kind == "wait":
+                self._open.add(str(event.get("id")))
+            elif kind == "waited":
+                self._open.discard(str(event.get("id")))
+                events.waits.append(float(event.get("waited_s", 0.0)))
+                if event.get("outcome") == "admitted":
+                    events.admitted_after_wait += 1
+                else:
+                    events.refused_after_wait += 1
+                self._supersede(model, int(event.get("superseded", 0)))
+            elif kind == "superseded":
+                self._supersede(model, int(event.get("n", 0)))
+            elif kind == "bound":
+                events.bounded_calls += 1
+                events.bounded_by_model[model] = events.bounded_by_model.get(model, 0) + 1
+        events.waiting_now = len(self._open)
+        return events
+
+    def _supersede(self, model: str, count: int) -> None:
+        self.events.superseded_blocks += count
+        self.events.superseded_by_model[model] = self.events.superseded_by_model.get(model, 0) + count
+
+    def poll(self) -> RunEvents:
+        """Take in what was appended since the last poll; a missing or unreadable log reads as no events."""
+        if not self._path:
+            return self.events
+        try:
+            with open(self._path, "rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except OSError:
+            return self.events
+        self._offset += len(data)
+        data = self._partial + data
+        complete, _, self._partial = data.rpartition(b"\n")
+        return self.feed(complete.decode("utf-8", errors="replace").splitlines())
+
+
+def summarize(lines: Iterable[str]) -> RunEvents:
+    """Pure: the events log's lines as totals (unreadable lines are skipped)."""
+    return EventsTail(None).feed(lines)
+
+
+def waiting_now(directory: str | os.PathLike[str], *, max_age_s: float = 86_400.0) -> dict[str, int]:
+    """Per model, calls waiting for room right now in any run whose events log is in ``directory``.
+
+    A wait counts while its process lives (a killed child's last wait is not left waiting forever).
+    """
+    from .ledger.base import pid_alive
+
+    counts: dict[str, int] = {}
+    now = time.time()
+    try:
+        paths = [p for p in Path(directory).glob("*.jsonl") if now - p.stat().st_mtime < max_age_s]
+    except OSError:
+        return counts
+    for path in paths:
+        open_waits: dict[str, tuple[str, int]] = {}
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                event = json.loads(line)
+                if event["ev"] == "wait":
+                    open_waits[str(event["id"])] = (str(event["model"]), int(event["pid"]))
+                elif event["ev"] == "waited":
+                    open_waits.pop(str(event["id"]), None)
+            except (ValueError, KeyError, TypeError):
+                continue
+        for model, pid in open_waits.values():
+            if pid_alive(pid):
+                counts[model] = counts.get(model, 0) + 1
+    return counts
+
+
+def read_events(path: str | os.PathLike[str] | None) -> RunEvents:
+    return EventsTail(path).poll()
+
+
+def wait_id() -> str:
+    return f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"

@@ -1,0 +1,74 @@
+"""How much a model thinks, learned from its settled calls in a real SQLite ledger."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quotawrap.allowance import AllowanceBook, model_reasoning
+from quotawrap.estimate import MAX_OUTPUT_TOKENS
+from quotawrap.ledger import HoldRequest
+from quotawrap.ledger.sqlite import SQLiteLedger
+from quotawrap.quota import beijing_day
+from quotawrap.usage import Usage
+
+MODEL = "deepseek-v4-flash"
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[SQLiteLedger]:
+    store = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    yield store
+    store.close()
+
+
+def _settle(ledger: SQLiteLedger, reasoning: int, *, model: str = MODEL, endpoint: str = "chat") -> None:
+    hold = HoldRequest(
+        run_id="r",
+        model=model,
+        day=beijing_day(time.time()),
+        reserve=100_000,
+        endpoint=endpoint,
+        pid=os.getpid(),
+        host="h",
+        expires_at=time.time() + 60,
+    )
+    decision = ledger.reserve(hold, lambda _snapshot: [])
+    output = reasoning + 100
+    ledger.settle(decision.hold_id, Usage(10, output, 10 + output, reasoning_tokens=reasoning))
+
+
+class TestAllowanceBook:
+    def test_no_history(self, ledger: SQLiteLedger) -> None:
+        """A model never settled has nothing learned: the guard falls back to the seed's reserve."""
+        assert AllowanceBook(lambda: ledger).reasoning(MODEL) is None
+
+    def test_learns_from_the_ledger(self, ledger: SQLiteLedger) -> None:
+        """The largest reasoning of a few settled calls, per model; embeddings say nothing."""
+        for reasoning in (1_000, 12_000, 30_000):
+            _settle(ledger, reasoning)
+        _settle(ledger, 60_000, model="other-model")
+        _settle(ledger, 0, endpoint="embeddings")
+        assert AllowanceBook(lambda: ledger).reasoning(MODEL) == 30_000
+        assert model_reasoning(ledger.call_records()) == {MODEL: 30_000, "other-model": 60_000}
+
+    def test_a_call_our_bound_cut_teaches_twice_the_bound(self, ledger: SQLiteLedger) -> None:
+        """An output that reached the bound says the model wanted more: it counts as twice the bound."""
+        _settle(ledger, 0)
+        book = AllowanceBook(lambda: ledger)
+        assert book.reasoning(MODEL) == 0
+        book.observe(MODEL, 4_000, 4_096, bound=4_096)
+        assert book.reasoning(MODEL) == 8_192
+        book.observe(MODEL, 40_000, 40_000, bound=40_000)
+        assert book.reasoning(MODEL) == MAX_OUTPUT_TOKENS
+
+    def test_this_process_learns_before_the_next_read(self, ledger: SQLiteLedger) -> None:
+        """Calls settled here count at once, without waiting for the 30 s re-read of the ledger."""
+        book = AllowanceBook(lambda: ledger)
+        assert book.reasoning(MODEL) is None
+        book.observe(MODEL, 9_000, 9_050, bound=20_000)
+        assert book.reasoning(MODEL) == 9_000

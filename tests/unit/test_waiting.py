@@ -1,0 +1,145 @@
+"""The in-process line, the run's events log and what the summary, live view and status make of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+from quotawrap.ledger.base import ModelTotals, RunTotals
+from quotawrap.live import wait_line
+from quotawrap.report import format_summary, run_report
+from quotawrap.settings import Settings
+from quotawrap.waiting import EventLog, EventsTail, WaitLine, percentile, read_events, summarize, waiting_now
+
+
+def _lines(*events: dict) -> list[str]:
+    return [json.dumps(event) for event in events]
+
+
+class TestWaitLine:
+    def test_first_come_first_served(self) -> None:
+        """The head is the earliest ticket; leaving hands the head to the next."""
+        line = WaitLine()
+        first, second = line.join("k"), line.join("k")
+        assert line.is_head("k", first) and not line.is_head("k", second)
+        line.leave("k", first)
+        assert line.is_head("k", second)
+        line.leave("k", second)
+        assert not line.busy("k")
+
+    def test_keys_are_separate_lines(self) -> None:
+        """Calls waiting for different room do not queue behind each other."""
+        line = WaitLine()
+        line.join("a")
+        assert line.is_head("b", line.join("b"))
+
+    def test_threads_are_served_in_arrival_order(self) -> None:
+        """Eight threads that join in order become head in that order."""
+        line = WaitLine()
+        tickets = [line.join("k") for _ in range(8)]
+        served: list[int] = []
+
+        def wait_turn(ticket: int) -> None:
+            while not line.is_head("k", ticket):
+                line.nap(0.01)
+            served.append(ticket)
+            line.leave("k", ticket)
+
+        threads = [threading.Thread(target=wait_turn, args=(t,)) for t in reversed(tickets)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert served == tickets
+
+
+class TestEvents:
+    def test_summarize(self) -> None:
+        """Finished waits give the count and percentiles; an open wait is waiting now; bounds and superseded add up."""
+        events = summarize(
+            [
+                *_lines(
+                    {"ev": "wait", "id": "a", "model": "m"},
+                    {"ev": "waited", "id": "a", "model": "m", "outcome": "admitted", "waited_s": 0.5, "superseded": 1},
+                    {"ev": "wait", "id": "b", "model": "m"},
+                    {"ev": "waited", "id": "b", "model": "m", "outcome": "refused", "waited_s": 2.0, "superseded": 0},
+                    {"ev": "wait", "id": "c", "model": "m"},
+                    {"ev": "superseded", "model": "m", "n": 2},
+                    {"ev": "bound", "model": "m", "bound": 4096},
+                ),
+                "not json",
+                "{}",
+            ]
+        )
+        assert events.waits == [0.5, 2.0]
+        assert (events.admitted_after_wait, events.refused_after_wait, events.waiting_now) == (1, 1, 1)
+        assert events.superseded_by_model == {"m": 3}
+        assert events.bounded_by_model == {"m": 1}
+        assert (events.wait_p50, events.wait_p99) == (0.5, 2.0)
+
+    def test_tail_reads_only_what_was_appended(self, tmp_path: Path) -> None:
+        """A half-written last line waits for its end; nothing is counted twice."""
+        path = tmp_path / "events.jsonl"
+        log = EventLog(str(path))
+        tail = EventsTail(path)
+        log.write({"ev": "bound", "model": "m"})
+        with open(path, "a") as handle:
+            handle.write('{"ev": "bou')
+        assert tail.poll().bounded_calls == 1
+        with open(path, "a") as handle:
+            handle.write('nd", "model": "m"}\n')
+        assert tail.poll().bounded_calls == 2
+        assert tail.poll().bounded_calls == 2
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+    def test_missing_log(self, tmp_path: Path) -> None:
+        """No log (nothing waited, or no run): no events, no error."""
+        assert read_events(tmp_path / "absent.jsonl").waits == []
+        assert read_events(None).bounded_calls == 0
+
+    def test_waiting_now_counts_live_processes_only(self, tmp_path: Path) -> None:
+        """status counts a wait while its process lives; a dead child's open wait is not waiting."""
+        (tmp_path / "run.jsonl").write_text(
+            "\n".join(
+                _lines(
+                    {"ev": "wait", "id": "live", "model": "m", "pid": os.getpid()},
+                    {"ev": "wait", "id": "dead", "model": "m", "pid": 2**22 + 12345},
+                    {"ev": "wait", "id": "over", "model": "m", "pid": os.getpid()},
+                    {"ev": "waited", "id": "over", "model": "m", "outcome": "admitted", "waited_s": 1},
+                )
+            )
+        )
+        assert waiting_now(tmp_path) == {"m": 1}
+
+    def test_percentile(self) -> None:
+        """Nearest rank; None without values."""
+        assert percentile([], 50) is None
+        assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+class TestReport:
+    def test_superseded_attempts_are_not_blocks(self) -> None:
+        """A call refused once, then admitted after waiting, is not counted as blocked in the summary."""
+        totals = RunTotals("r", {"m": ModelTotals(calls=3, blocked_calls=2)})
+        events = summarize(
+            _lines(
+                {"ev": "wait", "id": "a", "model": "m"},
+                {"ev": "waited", "id": "a", "model": "m", "outcome": "admitted", "waited_s": 0.25, "superseded": 1},
+                {"ev": "bound", "model": "m"},
+            )
+        )
+        report = run_report(totals, settings=Settings(), exit_code=0, events=events)
+        assert report["totals"]["blocked_calls"] == 1
+        assert report["models"]["m"]["blocked_calls"] == 1
+        assert report["waits"]["waited_calls"] == 1
+        text = format_summary(report)
+        assert "1 call(s) waited for room" in text and "p99 0.25s" in text
+        assert "1 call(s) left their whole output open" in text
+
+    def test_live_wait_line(self) -> None:
+        """The live view's line says who waits now and how long waits took; nothing before any wait."""
+        assert wait_line(summarize([])) is None
+        events = summarize(_lines({"ev": "wait", "id": "a", "model": "m"}))
+        assert wait_line(events) == "waiting  1 call(s) for room now"

@@ -538,7 +538,12 @@ class Guard:
         outcome = "abandoned"
         try:
             while True:
-                plan = self._plan(kind, url, request, model, room, estimate)
+                try:  # nothing may raise once the hold is taken: whatever can, is computed here
+                    plan = self._plan(kind, url, request, model, room, estimate)
+                    answer_bound = usage_bound(kind, plan.body, plan.estimate)
+                except (ValueError, RecursionError) as exc:
+                    outcome = "refused"
+                    return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
                 hold = self._hold(model, day, found.endpoint or kind, headers, plan, now, enforce, rule)
                 overdue = time.monotonic() >= deadline
                 # Others of this process wait already (queue behind them), or the counters last seen say
@@ -559,11 +564,13 @@ class Guard:
                 room.seen(decision.counters)
                 if decision.held:
                     outcome = "admitted"
-                    return self._admitted(found, kind, request, model, day, plan, hold, decision, now, rule)
+                    return self._admitted(
+                        found, kind, request, model, day, plan, hold, decision, now, rule, answer_bound
+                    )
                 limits = room.limits_for(self.snapshot(model))
                 never = quota.never_fits(limits, decision.counters, hold.reserve, reserve_cost=hold.reserve_cost)
                 if never is not None and plan.bound is not None:
-                    refit = self._plan(kind, url, request, model, room, estimate).bound
+                    refit = self._plan(kind, url, request, model, room, estimate).bound  # raised above if it can
                     if refit is not None and refit < plan.bound:
                         superseded += 1
                         self._audit_refusal(model, day, plan, hold, decision)
@@ -670,6 +677,7 @@ class Guard:
         decision: Decision,
         now: float,
         rule: CostRule,
+        answer_bound: UsageBound,
     ) -> GuardedCall:
         body = plan.body
         hide = False
@@ -697,7 +705,7 @@ class Guard:
             hide_usage_chunk=hide,
             guard=self,
             context=context,
-            bound=usage_bound(kind, body, plan.estimate),
+            bound=answer_bound,
         )
         call.cost_rule = rule
         if found.endpoint == "video_task":

@@ -595,12 +595,12 @@ class Guard:
                 self._events.write({"ev": "superseded", "model": model, "n": superseded})
 
     def _plan(self, kind: Kind, url: str, request: dict[str, Any], model: str, room: Room, estimate: Estimate) -> Plan:
-        """Bound the call's whole output when it may think without a bound (not for bots, whose output is
-        theirs, nor under --no-bound or --watch), and what it then reserves."""
+        """Bound the call's whole output when it may think without a bound (bots too: their API takes the chat
+        body), unless --no-bound or --watch, and what it then reserves."""
         if kind not in ("chat", "responses") or not unbounded_thinking(kind, request):
             return Plan(estimate, request, None)
         # --watch observes the program as it is: it changes no request
-        boundable = self.settings.bound and not self.settings.watch and "/bots/" not in url
+        boundable = self.settings.bound and not self.settings.watch
         reasoning = self._allowances.reasoning(model) if boundable else None
         return plan_output(kind, request, estimate, self._estimate_settings, boundable, reasoning, room.token_space)
 

@@ -82,7 +82,8 @@ class TestEveryStack:
         cap = 20_000
         result, report = _run(sim, store, tmp_path, ["--cap-tokens", str(cap)], child("stacks.py", "aiohttp-swarm"))
         statuses = _record(result.stdout)["statuses"]
-        assert set(statuses) == {200, 429}
+        # calls that did not fit at once wait for room (issue 9): the loop goes on, none is refused for it
+        assert 200 in statuses and set(statuses) <= {200, 429}
         assert statuses.count(200) == sim.calls()
         assert 0 < sim.billed_total() <= cap
         assert report["totals"]["settled_tokens"] == sim.billed_total()

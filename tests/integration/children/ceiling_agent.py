@@ -79,8 +79,14 @@ def process_main(args: argparse.Namespace, pid_index: int) -> None:
 
 
 def in_flight() -> int:
-    """The run's tokens in flight, as the ledger holds them right now."""
+    """The run's tokens in flight, as the ledger holds them once the settles already submitted have landed
+    (the guard settles on a background thread; flush waits for what abandoning the stream queued)."""
+    from quotawrap.intercept import get_guard
     from quotawrap.ledger import open_ledger, run_key
+
+    guard = get_guard()
+    if guard is not None:
+        guard.flush(timeout=10)
 
     ledger = open_ledger(os.environ["QUOTAWRAP_STORE"])
     key = run_key(os.environ["QUOTAWRAP_RUN_ID"])

@@ -33,6 +33,7 @@ node-deps:
 
 test: $(BIN)/quotawrap redis-server node-deps  ## the whole test suite, lint included
 	$(BIN)/ruff check .
+	$(BIN)/python tests/check_imports.py
 	$(BIN)/pytest -q
 
 bench: $(BIN)/quotawrap redis-server  ## every figure of docs/benchmarks.md and docs/day-simulation.md

@@ -1,22 +1,59 @@
-"""quotawrap's exceptions.
+"""quotawrap's exceptions, in branches that decide what a caller does with them.
 
 QuotawrapError
-├── ConfigError        bad flag, env var or quotawrap.toml value (exit code 2)
-└── StoreError         the ledger cannot be opened, read or written (names the store)
-    └── StoreCorrupt   the ledger exists but is not a quotawrap ledger / is damaged
+├── PolicyRefused          quotawrap refuses by rule: a 4xx in the guarded program, never fail-open
+│   ├── ConfigError        bad flag, env var or quotawrap.toml value (exit code 2)
+│   └── UnknownPrice       a model without a price under ``--unknown-price error``
+├── StoreError             the ledger cannot be opened, read or written (names the store): a 503,
+│   │                      or an unguarded call under ``--fail-open``; exit code 4 on the CLI
+│   └── StoreCorrupt       the ledger exists but is not a quotawrap ledger / is damaged
+└── Unavailable            a helper quotawrap can work without (it degrades and says so)
+    ├── TokenizerUnavailable   a bundled tokenizer cannot be loaded (counting falls back to bytes)
+    └── BalanceUnavailable     no balance could be read (the previous snapshot stays in force)
+
+Catch the precise branch: a price refused by policy once read as a store outage, and went out
+unguarded under ``--fail-open``.
 """
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "QuotawrapError", "StoreCorrupt", "StoreError"]
+import json
+
+__all__ = [
+    "BalanceUnavailable",
+    "ConfigError",
+    "PolicyRefused",
+    "QuotawrapError",
+    "StoreCorrupt",
+    "StoreError",
+    "TokenizerUnavailable",
+    "Unavailable",
+    "UnknownPrice",
+]
 
 
 class QuotawrapError(Exception):
     """Root of every error quotawrap raises on purpose."""
 
 
-class ConfigError(QuotawrapError):
+class PolicyRefused(QuotawrapError):
+    """quotawrap will not do this by rule; retrying or failing open cannot change the answer."""
+
+
+class ConfigError(PolicyRefused):
     """A setting could not be understood."""
+
+
+class UnknownPrice(PolicyRefused):
+    """A model has no price and the policy says not to guess."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"no price for model {model!r} and --unknown-price is 'error': add "
+            f"[prices.{json.dumps(model)}] to quotawrap.toml (input, cached_input, output in CNY per "
+            "million tokens), or allow the conservative default with --unknown-price conservative"
+        )
+        self.model = model
 
 
 class StoreError(QuotawrapError):
@@ -29,3 +66,15 @@ class StoreError(QuotawrapError):
 
 class StoreCorrupt(StoreError):
     """The ledger is damaged or is not a quotawrap ledger; it is never silently reset."""
+
+
+class Unavailable(QuotawrapError):
+    """Something quotawrap uses but can do without is missing; the caller degrades."""
+
+
+class TokenizerUnavailable(Unavailable):
+    """A bundled tokenizer could not be loaded; quotawrap never downloads one instead."""
+
+
+class BalanceUnavailable(Unavailable):
+    """No balance could be read; the previous snapshot stays in force."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from ._errors import ConfigError
 from .ledger.base import CallRecord, DayAggregate
-from .prices import format_cny
+from .money import format_cny
 from .quota import BEIJING
 
 __all__ = [

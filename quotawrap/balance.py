@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ._errors import ConfigError, QuotawrapError
+from ._errors import BalanceUnavailable, ConfigError
 from .quota import Package
 
 __all__ = [
@@ -32,10 +32,6 @@ __all__ = [
 ACCESS_KEY_VARIABLES = ("VOLC_ACCESSKEY", "VOLCENGINE_ACCESS_KEY", "VOLC_ACCESS_KEY_ID")
 SECRET_KEY_VARIABLES = ("VOLC_SECRETKEY", "VOLCENGINE_SECRET_KEY", "VOLC_SECRET_ACCESS_KEY")
 _PAGE_SIZE = "20"  # the API's maximum
-
-
-class BalanceUnavailable(QuotawrapError):
-    """No balance could be read; the previous snapshot stays in force."""
 
 
 def match_model(fields: Iterable[str], models: Sequence[str], package_match: Mapping[str, str]) -> str | None:

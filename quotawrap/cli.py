@@ -418,7 +418,7 @@ def report_command(
 def sessions_command(since: str | None, until: str | None, as_json: bool, **values: Any) -> None:
     """Runs with their totals, newest last."""
     from .audit import aggregate
-    from .prices import format_cny
+    from .money import format_cny
 
     ledger = _open(_settings(values))
     start, end = _time_bound(since), _time_bound(until)

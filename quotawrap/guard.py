@@ -48,7 +48,7 @@ from .endpoint_prices import CostRule, with_media_prices
 from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unbounded_thinking, usage_bound
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .ledger.base import CallRecord, CallState, Decision, Settle, run_cost_key, run_key
-from .prices import format_cny
+from .money import format_cny
 from .settings import Settings
 from .tokens import TokenizerUnavailable, utf8_bound
 from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, usage_from_body
@@ -279,7 +279,7 @@ class Guard:
     @property
     def prices(self) -> PriceTable:
         if self._prices is None:
-            from .prices import load_price_table
+            from .settings import load_price_table
 
             self._prices = with_media_prices(load_price_table(self.settings))
         return self._prices

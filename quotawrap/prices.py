@@ -20,18 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation
 from typing import Any, Final, Literal, get_args
 
-from ._errors import ConfigError, QuotawrapError
+from ._errors import ConfigError, UnknownPrice
+from .money import Cost, micro_cny
 from .usage import Usage
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from .settings import Settings
 
 __all__ = [
     "BUNDLED_AS_OF",
@@ -45,27 +41,12 @@ __all__ = [
     "UnknownPrice",
     "UnknownPricePolicy",
     "conservative_default",
-    "format_cny",
     "load_overrides",
-    "load_price_table",
     "normalize_model",
-    "parse_cny",
 ]
 
 UnknownPricePolicy = Literal["conservative", "error"]
 UNKNOWN_PRICE_POLICIES: Final = get_args(UnknownPricePolicy)
-
-
-class UnknownPrice(QuotawrapError):
-    """A model has no price and the policy says not to guess."""
-
-    def __init__(self, model: str) -> None:
-        super().__init__(
-            f"no price for model {model!r}: add [prices.{json.dumps(model)}] to quotawrap.toml "
-            "(input, cached_input, output in CNY per million tokens), or allow the conservative "
-            "default with --unknown-price conservative"
-        )
-        self.model = model
 
 
 # --------------------------------------------------------------------------- data model
@@ -139,79 +120,6 @@ class ModelPrice:
 def _check_price(value: object, name: str) -> None:
     if not isinstance(value, Decimal) or not value.is_finite() or value < 0:
         raise ValueError(f"{name} must be a finite non-negative Decimal, got {value!r}")
-
-
-# --------------------------------------------------------------------------- money
-
-
-class Cost(int):
-    """An amount in micro-CNY (1e-6 CNY). It *is* an ``int``: store it, add it, compare it.
-
-    ``estimated`` is True when the price behind it was a default or an unverified estimate
-    rather than a known list price. Adding costs keeps the flag if either side had it; any
-    other arithmetic gives a plain ``int``.
-    """
-
-    estimated: bool
-
-    def __new__(cls, micro_cny: int = 0, *, estimated: bool = False) -> Cost:
-        self = super().__new__(cls, micro_cny)
-        self.estimated = estimated
-        return self
-
-    def __add__(self, other: object) -> Cost:
-        if not isinstance(other, int) or isinstance(other, bool):
-            return NotImplemented
-        flagged = self.estimated or bool(getattr(other, "estimated", False))
-        return Cost(int(self) + int(other), estimated=flagged)
-
-    __radd__ = __add__
-
-    @property
-    def cny(self) -> Decimal:
-        return Decimal(int(self)).scaleb(-6)
-
-    def format(self) -> str:
-        """``¥0.0123``, or ``~¥0.0123`` when estimated."""
-        return format_cny(self)
-
-
-def format_cny(micro_cny: int, *, estimated: bool | None = None, places: int = 4) -> str:
-    """Render micro-CNY as ``¥0.0123`` (``~¥…`` when estimated, ``-¥…`` when negative).
-
-    ``estimated`` defaults to the value's own flag when it is a :class:`Cost`. An amount too
-    small to show in ``places`` decimals is shown in full rather than as a misleading ``¥0.0000``.
-    """
-    if estimated is None:
-        estimated = bool(getattr(micro_cny, "estimated", False))
-    amount = Decimal(abs(int(micro_cny))).scaleb(-6)
-    shown = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
-    if shown == 0 and amount != 0:
-        shown = amount.quantize(Decimal("0.000001"))
-    sign = "-" if int(micro_cny) < 0 else ""
-    return f"{'~' if estimated else ''}{sign}¥{shown}"
-
-
-def parse_cny(text: str | int | float | Decimal) -> int:
-    """An amount of CNY (``5``, ``"0.50"``, ``"¥2"``) as micro-CNY, for caps like ``--cap-cost``.
-
-    Digits beyond a micro-CNY are dropped: a cap never grows by rounding.
-    """
-    raw = text.strip().lstrip("¥").strip() if isinstance(text, str) else text
-    if isinstance(raw, bool):
-        raise ConfigError(f"not an amount of CNY: {text!r}")
-    try:
-        amount = Decimal(str(raw)) if isinstance(raw, float) else Decimal(raw)
-    except (InvalidOperation, ValueError, TypeError):
-        raise ConfigError(f"not an amount of CNY: {text!r}") from None
-    if not amount.is_finite() or amount < 0:
-        raise ConfigError(f"an amount of CNY must be a non-negative number, got {text!r}")
-    return int(amount.scaleb(6).to_integral_value(rounding=ROUND_DOWN))
-
-
-def _micro_cny(parts: Iterable[tuple[int, Decimal]]) -> int:
-    """Tokens times CNY-per-million is micro-CNY; round the sum up once, so no call is undercharged."""
-    return math.ceil(sum((Decimal(tokens) * price for tokens, price in parts), Decimal(0)))
 
 
 # --------------------------------------------------------------------------- bundled table
@@ -393,7 +301,7 @@ class PriceTable:
         _check_count(output_allowance, "output_allowance")
         price = self.resolve(model)
         tier = price.tier_for(estimate_input_tokens)
-        micro = _micro_cny([(estimate_input_tokens, tier.input), (output_allowance, tier.output)])
+        micro = micro_cny([(estimate_input_tokens, tier.input), (output_allowance, tier.output)])
         return Cost(micro, estimated=price.estimated)
 
     def actual_cost(self, model: str, usage: Usage) -> Cost:
@@ -408,7 +316,7 @@ class PriceTable:
         output = max(usage.completion_tokens, usage.total_tokens - prompt, 0)
         price = self.resolve(model)
         tier = price.tier_for(prompt)
-        micro = _micro_cny(
+        micro = micro_cny(
             [(prompt - cached, tier.input), (cached, tier.cached_input), (output, tier.output_price(output))]
         )
         return Cost(micro, estimated=price.estimated)
@@ -609,13 +517,3 @@ def _digest(data: Mapping[str, Any]) -> str:
 
 def _type_name(value: object) -> str:
     return "nothing" if value is None else type(value).__name__
-
-
-def load_price_table(settings: Settings) -> PriceTable:
-    """The table in force for a run: bundled prices plus ``[prices]`` of quotawrap.toml, with the policy."""
-    from .settings import config_section
-
-    policy = settings.unknown_price
-    if policy not in UNKNOWN_PRICE_POLICIES:
-        raise ConfigError(f"unknown_price must be one of {', '.join(UNKNOWN_PRICE_POLICIES)}, got {policy!r}")
-    return load_overrides(config_section("prices"), unknown_price=policy)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from ._errors import ConfigError
-from .prices import format_cny
+from .money import format_cny
 
 __all__ = [
     "BEIJING",

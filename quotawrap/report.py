@@ -11,7 +11,7 @@ from typing import Any
 
 from .ledger import Ledger, ModelTotals, RunTotals
 from .ledger.base import CallRecord, DayAggregate
-from .prices import format_cny
+from .money import format_cny
 from .quota import DAY_S, beijing_day, beijing_day_start
 from .settings import Settings
 from .waiting import RunEvents

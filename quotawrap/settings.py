@@ -20,6 +20,10 @@ from typing import Any
 from ._errors import ConfigError
 from .quota import QuotaSettings
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .prices import PriceTable
+
 __all__ = [
     "CONFIG_FILE",
     "OPTIONS",
@@ -29,6 +33,7 @@ __all__ = [
     "config_section",
     "env_name",
     "load_config_file",
+    "load_price_table",
 ]
 
 CONFIG_FILE = "quotawrap.toml"
@@ -402,3 +407,13 @@ def load_config_file(path: str | os.PathLike[str] | None = None) -> dict[str, An
         except ConfigError as exc:
             raise ConfigError(f"{candidate}: {exc}") from exc
     return values
+
+
+def load_price_table(settings: Settings) -> PriceTable:
+    """The table in force for a run: bundled prices plus ``[prices]`` of quotawrap.toml, with the policy."""
+    from .prices import UNKNOWN_PRICE_POLICIES, load_overrides  # the table is built only when a call needs it
+
+    policy = settings.unknown_price
+    if policy not in UNKNOWN_PRICE_POLICIES:
+        raise ConfigError(f"unknown_price must be one of {', '.join(UNKNOWN_PRICE_POLICIES)}, got {policy!r}")
+    return load_overrides(config_section("prices"), unknown_price=policy)  # type: ignore[arg-type]

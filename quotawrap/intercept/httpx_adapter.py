@@ -117,7 +117,7 @@ def _observe(response: Any, call: GuardedCall, tee: type) -> None:
 
 
 def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type, stack: str) -> Callable[..., Any]:
-    from . import get_guard
+    from ._active import get_guard
 
     not_sent = _not_sent_errors(module)
 
@@ -156,7 +156,7 @@ def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type, stac
 
 
 def _make_async(module: ModuleType, original: Callable[..., Any], tee: type, stack: str) -> Callable[..., Any]:
-    from . import get_guard
+    from ._active import get_guard
 
     not_sent = _not_sent_errors(module)
 

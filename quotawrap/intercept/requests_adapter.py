@@ -97,7 +97,7 @@ def _body_bytes(body: Any) -> bytes | None:
 
 
 def _make_send(module: ModuleType, original: Callable[..., Any]) -> Callable[..., Any]:
-    from . import get_guard
+    from ._active import get_guard
 
     exceptions = module.exceptions
 

@@ -185,7 +185,7 @@ def _connection_url(module: ModuleType, conn: Any, target: str) -> str:
 
 
 def _make_request(module: ModuleType, original: Callable[..., Any]) -> Callable[..., Any]:
-    from . import get_guard
+    from ._active import get_guard
 
     @functools.wraps(original)
     def request(
@@ -290,7 +290,7 @@ def _urllib3_refusal(module: ModuleType, call: GuardedCall, method: str, url: st
 
 
 def _make_urlopen(module: ModuleType, original: Callable[..., Any]) -> Callable[..., Any]:
-    from . import get_guard
+    from ._active import get_guard
 
     @functools.wraps(original)
     def urlopen(

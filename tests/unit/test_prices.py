@@ -13,19 +13,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from quotawrap._errors import ConfigError, QuotawrapError
+from quotawrap.money import Cost, format_cny, parse_cny
 from quotawrap.prices import (
     BUNDLED_AS_OF,
     BUNDLED_PRICES,
     BUNDLED_SOURCE,
-    Cost,
     ModelPrice,
     PriceTable,
     Tier,
     UnknownPrice,
-    format_cny,
     load_overrides,
     normalize_model,
-    parse_cny,
 )
 from quotawrap.usage import Usage
 

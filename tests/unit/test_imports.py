@@ -1,0 +1,76 @@
+"""The import rules hold for the package, and the checker catches a broken one."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from tests.check_imports import PURE, import_graph, problems
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    package = root / "quotawrap"
+    for name, source in files.items():
+        path = package / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source), encoding="utf-8")
+    return package
+
+
+class TestImportRules:
+    """No import cycle among quotawrap modules; pure modules stay free of I/O."""
+
+    def test_the_package_keeps_the_rules(self) -> None:
+        """quotawrap itself has no cycle and its pure modules import nothing that does I/O."""
+        assert problems() == []
+
+    def test_the_pure_modules_exist(self) -> None:
+        """The rule checks real modules: each pure module present today is found by the checker."""
+        internal, _ = import_graph(Path(__file__).resolve().parents[2] / "quotawrap")
+        for name in (
+            "quotawrap.quota",
+            "quotawrap.estimate",
+            "quotawrap.usage",
+            "quotawrap.endpoints",
+            "quotawrap.money",
+        ):
+            assert name in PURE and name in internal
+
+    def test_a_cycle_through_a_lazy_import_is_caught(self, tmp_path: Path) -> None:
+        """A cycle closed by an import inside a function (invisible at import time) still fails the check."""
+        package = _package(
+            tmp_path,
+            {
+                "__init__.py": "",
+                "prices.py": "from .settings import X\n",
+                "settings.py": "def f():\n    from . import prices\n",
+            },
+        )
+        assert problems(package) == ["import cycle: quotawrap.prices <-> quotawrap.settings"]
+
+    def test_a_cycle_between_a_package_and_its_submodule_is_caught(self, tmp_path: Path) -> None:
+        """An adapter importing from its parent package, which imports the adapter, is a cycle."""
+        package = _package(
+            tmp_path,
+            {
+                "__init__.py": "",
+                "intercept/__init__.py": "from .adapter import patch\ndef get_guard(): ...\n",
+                "intercept/adapter.py": "def patch():\n    from . import get_guard\n",
+            },
+        )
+        assert problems(package) == ["import cycle: quotawrap.intercept <-> quotawrap.intercept.adapter"]
+
+    def test_a_pure_module_importing_io_is_caught(self, tmp_path: Path) -> None:
+        """A pure module reaching an I/O module of ours or of the standard library fails the check."""
+        package = _package(
+            tmp_path,
+            {
+                "__init__.py": "",
+                "quota.py": "import os.path\nfrom . import ledger\n",
+                "ledger.py": "import sqlite3\n",
+            },
+        )
+        assert problems(package) == [
+            "quotawrap.quota (pure) imports quotawrap.ledger, which is not pure",
+            "quotawrap.quota (pure) imports os.path, an I/O module",
+        ]

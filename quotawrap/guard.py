@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from . import endpoints, quota, refusals
-from ._errors import QuotawrapError
+from ._errors import PolicyRefused, StoreError
 from ._log import warn
 from .admission import Plan, Room, Wait, only_in_flight_in_the_way, plan_output
 from .allowance import AllowanceBook
@@ -462,24 +462,19 @@ class Guard:
             return remembered
         try:
             call = yield from self._reserve(found, url, headers, request, model)
-        except Exception as exc:  # the ledger's faults, and any fault of ours: refuse loudly, never raise
+        except PolicyRefused as exc:  # a rule, not an outage: asking again gets the same answer, so never fail-open
+            return _refuse(400, "QuotawrapPolicyRefused", "BadRequest", f"quotawrap refuses a call to {model}: {exc}.")
+        except StoreError as exc:  # its message names the store with the password hidden (the ledger's rule)
             if self.settings.fail_open:
                 warn(f"{exc}; --fail-open: this call to {model} goes out UNGUARDED")
                 self._record_unguarded(model, found.endpoint, exc)
                 return None
-            if isinstance(exc, QuotawrapError):
-                message = f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}. Fix the store"
-            else:
-                warn(f"internal error while guarding a call to {model}: {type(exc).__name__}: {exc}")
-                message = f"quotawrap failed to guard this call ({type(exc).__name__}: {exc}), so it refuses it"
-            return GuardedCall.refused(
-                SyntheticResponse.ark_error(
-                    503,
-                    "QuotawrapStoreUnavailable",
-                    "ServiceUnavailable",
-                    message + ", or pass --fail-open to let calls through unguarded.",
-                )
-            )
+            message = f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}. Fix the store,"
+            return _refuse(503, "QuotawrapStoreUnavailable", "ServiceUnavailable", message + _FAIL_OPEN_HINT)
+        except Exception as exc:  # any other fault of ours: refuse loudly, never raise, and never fail open
+            warn(f"internal error while guarding a call to {model}: {type(exc).__name__}: {exc}")
+            message = f"quotawrap failed to guard this call ({type(exc).__name__}: {exc}), so it refuses it."
+            return _refuse(503, "QuotawrapCannotGuard", "ServiceUnavailable", message)
         if call.blocked is not None and call.blocked.status in (403, 429):
             self.retries.remember(key, call.blocked, self._clock())
         call.url = url
@@ -1024,9 +1019,16 @@ class GuardedCall:
             warn(f"cannot audit a call to {self.model}: {exc}")
 
 
+_FAIL_OPEN_HINT = " or pass --fail-open to let calls through unguarded."
+
+
+def _refuse(status: int, code: str, error_type: str, message: str) -> GuardedCall:
+    return GuardedCall.refused(SyntheticResponse.ark_error(status, code, error_type, message))
+
+
 def _unreadable(message: str) -> GuardedCall:
     """Refuse a request quotawrap cannot read (the provider could not either): 400, never sent."""
-    return GuardedCall.refused(SyntheticResponse.ark_error(400, "QuotawrapUnreadableRequest", "BadRequest", message))
+    return _refuse(400, "QuotawrapUnreadableRequest", "BadRequest", message)
 
 
 def _utf8_bytes(_model: str, text: str) -> int:

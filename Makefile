@@ -31,9 +31,13 @@ node-deps:
 	  cd tests/node && npm ci --no-audit --no-fund; \
 	fi
 
-test: $(BIN)/quotawrap redis-server node-deps  ## the whole test suite, lint included
+lint: $(BIN)/quotawrap  ## the static checks: ruff, ruff format, mypy --strict, import rules
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy --strict quotawrap
 	$(BIN)/python tests/check_imports.py
+
+test: lint redis-server node-deps  ## the whole test suite, lint included
 	$(BIN)/pytest -q
 
 bench: $(BIN)/quotawrap redis-server  ## every figure of docs/benchmarks.md and docs/day-simulation.md

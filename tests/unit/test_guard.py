@@ -1,0 +1,172 @@
+"""Guard's policy on its own, over a real SQLite ledger: hold, block, settle, release, charge, fail open."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quotawrap.guard import Guard, GuardedCall
+from quotawrap.ledger import run_key
+from quotawrap.ledger.sqlite import SQLiteLedger
+from quotawrap.settings import Settings
+
+BASE = "http://127.0.0.1:9/api/v3"
+URL = f"{BASE}/chat/completions"
+RUN = "guard-unit"
+JSON = {"content-type": "application/json"}
+
+
+def body(model: str = "deepseek-v4-flash", max_tokens: int = 100) -> bytes:
+    return json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+    ).encode()
+
+
+def answer(prompt: int, completion: int) -> bytes:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return json.dumps({"choices": [{"message": {"content": "ok"}}], "usage": usage}).encode()
+
+
+def respond(call: GuardedCall, status: int, payload: bytes) -> None:
+    """What an adapter does with a whole body: start, feed, finish."""
+    call.response_started(status, JSON)
+    call.feed(payload)
+    call.finish()
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> SQLiteLedger:
+    return SQLiteLedger(tmp_path / "ledger.sqlite3")
+
+
+@pytest.fixture
+def make_guard(ledger: SQLiteLedger) -> Callable[..., Guard]:
+    def make(**changes: Any) -> Guard:
+        return Guard(Settings(**{"base_url": (BASE,), "run_id": RUN, **changes}), ledger)
+
+    return make
+
+
+def in_flight(ledger: SQLiteLedger) -> int:
+    return ledger.counters([run_key(RUN)])[run_key(RUN)].in_flight
+
+
+class TestNotOurs:
+    def test_other_hosts_and_unmatched_models_pass_untouched(self, make_guard: Callable[..., Guard]) -> None:
+        """A URL that is not guarded, or a model outside --model, gets None: sent as it is, nothing held."""
+        guard = make_guard(model=("doubao-*",))
+        assert guard.begin("POST", "http://example.com/v1/chat/completions", JSON, body()) is None
+        assert guard.begin("POST", URL, JSON, body("deepseek-v4-flash")) is None
+        assert guard.ledger.run_totals(RUN).totals.calls == 0
+
+
+class TestLifecycle:
+    def test_a_call_is_held_then_settled_at_its_usage(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        """begin holds the pessimistic reserve; a 200 with usage settles exactly that usage."""
+        guard = make_guard()
+        call = guard.begin("POST", URL, JSON, body())
+        assert call is not None and call.blocked is None
+        assert in_flight(ledger) > 100  # input estimate + the 100-token allowance
+        respond(call, 200, answer(12, 30))
+        totals = ledger.run_totals(RUN).totals
+        assert (totals.calls, totals.settled_tokens, in_flight(ledger)) == (1, 42, 0)
+        assert totals.settled_cost > 0
+
+    def test_a_call_over_the_run_cap_is_blocked_and_recorded(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        """Over --cap-tokens: a 429 naming run_cap and how to raise it; recorded as blocked, nothing held."""
+        guard = make_guard(cap_tokens=50)
+        call = guard.begin("POST", URL, JSON, body(max_tokens=100))
+        assert call is not None and call.blocked is not None
+        assert call.blocked.status == 429
+        message = json.loads(call.blocked.body)["error"]["message"]
+        assert "run_cap" in message and "--cap-tokens" in message
+        totals = ledger.run_totals(RUN).totals
+        assert (totals.blocked_calls, totals.settled_tokens, in_flight(ledger)) == (1, 0, 0)
+
+    def test_watch_holds_what_it_would_have_blocked(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        """--watch: the same over-cap call is held and sent, and counted as would-block."""
+        call = make_guard(cap_tokens=50, watch=True).begin("POST", URL, JSON, body(max_tokens=100))
+        assert call is not None and call.blocked is None
+        respond(call, 200, answer(5, 5))
+        totals = ledger.run_totals(RUN).totals
+        assert (totals.would_block_calls, totals.settled_tokens) == (1, 10)
+
+    def test_a_provider_error_releases_the_hold(self, make_guard: Callable[..., Guard], ledger: SQLiteLedger) -> None:
+        """A 400 with an error body was not billed: the hold is released, nothing charged."""
+        call = make_guard().begin("POST", URL, JSON, body())
+        assert call is not None
+        respond(call, 400, json.dumps({"error": {"code": "InvalidParameter", "message": "no"}}).encode())
+        totals = ledger.run_totals(RUN).totals
+        assert (totals.released_calls, totals.settled_tokens, in_flight(ledger)) == (1, 0, 0)
+
+    def test_an_answer_without_usage_is_charged_its_hold(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        """A 200 that says nothing of usage is charged the whole reserve, as unresolved."""
+        call = make_guard().begin("POST", URL, JSON, body())
+        assert call is not None
+        reserved = in_flight(ledger)
+        respond(call, 200, b'{"choices": []}')
+        totals = ledger.run_totals(RUN).totals
+        assert (totals.unresolved_calls, totals.settled_tokens, in_flight(ledger)) == (1, reserved, 0)
+
+    def test_a_request_that_failed_before_sending_is_released(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        """A connection error before the request left: released; after it left: charged (outcome unknown)."""
+        guard = make_guard()
+        unsent = guard.begin("POST", URL, JSON, body())
+        sent = guard.begin("POST", URL, JSON, body())
+        assert unsent is not None and sent is not None
+        reserved = in_flight(ledger) // 2
+        unsent.failed(ConnectionError("refused"), sent=False)
+        sent.failed(TimeoutError("read"), sent=True)
+        totals = ledger.run_totals(RUN).totals
+        assert (totals.released_calls, totals.unresolved_calls, totals.settled_tokens) == (1, 1, reserved)
+
+
+class TestFaultsAndPolicies:
+    def store_down(self, tmp_path: Path) -> str:
+        """A store that cannot be created: its directory is a regular file."""
+        (tmp_path / "not-a-dir").write_text("x")
+        return f"sqlite:///{tmp_path / 'not-a-dir' / 'ledger.sqlite3'}"
+
+    def test_a_store_fault_refuses_with_503(self, tmp_path: Path) -> None:
+        """The ledger cannot be opened: 503 naming the store and --fail-open; nothing is sent."""
+        guard = Guard(Settings(base_url=(BASE,), run_id=RUN, store=self.store_down(tmp_path)))
+        call = guard.begin("POST", URL, JSON, body())
+        assert call is not None and call.blocked is not None and call.blocked.status == 503
+        assert "--fail-open" in json.loads(call.blocked.body)["error"]["message"]
+
+    def test_fail_open_lets_a_store_fault_through_and_records_it(self, tmp_path: Path) -> None:
+        """--fail-open: the call goes out (None) and the unguarded log gets one line naming model and error."""
+        log = tmp_path / "unguarded.jsonl"
+        settings = Settings(
+            base_url=(BASE,), run_id=RUN, store=self.store_down(tmp_path), fail_open=True, unguarded_log=str(log)
+        )
+        assert Guard(settings).begin("POST", URL, JSON, body()) is None
+        (record,) = [json.loads(line) for line in log.read_text().splitlines()]
+        assert (record["run_id"], record["model"]) == (RUN, "deepseek-v4-flash") and "ledger" in record["error"]
+
+    @pytest.mark.parametrize("fail_open", [False, True])
+    def test_a_policy_refusal_is_400_even_under_fail_open(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger, tmp_path: Path, fail_open: bool
+    ) -> None:
+        """--unknown-price error on an unpriced model: 400 naming the policy, never 503, never sent."""
+        log = tmp_path / "unguarded.jsonl"
+        guard = make_guard(unknown_price="error", fail_open=fail_open, unguarded_log=str(log))
+        call = guard.begin("POST", URL, JSON, body("house-unpriced"))
+        assert call is not None and call.blocked is not None
+        message = json.loads(call.blocked.body)["error"]["message"]
+        assert call.blocked.status == 400 and "--unknown-price" in message and "ledger" not in message
+        assert not log.exists() and in_flight(ledger) == 0

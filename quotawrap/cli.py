@@ -17,11 +17,11 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
-from ._errors import ConfigError, QuotawrapError, StoreError
+from ._errors import ConfigError, PolicyRefused, QuotawrapError, StoreCorrupt, StoreError
 from .settings import OPTIONS, Option, Settings, env_name, load_config_file, parse_value
 
 __all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "cli", "main"]
@@ -72,21 +72,46 @@ def _settings(values: dict[str, Any]) -> Settings:
                     values[option.name] = parse_value(option, raw)
                 except ConfigError as exc:
                     _fail(str(exc), EXIT_USAGE)
-    return Settings.from_values(values)
+    try:
+        return Settings.from_values(values)
+    except ConfigError as exc:  # every option's rule, checked before anything starts
+        _fail(str(exc), EXIT_USAGE)
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     click.echo(f"quotawrap: {message}", err=True)
     sys.exit(code)
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def _open(settings: Settings) -> Any:
     from .ledger import default_store_url, normalize_store_url, open_ledger
 
+    url = settings.store or default_store_url()
+    if url.startswith(REDIS_SCHEMES):
+        import importlib.util
+
+        if importlib.util.find_spec("redis") is None:
+            _fail("the Redis store needs the redis package: pip install 'quotawrap[redis]'", EXIT_STORE)
     try:
-        return open_ledger(normalize_store_url(settings.store or default_store_url()))
+        return open_ledger(normalize_store_url(url))
     except QuotawrapError as exc:
-        _fail(f"{exc}; the ledger was left untouched", EXIT_STORE)
+        _fail(f"{_cure(exc)}; the ledger was left untouched", _exit_code(exc))
+
+
+def _exit_code(exc: QuotawrapError) -> int:
+    """One mapping from the error tree to exit codes: a rule is a usage error, the store is 4."""
+    if isinstance(exc, PolicyRefused):
+        return EXIT_USAGE
+    return EXIT_STORE if isinstance(exc, StoreError) else 1
+
+
+def _cure(exc: QuotawrapError) -> str:
+    if isinstance(exc, StoreError) and not isinstance(exc, StoreCorrupt):
+        return f"{exc}; check that the store is running and reachable and that its URL and password are right"
+    return str(exc)
 
 
 class _DefaultRunGroup(click.Group):
@@ -401,7 +426,7 @@ def report_command(
         if audit_path:
             rows = aggregate(records, by)
     except QuotawrapError as exc:
-        _fail(str(exc), EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_STORE)
+        _fail(_cure(exc), _exit_code(exc))
     if fmt == "json":
         click.echo(json.dumps({"by": by, "rows": rows}, indent=2))
     elif fmt == "csv":
@@ -532,7 +557,7 @@ def sync_command(
         for model, snap in sync_once(ledger, settings, now).items():
             click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} ({snap.source})")
     except QuotawrapError as exc:
-        _fail(str(exc), EXIT_STORE if isinstance(exc, StoreError) else 1)
+        _fail(_cure(exc), _exit_code(exc))
 
 
 _CONSUME_OPTIONS = [
@@ -667,4 +692,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
     except ConfigError as exc:
         _fail(str(exc), EXIT_USAGE)
-    cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)
+    try:
+        cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)
+    except QuotawrapError as exc:  # any subcommand: one line naming the cure, never a traceback
+        _fail(_cure(exc), _exit_code(exc))

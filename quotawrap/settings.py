@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,9 @@ CONFIG_FILE = "quotawrap.toml"
 _QUOTA = QuotaSettings()
 
 
+Check = Callable[[Any], "str | None"]  # a value's problem, or None when it is fine
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -49,10 +54,80 @@ class Option:
     multiple: bool = False
     child: bool = True  # travels to the child through the environment
     flag: str = ""
+    check: Check | None = None  # the option's rule, applied to flags, environment and toml alike
 
     @property
     def cli_flag(self) -> str:
         return self.flag or "--" + self.name.replace("_", "-")
+
+    def validate(self, value: Any) -> None:
+        """Raise a ConfigError naming the flag and its variable when ``value`` breaks the rule."""
+        if self.check is None or value is None:
+            return
+        for item in value if self.multiple else (value,):
+            problem = self.check(item)
+            if problem is not None:
+                from .redact import redact_text
+
+                raise ConfigError(f"{self.cli_flag} ({env_name(self.name)}): {problem}, got {redact_text(repr(item))}")
+
+
+def _count(value: Any) -> str | None:
+    return None if value >= 0 else "must be a whole number >= 0"
+
+
+def _seconds(value: Any) -> str | None:
+    return None if math.isfinite(value) and value >= 0 else "must be a finite number of seconds >= 0"
+
+
+def _days(value: Any) -> str | None:
+    return None if math.isfinite(value) and value >= 0 else "must be a finite number of days >= 0"
+
+
+def _period(value: Any) -> str | None:
+    return None if math.isfinite(value) and value > 0 else "must be a finite number of seconds > 0"
+
+
+def _cny(value: Any) -> str | None:
+    return None if math.isfinite(value) and value >= 0 else "must be a finite amount of CNY >= 0"
+
+
+def _price_policy(value: Any) -> str | None:
+    from .prices import UNKNOWN_PRICE_POLICIES
+
+    return None if value in UNKNOWN_PRICE_POLICIES else f"must be one of {', '.join(UNKNOWN_PRICE_POLICIES)}"
+
+
+def _pair(value: Any) -> str | None:
+    left, sep, right = str(value).partition("=")
+    return None if sep and left.strip() and right.strip() else "must be MODEL=TEXT"
+
+
+def _store(value: Any) -> str | None:
+    from urllib.parse import urlsplit
+
+    url = str(value)
+    scheme = url.partition("://")[0] if "://" in url else ""
+    if scheme in ("redis", "rediss"):
+        try:
+            urlsplit(url).port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            return "the Redis port must be a number (redis://HOST:PORT/DB)"
+        return None
+    if scheme == "unix":
+        return None if urlsplit(url).path else "a unix:// store needs a socket path (unix:///PATH?db=N)"
+    if (scheme and scheme != "sqlite") or (url.startswith("sqlite:") and not url.startswith("sqlite:///")):
+        return "must be sqlite:///PATH, redis://HOST:PORT/DB, rediss://..., unix:///PATH or a file path"
+    return None
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
+
+
+def _run_id(value: Any) -> str | None:
+    # it names a file (the unguarded log) and a key: no path separators, no leading dot
+    ok = _RUN_ID.fullmatch(value) is not None
+    return None if ok else "must be 1-128 letters, digits, '_', '.', ':' or '-', not starting with '.', ':' or '-'"
 
 
 def env_name(name: str) -> str:
@@ -60,7 +135,13 @@ def env_name(name: str) -> str:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("store", str, None, "Ledger URL: sqlite:///PATH (default: user state dir) or redis://HOST:PORT/DB."),
+    Option(
+        "store",
+        str,
+        None,
+        "Ledger URL: sqlite:///PATH (default: user state dir) or redis://HOST:PORT/DB.",
+        check=_store,
+    ),
     Option(
         "model",
         str,
@@ -69,30 +150,35 @@ OPTIONS: tuple[Option, ...] = (
         multiple=True,
     ),
     Option("base_url", str, (), "Also guard this OpenAI-compatible base URL (repeatable).", multiple=True),
-    Option("cap_tokens", int, None, "Cap on tokens for this whole run (settled + in flight + reserve)."),
-    Option("daily_cap", int, _QUOTA.daily_cap, "Per-model cap per Beijing calendar day (the collection cap)."),
-    Option("small_buffer", int, _QUOTA.small_buffer, "Tokens kept back from the synced free pool."),
-    Option("usage_wall", int, _QUOTA.usage_wall, "Soft-evict a model once its day's usage reaches this."),
+    Option("cap_tokens", int, None, "Cap on tokens for this whole run (settled + in flight + reserve).", check=_count),
+    Option(
+        "daily_cap", int, _QUOTA.daily_cap, "Per-model cap per Beijing calendar day (the collection cap).", check=_count
+    ),
+    Option("small_buffer", int, _QUOTA.small_buffer, "Tokens kept back from the synced free pool.", check=_count),
+    Option("usage_wall", int, _QUOTA.usage_wall, "Soft-evict a model once its day's usage reaches this.", check=_count),
     Option(
         "balance_wall",
         int,
         _QUOTA.balance_wall,
         "Soft-evict a used model whose synced balance is below this.",
+        check=_count,
     ),
     Option(
         "balance_lag",
         float,
         _QUOTA.balance_lag_s,
         "Seconds the billing balance lags real usage (0 reproduces the v6 limit exactly).",
+        check=_seconds,
     ),
-    Option("thinking_floor", int, 4096, "Minimum output allowance for models that may think."),
-    Option("default_max_tokens", int, 4096, "Output allowance when a request sets no max_tokens."),
-    Option("image_tokens", int, 2000, "Tokens reserved per image part."),
+    Option("thinking_floor", int, 4096, "Minimum output allowance for models that may think.", check=_count),
+    Option("default_max_tokens", int, 4096, "Output allowance when a request sets no max_tokens.", check=_count),
+    Option("image_tokens", int, 2000, "Tokens reserved per image part.", check=_count),
     Option(
         "wait",
         float,
         600.0,
         "Seconds a call that does not fit only because of calls in flight waits for room (0: refuse at once).",
+        check=_seconds,
     ),
     Option(
         "bound",
@@ -106,12 +192,13 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Where the children record waits and bounded calls (default: the state directory).",
     ),
-    Option("hold_ttl", float, 3600.0, "Seconds a hold stays valid before it is charged as unresolved."),
+    Option("hold_ttl", float, 3600.0, "Seconds a hold stays valid before it is charged as unresolved.", check=_period),
     Option(
         "task_hold_ttl",
         float,
         172800.0,
         "Seconds a video task's hold stays valid waiting for a poll to report its usage (then charged in full).",
+        check=_period,
     ),
     Option(
         "allow_path",
@@ -129,7 +216,7 @@ OPTIONS: tuple[Option, ...] = (
         "Where --fail-open records the calls it let through unguarded (default: the state directory).",
     ),
     Option("inject_usage", bool, True, "Ask guarded streams for usage when the caller did not (hidden from it)."),
-    Option("run_id", str, None, "Run (session) id; generated when not given."),
+    Option("run_id", str, None, "Run (session) id; generated when not given.", check=_run_id),
     Option(
         "tag",
         str,
@@ -137,13 +224,16 @@ OPTIONS: tuple[Option, ...] = (
         "KEY=VALUE attribution tag (repeatable); user, host, git and CI tags are added automatically.",
         multiple=True,
     ),
-    Option("cap_cost", float, None, "Cap on this run's cost in CNY (settled + in flight + this call, priced)."),
+    Option(
+        "cap_cost", float, None, "Cap on this run's cost in CNY (settled + in flight + this call, priced).", check=_cny
+    ),
     Option("audit_log", str, None, "Also append every guarded call as a JSON line to this file."),
     Option(
         "unknown_price",
         str,
         "conservative",
         "Model without a price: 'conservative' (the table's highest prices, flagged estimated) or 'error'.",
+        check=_price_policy,
     ),
     Option(
         "balance_cmd",
@@ -163,18 +253,20 @@ OPTIONS: tuple[Option, ...] = (
         (),
         "MODEL=TEXT: resource packages whose name contains TEXT belong to MODEL (repeatable).",
         multiple=True,
+        check=_pair,
     ),
-    Option("sync_interval", float, 1800.0, "Seconds between balance syncs."),
-    Option("sync_interval_low", float, 300.0, "Seconds between balance syncs when the balance is low."),
-    Option("low_balance", int, 300_000, "Remaining free balance below which syncs come more often."),
-    Option("sync_burst", int, 100_000, "Sync at once after this many tokens since the last sync."),
-    Option("sync_check", float, 10.0, "Seconds between checks whether a sync is due."),
+    Option("sync_interval", float, 1800.0, "Seconds between balance syncs.", check=_period),
+    Option("sync_interval_low", float, 300.0, "Seconds between balance syncs when the balance is low.", check=_period),
+    Option("low_balance", int, 300_000, "Remaining free balance below which syncs come more often.", check=_count),
+    Option("sync_burst", int, 100_000, "Sync at once after this many tokens since the last sync.", check=_count),
+    Option("sync_check", float, 10.0, "Seconds between checks whether a sync is due.", check=_period),
     Option(
         "expiry_warning_days",
         float,
         3.0,
         "Warn at the start of a run when a model's free packages expire within this many days.",
         child=False,
+        check=_days,
     ),
     Option(
         "proxy",
@@ -190,6 +282,7 @@ OPTIONS: tuple[Option, ...] = (
         30.0,
         "Seconds a stopping gateway lets calls in flight finish and settle (longer ones are charged whole).",
         child=False,
+        check=_seconds,
     ),
     Option(
         "allow_unguarded",
@@ -267,6 +360,11 @@ class Settings:
     fail_on_block: bool = False
     quiet: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)  # unknown toml sections, for later features
+
+    def __post_init__(self) -> None:
+        # Every way in (flag, variable, toml, the child's environment, code) ends here.
+        for option in OPTIONS:
+            option.validate(getattr(self, option.name))
 
     @property
     def quota(self) -> QuotaSettings:
@@ -411,9 +509,7 @@ def load_config_file(path: str | os.PathLike[str] | None = None) -> dict[str, An
 
 def load_price_table(settings: Settings) -> PriceTable:
     """The table in force for a run: bundled prices plus ``[prices]`` of quotawrap.toml, with the policy."""
-    from .prices import UNKNOWN_PRICE_POLICIES, load_overrides  # the table is built only when a call needs it
+    from .prices import load_overrides  # the table is built only when a call needs it
 
-    policy = settings.unknown_price
-    if policy not in UNKNOWN_PRICE_POLICIES:
-        raise ConfigError(f"unknown_price must be one of {', '.join(UNKNOWN_PRICE_POLICIES)}, got {policy!r}")
-    return load_overrides(config_section("prices"), unknown_price=policy)  # type: ignore[arg-type]
+    # Settings checked the policy when it was built
+    return load_overrides(config_section("prices"), unknown_price=settings.unknown_price)  # type: ignore[arg-type]

@@ -33,18 +33,39 @@ _ENV_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_charac
 _ITEM = _ENV_TEXT.map(str.strip).filter(lambda item: item != "")
 
 
+def _passes(option: Option, value: Any) -> bool:
+    try:
+        option.validate(value)
+    except ConfigError:
+        return False
+    return True
+
+
+# Text options whose rule allows only a few shapes: generated in those shapes, not filtered into them.
+_SHAPED: dict[str, st.SearchStrategy[Any]] = {
+    "unknown_price": st.sampled_from(["conservative", "error"]),
+    "run_id": st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,30}", fullmatch=True),
+    "store": _ENV_TEXT.filter(lambda text: "://" not in text and not text.startswith("sqlite:")),
+    "package_match": st.lists(st.tuples(_ITEM, _ITEM).map("=".join), max_size=4).map(tuple),
+}
+
+
 def _value_strategy(option: Option) -> st.SearchStrategy[Any]:
-    if option.multiple:
+    """Any value the option's own rule accepts."""
+    if option.name in _SHAPED:
+        plain: st.SearchStrategy[Any] = _SHAPED[option.name]
+    elif option.multiple:
         return st.lists(_ITEM, max_size=4).map(tuple)
-    if option.type is bool:
+    elif option.type is bool:
         return st.booleans()
-    if option.type is int:
-        plain: st.SearchStrategy[Any] = st.integers(-(10**12), 10**12)
+    elif option.type is int:
+        plain = st.integers(-(10**12), 10**12)
     elif option.type is float:
-        plain = st.floats(allow_nan=False)
+        plain = st.floats(allow_nan=False, min_value=-1.0)
     else:
         plain = _ENV_TEXT
-    return st.none() | plain if option.default is None else plain
+    plain = plain.filter(lambda value: _passes(option, value))
+    return st.none() | plain if option.default is None and not option.multiple else plain
 
 
 _SETTINGS = st.fixed_dictionaries({option.name: _value_strategy(option) for option in CHILD_OPTIONS}).map(
@@ -370,3 +391,24 @@ class TestEndToEnd:
         assert child["QUOTAWRAP_RUN_ID"]
         assert "QUOTAWRAP_REPORT_JSON" not in child
         assert json.loads(report.read_text())["limits"]["cap_tokens"] == 777
+
+
+class TestOptionRules:
+    """Each option's rule lives in OPTIONS once and applies however the value arrives."""
+
+    @pytest.mark.parametrize("option", NUMERIC_OPTIONS, ids=lambda option: option.name)
+    def test_every_number_refuses_negative_nan_and_infinite(self, option: Option) -> None:
+        """-1, nan and inf are refused by every numeric option, naming its flag and variable."""
+        bad = [-1] if option.type is int else [-1.0, math.nan, math.inf]
+        for value in bad:
+            with pytest.raises(ConfigError, match=f"{option.cli_flag} \\({env_name(option.name)}\\)"):
+                Settings(**{option.name: value})
+
+    def test_the_child_environment_is_checked_too(self) -> None:
+        """A child rebuilding its settings from a bad variable gets the same ConfigError as the CLI."""
+        with pytest.raises(ConfigError, match="--hold-ttl"):
+            Settings.from_env({"QUOTAWRAP_HOLD_TTL": "nan"})
+
+    def test_defaults_and_zero_caps_pass(self) -> None:
+        """The defaults pass their own rules, and a cap of 0 (block everything) is a valid choice."""
+        assert Settings(cap_tokens=0, daily_cap=0, cap_cost=0.0).daily_cap == 0

@@ -1,0 +1,98 @@
+"""Secrets out of everything quotawrap shows or stores: store URLs and command lines.
+
+A command line is kept because it says which program spent the money; its secrets are not.
+An argument is hidden when its name looks secret (``--api-key X``, ``--api-key=X``,
+``token=X``) or its value does (``sk-...``, ``Bearer ...``, a URL with a password). Pure.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+__all__ = ["HIDDEN", "redact_argv", "redact_command_line", "redact_text", "redact_url"]
+
+HIDDEN = "***"
+
+# a name that announces a secret: api-key, api_key, apikey, token, secret, password, passwd, pwd, auth...
+_SECRET_NAME = re.compile(
+    r"(?:^|[-_.])(?:api[-_]?key|access[-_]?key|secret|token|password|passwd|pwd|auth|authorization|"
+    r"credentials?|cookie|private[-_]?key|session[-_]?key|sk)$|^(?:key|pass)$",
+    re.IGNORECASE,
+)
+# values that are secrets whatever they are called
+_SECRET_VALUE = re.compile(
+    r"\b(?:sk-[A-Za-z0-9_\-]{6,}|AKLT[A-Za-z0-9_\-]{8,}|gh[pousr]_[A-Za-z0-9]{10,}|github_pat_[A-Za-z0-9_]{10,}"
+    r"|xox[abposr]-[A-Za-z0-9\-]{8,}|AIza[A-Za-z0-9_\-]{20,})"
+    r"|(?i:\b(?:bearer|basic|token)\s+)[A-Za-z0-9._~+/=\-]{6,}"
+)
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]*:)(?P<password>[^@\s/]+)(?=@)")
+
+
+def _secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name.strip().lstrip("-")))
+
+
+def redact_url(url: str) -> str:
+    """``redis://user:pw@host/0?password=pw`` -> ``redis://user:***@host/0?password=***``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return redact_text(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user, sep, _password = userinfo.partition(":")
+        # a lone userinfo is hidden too: in https://TOKEN@host it is the secret
+        netloc = f"{user}:{HIDDEN}@{host}" if sep else f"{HIDDEN}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(key, HIDDEN if _secret_name(key) else value) for key, value in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_text(text: str) -> str:
+    """Hide secret-looking values anywhere in free text (and passwords in URLs)."""
+    text = _URL_PASSWORD.sub(lambda m: m.group("head") + HIDDEN, text)
+    return _SECRET_VALUE.sub(lambda m: _keep_scheme(m.group(0)), text)
+
+
+def _keep_scheme(found: str) -> str:
+    word, space, _rest = found.partition(" ")
+    if space and word.lower() in ("bearer", "basic", "token"):
+        return f"{word} {HIDDEN}"
+    return HIDDEN
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """The command with secret arguments and values replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(HIDDEN)
+            hide_next = False
+            continue
+        if arg.startswith("-") and "=" not in arg and _secret_name(arg):
+            out.append(arg)
+            hide_next = True
+            continue
+        name, sep, value = arg.partition("=")
+        if sep and value and name and " " not in name and _secret_name(name):
+            out.append(f"{name}={HIDDEN}")
+            continue
+        if "://" in arg:
+            arg = redact_url(arg) if " " not in arg else redact_text(arg)
+        out.append(redact_text(arg))
+    return out
+
+
+def redact_command_line(line: str) -> str:
+    """A stored ``shlex.join``-ed command line, redacted (older ledgers may hold one in clear)."""
+    try:
+        return shlex.join(redact_argv(shlex.split(line)))
+    except ValueError:
+        return redact_text(line)

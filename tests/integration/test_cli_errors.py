@@ -1,0 +1,107 @@
+"""Bad options and store or dependency problems: one line naming the cure and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.conftest import run_quotawrap
+from tests.redis_server import free_port, private_server
+
+BAD_OPTIONS = [
+    ("--cap-cost", "nan"),
+    ("--cap-cost", "inf"),
+    ("--cap-cost", "-1"),
+    ("--image-tokens", "-1"),
+    ("--thinking-floor", "-1"),
+    ("--default-max-tokens", "-5"),
+    ("--balance-lag", "nan"),
+    ("--cap-tokens", "-1"),
+    ("--daily-cap", "-1"),
+    ("--hold-ttl", "nan"),
+    ("--hold-ttl", "0"),
+    ("--sync-interval", "inf"),
+    ("--unknown-price", "guess"),
+    ("--package-match", "no-equals-sign"),
+    ("--run-id", "../../etc/x"),
+    ("--store", "redis://127.0.0.1:notaport/0"),
+    ("--store", "ftp://somewhere/ledger"),
+]
+
+
+def quotawrap(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "quotawrap", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+class TestOptionsAreCheckedAtStart:
+    @pytest.mark.parametrize(("flag", "value"), BAD_OPTIONS, ids=[f"{f}={v}" for f, v in BAD_OPTIONS])
+    def test_a_bad_flag_is_exit_2_before_the_child_runs(self, tmp_path: Path, flag: str, value: str) -> None:
+        """Each bad value: exit 2, one line naming the flag; the child never starts."""
+        marker = tmp_path / "ran"
+        result = run_quotawrap(
+            ["--store", f"sqlite:///{tmp_path / 'l.sqlite3'}", flag, value] if flag != "--store" else [flag, value],
+            [sys.executable, "-c", f"open({str(marker)!r}, 'w')"],
+        )
+        assert result.returncode == 2, result.stderr
+        assert flag in one_line(result.stderr)
+        assert not marker.exists()
+
+    def test_the_same_rule_holds_for_variables_and_the_config_file(self, tmp_path: Path) -> None:
+        """QUOTAWRAP_HOLD_TTL=nan and hold_ttl = nan in quotawrap.toml are refused like --hold-ttl nan."""
+        store = ["--store", f"sqlite:///{tmp_path / 'l.sqlite3'}"]
+        from_env = run_quotawrap(store, ["true"], env={"QUOTAWRAP_HOLD_TTL": "nan"})
+        assert from_env.returncode == 2 and "--hold-ttl" in one_line(from_env.stderr)
+        (tmp_path / "quotawrap.toml").write_text("cap_tokens = -3\n")
+        from_toml = run_quotawrap(store, ["true"], cwd=tmp_path)
+        assert from_toml.returncode == 2 and "--cap-tokens" in one_line(from_toml.stderr)
+
+    def test_a_password_in_a_bad_store_url_is_not_printed(self) -> None:
+        """The error about a bad Redis URL shows the URL with its password hidden."""
+        result = quotawrap("status", "--store", "redis://:hunter2secret@127.0.0.1:port/0")
+        assert result.returncode == 2
+        assert "hunter2secret" not in result.stderr and "***" in one_line(result.stderr)
+
+
+class TestStoreProblemsAreOneLine:
+    @pytest.mark.parametrize("command", ["status", "sessions", "report", "sync"])
+    def test_redis_down_is_exit_4_for_every_subcommand(self, command: str) -> None:
+        """A Redis nobody listens on: exit 4 and one line naming the store and what to check."""
+        extra = ["--balance", "m=5"] if command == "sync" else []
+        result = quotawrap(command, "--store", f"redis://127.0.0.1:{free_port()}/0", *extra)
+        assert result.returncode == 4, result.stderr
+        assert "running and reachable" in one_line(result.stderr)
+
+    @pytest.mark.parametrize("command", ["status", "sessions"])
+    def test_a_wrong_redis_password_is_exit_4_and_not_echoed(self, command: str) -> None:
+        """A server that wants another password: exit 4, one line, and the password given is not shown."""
+        with private_server(appendonly=False) as server:
+            redis.Redis(port=server.port).config_set("requirepass", "the-right-one")
+            result = quotawrap(command, "--store", f"redis://:wrong-pass-123@127.0.0.1:{server.port}/0")
+        assert result.returncode == 4, result.stderr
+        line = one_line(result.stderr)
+        assert "password" in line and "wrong-pass-123" not in line
+
+    @pytest.mark.parametrize("command", [["status"], ["sessions"], ["--", "true"]])
+    def test_a_redis_store_without_the_redis_package_names_the_extra(self, command: list[str]) -> None:
+        """No redis package installed: exit 4 and the pip command that fixes it."""
+        script = (
+            "import sys; sys.modules['redis'] = None\n"  # what an install without the extra looks like
+            "from quotawrap.cli import main\n"
+            f"main({['--store', 'redis://127.0.0.1:6379/0'] if command[0] == '--' else []!r} + {command!r}"
+            f" + {['--store', 'redis://127.0.0.1:6379/0'] if command[0] != '--' else []!r})\n"
+        )
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 4, result.stderr
+        assert "pip install 'quotawrap[redis]'" in one_line(result.stderr)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
+from .files import append_private
 from .ledger.base import CallRecord, DayAggregate
 from .money import format_cny
 from .quota import BEIJING
@@ -115,14 +116,7 @@ def append_jsonl(path: str | os.PathLike[str], record: CallRecord) -> None:
     data = asdict(record)
     data["outcome"] = record.outcome
     line = (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_EX)  # lines over PIPE_BUF are not atomic by O_APPEND alone
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_private(path, line)
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> Iterator[CallRecord]:

@@ -101,6 +101,17 @@ def _open(settings: Settings) -> Any:
         _fail(f"{_cure(exc)}; the ledger was left untouched", _exit_code(exc))
 
 
+def _prepare_outputs(settings: Settings) -> None:
+    """Every file the run will write is checked (its directory made 0700) before anything starts."""
+    from .files import prepare
+
+    for name in ("audit_log", "report_json", "unguarded_log"):
+        path = getattr(settings, name)
+        problem = prepare(path) if path else None
+        if problem is not None:
+            _fail(f"--{name.replace('_', '-')} {path}: {problem}", EXIT_USAGE)
+
+
 def _exit_code(exc: QuotawrapError) -> int:
     """One mapping from the error tree to exit codes: a rule is a usage error, the store is 4."""
     if isinstance(exc, PolicyRefused):
@@ -142,6 +153,7 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     from .launcher import default_events_log, default_unguarded_log, new_run_id, run_child
     from .ledger import default_store_url, normalize_store_url
     from .ledger.base import RunRecord
+    from .redact import redact_argv
     from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
     from .sync import SyncLoop, sync_source
     from .waiting import read_events
@@ -169,9 +181,11 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     own_events_log = not settings.events_log  # ours to delete once the summary has read it
     if own_events_log:
         settings = settings.replace(events_log=str(default_events_log(run_id)))
+    _prepare_outputs(settings)
     ledger = _open(settings)
     try:
-        ledger.start_run(RunRecord(run_id, time.time(), command=shlex.join(command), tags=tags))
+        # the command says which program spent the money; its --api-key does not belong in the ledger
+        ledger.start_run(RunRecord(run_id, time.time(), command=shlex.join(redact_argv(command)), tags=tags))
     except QuotawrapError as exc:
         if not settings.fail_open:
             _fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)
@@ -196,7 +210,7 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     except FileNotFoundError:
         _fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
     except QuotawrapError as exc:
-        _fail(str(exc), EXIT_STORE)
+        _fail(_cure(exc), _exit_code(exc))
     finally:
         if proxy is not None:
             proxy.stop()
@@ -221,10 +235,13 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
             os.unlink(settings.events_log)
     if not settings.quiet:
         click.echo(format_summary(report), err=True)
-    if settings.report_json:
-        write_json(report, settings.report_json)
-    if os.environ.get("GITHUB_STEP_SUMMARY"):
-        append_step_summary(os.environ["GITHUB_STEP_SUMMARY"], report)
+    try:
+        if settings.report_json:
+            write_json(report, settings.report_json)
+        if os.environ.get("GITHUB_STEP_SUMMARY"):
+            append_step_summary(os.environ["GITHUB_STEP_SUMMARY"], report)
+    except OSError as exc:  # checked at start, so only a disk that filled or changed meanwhile
+        warn(f"cannot write the run's report: {exc}")
     if settings.fail_on_block and report["totals"]["blocked_calls"]:
         sys.exit(EXIT_BLOCKED)
     sys.exit(result.exit_code)
@@ -444,6 +461,7 @@ def sessions_command(since: str | None, until: str | None, as_json: bool, **valu
     """Runs with their totals, newest last."""
     from .audit import aggregate
     from .money import format_cny
+    from .redact import redact_command_line
 
     ledger = _open(_settings(values))
     start, end = _time_bound(since), _time_bound(until)
@@ -457,7 +475,7 @@ def sessions_command(since: str | None, until: str | None, as_json: bool, **valu
                 "started_at": run.started_at,
                 "ended_at": run.ended_at,
                 "exit_code": run.exit_code,
-                "command": run.command,
+                "command": redact_command_line(run.command),  # ledgers written before redaction too
                 "tags": dict(run.tags),
                 "calls": row.get("calls", 0),
                 "blocked_calls": row.get("blocked_calls", 0),

@@ -264,13 +264,10 @@ class Guard:
             "error": str(error),
         }
         try:
-            path = Path(self.settings.unguarded_log)
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, (json.dumps(line) + "\n").encode())
-            finally:
-                os.close(fd)
+            from .files import append_private, private_dir
+
+            private_dir(Path(self.settings.unguarded_log).parent)
+            append_private(self.settings.unguarded_log, (json.dumps(line) + "\n").encode())
         except OSError as exc:
             warn(f"cannot record an unguarded call in {self.settings.unguarded_log}: {exc}")
 

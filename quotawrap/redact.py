@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 __all__ = ["HIDDEN", "redact_argv", "redact_command_line", "redact_text", "redact_url"]
 
@@ -36,22 +36,29 @@ def _secret_name(name: str) -> bool:
 
 
 def redact_url(url: str) -> str:
-    """``redis://user:pw@host/0?password=pw`` -> ``redis://user:***@host/0?password=***``."""
+    """``redis://user:pw@host/0?password=pw`` -> ``redis://user:***@host/0?password=***``.
+
+    Edits the text in place rather than through ``urlunsplit``, which rewrites ``sqlite:////p``
+    and ``unix:///p`` into other URLs.
+    """
     try:
         parts = urlsplit(url)
     except ValueError:
         return redact_text(url)
-    netloc = parts.netloc
+    prefix = f"{parts.scheme}://{parts.netloc}"
+    if not parts.scheme or not url.startswith(prefix):
+        return redact_text(url)
+    netloc, tail = parts.netloc, url[len(prefix) :]
     if "@" in netloc:
         userinfo, _, host = netloc.rpartition("@")
         user, sep, _password = userinfo.partition(":")
         # a lone userinfo is hidden too: in https://TOKEN@host it is the secret
         netloc = f"{user}:{HIDDEN}@{host}" if sep else f"{HIDDEN}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
         query = urlencode([(key, HIDDEN if _secret_name(key) else value) for key, value in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        tail = tail.replace("?" + parts.query, "?" + query, 1)
+    return f"{parts.scheme}://{netloc}{tail}"
 
 
 def redact_text(text: str) -> str:

@@ -9,10 +9,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .files import append_private, write_private
 from .ledger import Ledger, ModelTotals, RunTotals
 from .ledger.base import CallRecord, DayAggregate
 from .money import format_cny
 from .quota import DAY_S, beijing_day, beijing_day_start
+from .redact import redact_url
 from .settings import Settings
 from .waiting import RunEvents
 
@@ -87,7 +89,7 @@ def run_report(
     summed["bounded_calls"] = events.bounded_calls
     return {
         "session": totals.run_id,
-        "store": settings.store,
+        "store": redact_url(settings.store) if settings.store else None,
         "exit_code": exit_code,
         "mode": "watch" if settings.watch else "enforce",
         "limits": {"cap_tokens": settings.cap_tokens, "cap_cost": settings.cap_cost},
@@ -105,8 +107,7 @@ def append_step_summary(path: str | os.PathLike[str], report: dict[str, Any]) ->
     """GitHub Actions shows ``$GITHUB_STEP_SUMMARY`` Markdown on the run's page."""
     from .audit import step_summary_markdown
 
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(step_summary_markdown(report))
+    append_private(path, step_summary_markdown(report).encode())
 
 
 def format_summary(report: dict[str, Any]) -> str:
@@ -192,11 +193,7 @@ def _stacks(report: dict[str, Any], *, allowed: bool) -> str:
 
 
 def write_json(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    write_private(path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
 
 
 def day_range(since: float | None, until: float | None) -> tuple[str | None, str | None]:

@@ -1,0 +1,96 @@
+"""Every file quotawrap writes goes through here: owner-only, never through a symlink.
+
+Files are created ``0600`` with ``O_NOFOLLOW`` (a symlink planted at the path is refused, not
+followed to its target); missing directories are created ``0700``, each level, not just the last.
+:func:`prepare` runs at start for every path a run will write, so a bad path is one clear error
+before the child starts instead of a warning per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from pathlib import Path
+
+__all__ = ["append_private", "prepare", "private_dir", "write_private"]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def private_dir(directory: str | os.PathLike[str]) -> None:
+    """Create ``directory`` and any missing parents ``0700``; an existing one is left as it is."""
+    path = Path(directory)
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for level in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            level.mkdir(mode=0o700)
+
+
+def _open_private(path: str | os.PathLike[str], flags: int) -> int:
+    """Open for writing, creating ``0600``; refuse a symlink or anything but a regular file."""
+    fd = os.open(path, flags | os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def append_private(path: str | os.PathLike[str], data: bytes) -> None:
+    """Append ``data`` in one locked write, so concurrent writers' lines stay whole."""
+    fd = _open_private(path, os.O_APPEND)
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)  # lines over PIPE_BUF are not atomic by O_APPEND alone
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def write_private(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path``'s content atomically (a new ``0600`` file renamed over it); refuses a symlink."""
+    target = Path(path)
+    if target.is_symlink():
+        raise OSError(f"{target} is a symbolic link; quotawrap does not write through links")
+    private_dir(target.parent)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    fd = _open_private(tmp, os.O_EXCL)
+    try:
+        _write_all(fd, data)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def prepare(path: str | os.PathLike[str]) -> str | None:
+    """Make ``path`` writable before the run starts; the problem in words, or None when it is fine."""
+    target = Path(path)
+    if target.is_symlink():
+        return f"{target} is a symbolic link; quotawrap does not write through links"
+    if target.exists() and not target.is_file():
+        return f"{target} exists and is not a regular file"
+    try:
+        private_dir(target.parent)
+    except OSError as exc:
+        return f"cannot create its directory {target.parent}: {exc.strerror or exc}"
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        return f"its directory {target.parent} is not writable"
+    return None

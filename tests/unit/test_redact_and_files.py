@@ -1,0 +1,87 @@
+"""Secrets are hidden from stored command lines and URLs; private files refuse links and stay 0600."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from quotawrap.files import append_private, prepare, write_private
+from quotawrap.ledger import RunTotals
+from quotawrap.redact import redact_argv, redact_command_line, redact_url
+from quotawrap.report import run_report
+from quotawrap.settings import Settings
+
+
+class TestRedact:
+    @pytest.mark.parametrize(
+        ("argv", "expected"),
+        [
+            (["x.py", "--api-key", "sk-abc123456"], ["x.py", "--api-key", "***"]),
+            (["x.py", "--api-key=whatever"], ["x.py", "--api-key=***"]),
+            (["x.py", "token=abc", "OPENAI_API_KEY=k"], ["x.py", "token=***", "OPENAI_API_KEY=***"]),
+            (["curl", "-H", "Authorization: Bearer abcdefgh"], ["curl", "-H", "Authorization: Bearer ***"]),
+            (["x.py", "--note", "uses sk-proj-abcdef123"], ["x.py", "--note", "uses ***"]),
+            (["x.py", "--store", "redis://:pw@h:6379/0"], ["x.py", "--store", "redis://:***@h:6379/0"]),
+            (["x.py", "--model", "m", "--n=3", "keyboard=1"], ["x.py", "--model", "m", "--n=3", "keyboard=1"]),
+        ],
+    )
+    def test_secret_arguments_and_values_are_hidden(self, argv: list[str], expected: list[str]) -> None:
+        """Secret names hide their value (both spellings), secret-looking values hide themselves, the rest stays."""
+        assert redact_argv(argv) == expected
+
+    @pytest.mark.parametrize(
+        ("url", "expected"),
+        [
+            ("redis://user:pw@h:1/0", "redis://user:***@h:1/0"),
+            ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+            ("rediss://h:1/0?password=pw&ssl_cert_reqs=none", "rediss://h:1/0?password=***&ssl_cert_reqs=none"),
+            ("https://TOKEN@example.com/x", "https://***@example.com/x"),
+            ("sqlite:////tmp/ledger.sqlite3", "sqlite:////tmp/ledger.sqlite3"),
+        ],
+    )
+    def test_every_password_form_in_a_url_is_hidden(self, url: str, expected: str) -> None:
+        """Userinfo passwords, lone userinfo tokens and password query parameters are hidden."""
+        assert redact_url(url) == expected
+
+    def test_a_stored_line_that_does_not_split_is_still_redacted(self) -> None:
+        """An unbalanced quote cannot be split; the secret-looking value is hidden anyway."""
+        assert "sk-abcdef1234" not in redact_command_line("python 'x.py --key sk-abcdef1234")
+
+    def test_the_report_json_store_field_hides_the_password(self) -> None:
+        """--report-json's store field never carries the Redis password."""
+        report = run_report(RunTotals("r", {}), settings=Settings(store="redis://:s3cret@h:1/0"), exit_code=0)
+        assert report["store"] == "redis://:***@h:1/0"
+
+
+class TestPrivateFiles:
+    def test_new_files_are_0600_whatever_the_umask(self, tmp_path: Path) -> None:
+        """append_private and write_private create owner-only files under a permissive umask."""
+        old = os.umask(0)
+        try:
+            append_private(tmp_path / "a.jsonl", b"x\n")
+            write_private(tmp_path / "deep" / "r.json", b"{}")
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE((tmp_path / "a.jsonl").stat().st_mode) == 0o600
+        assert stat.S_IMODE((tmp_path / "deep" / "r.json").stat().st_mode) == 0o600
+        assert stat.S_IMODE((tmp_path / "deep").stat().st_mode) == 0o700
+
+    def test_a_symlink_is_refused_never_followed(self, tmp_path: Path) -> None:
+        """Appending or writing to a symlink fails; the target keeps its bytes."""
+        target = tmp_path / "target"
+        target.write_bytes(b"keep")
+        link = tmp_path / "link"
+        link.symlink_to(target)
+        with pytest.raises(OSError):
+            append_private(link, b"evil")
+        with pytest.raises(OSError):
+            write_private(link, b"evil")
+        assert target.read_bytes() == b"keep" and prepare(link) is not None
+
+    def test_prepare_makes_missing_directories_0700(self, tmp_path: Path) -> None:
+        """prepare creates every missing level 0700 and finds nothing wrong with a fresh path."""
+        assert prepare(tmp_path / "a" / "b" / "f.json") is None
+        assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "a", tmp_path / "a" / "b")} == {0o700}

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shlex
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -150,11 +151,12 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     """Run COMMAND with every guarded LLM call reserved before and reconciled after."""
     from ._log import warn
     from .attribution import automatic_tags, merge_tags, parse_tags
-    from .launcher import default_events_log, default_unguarded_log, new_run_id, run_child
+    from .launcher import default_events_log, default_unguarded_log, nested_in, new_run_id, run_child
     from .ledger import default_store_url, normalize_store_url
     from .ledger.base import RunRecord
     from .redact import redact_argv
     from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
+    from .status import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
     from .sync import SyncLoop, sync_source
     from .waiting import read_events
 
@@ -183,9 +185,13 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         settings = settings.replace(events_log=str(default_events_log(run_id)))
     _prepare_outputs(settings)
     ledger = _open(settings)
+    nested = nested_in(settings)
     try:
-        # the command says which program spent the money; its --api-key does not belong in the ledger
-        ledger.start_run(RunRecord(run_id, time.time(), command=shlex.join(redact_argv(command)), tags=tags))
+        if not nested:  # a nested wrapper joins the outer run; its record is the outer wrapper's to write
+            # the command says which program spent the money; its --api-key does not belong in the ledger
+            wrapper = {WRAPPER_PID_TAG: str(os.getpid()), WRAPPER_HOST_TAG: socket.gethostname()}
+            record = RunRecord(run_id, time.time(), command=shlex.join(redact_argv(command)), tags={**tags, **wrapper})
+            ledger.start_run(record)
     except QuotawrapError as exc:
         if not settings.fail_open:
             _fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)
@@ -216,8 +222,9 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
             proxy.stop()
         if sync_loop is not None:
             sync_loop.stop()
-    with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
-        ledger.end_run(run_id, result.exit_code, time.time())
+    if not nested:
+        with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
+            ledger.end_run(run_id, result.exit_code, time.time())
     _auto_prune(ledger, settings)
     report = run_report(
         result.totals,
@@ -234,6 +241,8 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(settings.events_log)
     if not settings.quiet:
+        if nested:
+            click.echo(f"quotawrap: nested in run {run_id}: the totals below are that whole run's so far", err=True)
         click.echo(format_summary(report), err=True)
     try:
         if settings.report_json:
@@ -462,6 +471,7 @@ def sessions_command(since: str | None, until: str | None, as_json: bool, **valu
     from .audit import aggregate
     from .money import format_cny
     from .redact import redact_command_line
+    from .status import session_state
 
     ledger = _open(_settings(values))
     start, end = _time_bound(since), _time_bound(until)
@@ -475,6 +485,7 @@ def sessions_command(since: str | None, until: str | None, as_json: bool, **valu
                 "started_at": run.started_at,
                 "ended_at": run.ended_at,
                 "exit_code": run.exit_code,
+                "state": session_state(run),
                 "command": redact_command_line(run.command),  # ledgers written before redaction too
                 "tags": dict(run.tags),
                 "calls": row.get("calls", 0),
@@ -491,7 +502,7 @@ def sessions_command(since: str | None, until: str | None, as_json: bool, **valu
     for row in rows:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started_at"]))
         click.echo(
-            f"{row['session']}  {when}  exit {row['exit_code']}  {row['calls']} calls  {row['blocked_calls']} blocked"
+            f"{row['session']}  {when}  {row['state']}  {row['calls']} calls  {row['blocked_calls']} blocked"
             f"  {row['settled_tokens']:,} tokens  {format_cny(row['cost_micro_cny'])}  {row['command'][:60]}"
         )
 

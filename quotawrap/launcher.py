@@ -36,6 +36,7 @@ __all__ = [
     "default_events_log",
     "default_unguarded_log",
     "injection_blockers",
+    "nested_in",
     "new_run_id",
     "run_child",
 ]
@@ -44,6 +45,10 @@ HOOK_DIR = Path(__file__).resolve().parent.parent / "sitecustomize_hook"
 PACKAGE_HOME = Path(quotawrap.__file__).resolve().parent.parent
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _RECLAIM_EVERY_S = 10.0
+_PR_SET_CHILD_SUBREAPER = 36
+# Set by a wrapper for its child: a quotawrap started below with the same run id joins that run
+# instead of opening (and later overwriting and closing) it a second time.
+NESTED_VARIABLE = "QUOTAWRAP_WRAPPED_RUN"
 
 
 def default_unguarded_log(run_id: str) -> Path:
@@ -84,7 +89,58 @@ def child_environment(settings: Settings, base: Mapping[str, str] | None = None)
         if option.child:
             env.pop(env_name(option.name), None)
     env.update(settings.child_env())
+    env[NESTED_VARIABLE] = settings.run_id or ""
     return env
+
+
+def nested_in(settings: Settings, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this wrapper runs inside another's child with that run's id (``quotawrap -- ... quotawrap``)."""
+    env = os.environ if environ is None else environ
+    return bool(settings.run_id) and env.get(NESTED_VARIABLE) == settings.run_id
+
+
+def _become_subreaper() -> bool:
+    """Linux: processes the child leaves behind become ours, so the run waits for them too."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _left_behind(child: int) -> list[int]:
+    """Our children other than the child: what it forked and left running (reparented to us)."""
+    me, found = os.getpid(), []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == child:
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                    fields = handle.read().rpartition(b")")[2].split()
+            except OSError:
+                continue  # gone meanwhile
+            if len(fields) > 1 and int(fields[1]) == me:
+                found.append(int(entry.name))
+    return found
+
+
+def _wait_left_behind(child: int) -> None:
+    """Wait for (and reap) every process the child left running: their calls belong to this run."""
+    told = False
+    while pids := _left_behind(child):
+        if not told:
+            warn(
+                f"the command exited but left {len(pids)} process(es) running ({', '.join(map(str, pids))});"
+                " waiting for them so their calls are counted (signals are forwarded to them)"
+            )
+            told = True
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError, InterruptedError):
+                os.waitpid(pid, 0)
 
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -190,10 +246,12 @@ def _run(
     on_child_exit: Callable[[], None] | None,
 ) -> ChildResult:
     assert settings.run_id
+    nested = nested_in(settings)
     env = {**child_environment(settings), **(extra_env or {})}
     # A run inside another run: its processes register with both wrappers, innermost first.
     outer = os.environ.get("QUOTAWRAP_RUN_DIR")
     env["QUOTAWRAP_RUN_DIR"] = os.pathsep.join([str(run_dir.path), *([outer] if outer else [])])
+    reaping = _become_subreaper()
     process = subprocess.Popen([executable, *command[1:]], env=env)
     watcher = (
         ProcessWatcher(process.pid, run_dir, strict=settings.strict, hook_dir=str(HOOK_DIR)).start()
@@ -204,16 +262,18 @@ def _run(
     def forward(signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGINT and _terminal_delivers_sigint():
             return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signum)
+        for pid in [process.pid, *(_left_behind(process.pid) if process.returncode is not None else ())]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     stop = threading.Event()
     reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop), daemon=True)
     reclaimer.start()
     # --quiet: no live view (nor summary); stopped after resolve_run so its final lines show the charge
+    # a nested wrapper shares the outer one's terminal: one live line is enough
     view: contextlib.AbstractContextManager[object] = (
-        contextlib.nullcontext() if settings.quiet else LiveView(ledger, settings, settings.run_id)
+        contextlib.nullcontext() if settings.quiet or nested else LiveView(ledger, settings, settings.run_id)
     )
     with view:
         try:
@@ -223,6 +283,8 @@ def _run(
                     break
                 except KeyboardInterrupt:  # pragma: no cover - only without our handler
                     continue
+            if reaping:
+                _wait_left_behind(process.pid)
         finally:
             stop.set()
             for sig, handler in previous.items():
@@ -232,7 +294,9 @@ def _run(
         unguarded = watcher.stop() if watcher is not None else []
         connections = run_dir.connections()
         try:
-            resolved = ledger.resolve_run(settings.run_id)
+            # Nested: the outer wrapper closes the run; charging its open holds here would charge calls
+            # still in flight elsewhere in the tree, so only holds of dead processes are charged.
+            resolved = ledger.reclaim_orphans(time.time()) if nested else ledger.resolve_run(settings.run_id)
             totals = ledger.run_totals(settings.run_id)
         except QuotawrapError as exc:
             # Nothing is lost: the run's open holds stay in the ledger and the next run, `status` or

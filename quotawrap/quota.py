@@ -351,12 +351,20 @@ def _snapshot_text(snapshot: Snapshot, settings: QuotaSettings) -> str:
     )
 
 
-def soft_evict_walls(effective: int, balance_at_sync: int | None, settings: QuotaSettings) -> list[Limit]:
-    """The two soft-evict lines of §7.6 as walls (evicted iff settled >= cap)."""
+def soft_evict_walls(
+    effective: int, balance_at_sync: int | None, settings: QuotaSettings, *, effective_by: str | None = None
+) -> list[Limit]:
+    """The two soft-evict lines of §7.6 as walls (evicted iff settled >= cap).
+
+    When the effective limit is 0 the usage line evicts at once, and it is that limit, not the
+    usage wall, that does it: the wall then carries the limit's name (``--daily-cap 0`` is refused
+    by daily_cap), so the refusal's hint names the setting that would move it.
+    """
     usage_line = min(effective, settings.usage_wall)
+    drawn_by = effective_by if effective_by is not None and effective == 0 else "usage_wall"
     walls = [
         Limit(
-            "usage_wall",
+            drawn_by,
             "model_day",
             usage_line,
             "wall",
@@ -393,7 +401,7 @@ def model_day_limits(snapshot: Snapshot | None, settings: QuotaSettings, *, toda
         detail = f"{_snapshot_text(snapshot, settings)} (< daily cap {_n(settings.daily_cap)})"
     hold = Limit(binding, "model_day", cap, "hold", detail)
     balance = snapshot.balance if applies and snapshot is not None else None
-    return [hold, *soft_evict_walls(cap, balance, settings)]
+    return [hold, *soft_evict_walls(cap, balance, settings, effective_by=binding)]
 
 
 def run_limits(run_cap: int | None) -> list[Limit]:

@@ -100,6 +100,8 @@ def run_report(
         "store_error": store_error,
         "connections": [dict(connection) for connection in connections],
         "waits": events.as_dict(),
+        # False when the ledger could not total the run: the numbers above are a lower bound
+        "complete": store_error is None,
     }
 
 

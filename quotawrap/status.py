@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from datetime import datetime
 from typing import Any
 
@@ -9,10 +10,11 @@ from . import quota
 from .allowance import HISTORY_S, model_reasoning
 from .estimate import MAX_OUTPUT_TOKENS, PREBLOCK_RESERVE_TOKENS
 from .ledger import Ledger, model_day_key
+from .ledger.base import RunRecord, pid_alive
 from .settings import Settings
 from .tasks import TASK_HOLD_PREFIX, open_task_holds
 
-__all__ = ["expiry_warnings", "model_status", "render_status"]
+__all__ = ["WRAPPER_HOST_TAG", "WRAPPER_PID_TAG", "expiry_warnings", "model_status", "render_status", "session_state"]
 
 
 def model_status(
@@ -150,3 +152,18 @@ def expiry_warnings(ledger: Ledger, settings: Settings, now: float) -> list[str]
                 " or run `quotawrap consume`"
             )
     return lines
+
+
+# Run-record tags the wrapper adds, so `sessions` can tell a run still going from one whose wrapper died.
+WRAPPER_PID_TAG = "wrapper_pid"
+WRAPPER_HOST_TAG = "wrapper_host"
+
+
+def session_state(run: RunRecord, host: str | None = None) -> str:
+    """``exit N``; ``running``; or ``wrapper died`` once a local wrapper's pid is gone (SIGKILL, power)."""
+    if run.exit_code is not None:
+        return f"exit {run.exit_code}"
+    pid = run.tags.get(WRAPPER_PID_TAG, "")
+    if pid.isdigit() and run.tags.get(WRAPPER_HOST_TAG) == (host or socket.gethostname()) and not pid_alive(int(pid)):
+        return "wrapper died"
+    return "running"

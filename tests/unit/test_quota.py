@@ -947,3 +947,12 @@ class TestLagMatters:
         covered = simulate(1_500_000, 0, DEFAULT, steps)
         beyond = simulate(1_500_000, 0, DEFAULT, steps, expiry_budget=80_000)
         assert (covered.free_margin, beyond.free_margin) == (0, -30_000)
+
+
+class TestZeroLimitNamesItself:
+    def test_daily_cap_zero_is_named_daily_cap(self) -> None:
+        """--daily-cap 0 evicts at once, and the refusal names daily_cap (raise it there), not usage_wall."""
+        limits = model_day_limits(None, QuotaSettings(daily_cap=0))
+        decision = verdict(limits, {"model_day": Counters()}, 1)
+        assert decision.blocking is not None and decision.blocking.name == "daily_cap"
+        assert [limit.name for limit in limits] == ["daily_cap", "daily_cap"]

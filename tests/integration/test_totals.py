@@ -1,0 +1,122 @@
+"""Totals are right or say they are not: forks, nested wrappers, killed wrappers, --fail-open, a zero cap."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from quotawrap.simulator import ArkSimulator
+from tests.conftest import child, run_quotawrap
+from tests.redis_server import free_port
+
+# The parent calls and exits at once; its fork calls after the parent is gone.
+FORK_AFTER_EXIT = """
+import os, sys, time
+import openai
+
+def call():
+    sdk = openai.OpenAI(base_url=os.environ["SIM_URL"], api_key="sk-test", max_retries=0)
+    sdk.chat.completions.create(model="deepseek-v4-flash", messages=[{"role": "user", "content": "hi"}], max_tokens=20)
+
+if os.fork() == 0:
+    time.sleep(1.0)  # long enough for the parent to have exited
+    call()
+    os._exit(0)
+call()
+"""
+
+
+def sessions(store: str) -> list[dict[str, object]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "quotawrap", "sessions", "--store", store, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    rows: list[dict[str, object]] = json.loads(out)
+    return rows
+
+
+class TestEveryProcessOfTheRunCounts:
+    def test_a_fork_calling_after_the_child_exited_is_in_the_totals(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """The wrapper waits for what the child left running: the report counts both calls, as billed."""
+        report = tmp_path / "report.json"
+        result = run_quotawrap(
+            ["--store", store, "--base-url", sim.url, "--report-json", str(report)],
+            [sys.executable, "-c", FORK_AFTER_EXIT],
+            env={"SIM_URL": sim.url},
+        )
+        assert result.returncode == 0, result.stderr
+        totals = json.loads(report.read_text())["totals"]
+        assert totals["calls"] == 2 and totals["settled_tokens"] == sim.billed_total() > 0
+        assert "left 1 process(es) running" in result.stderr
+
+    def test_a_nested_wrapper_joins_the_outer_run_without_overwriting_it(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """quotawrap -- quotawrap -- agent: one session, the outer command and exit code, the call counted."""
+        report = tmp_path / "outer.json"
+        result = run_quotawrap(
+            ["--store", store, "--base-url", sim.url, "--report-json", str(report)],
+            [sys.executable, "-m", "quotawrap", "--", *child("one_call.py")],
+            env={"SIM_URL": sim.url},
+        )
+        assert result.returncode == 0, result.stderr
+        (run,) = sessions(store)
+        assert "-m quotawrap" in str(run["command"]) and run["exit_code"] == 0 and run["calls"] == 1
+        assert json.loads(report.read_text())["totals"]["settled_tokens"] == sim.billed_total() > 0
+        assert "nested in run" in result.stderr
+
+
+class TestRecordsTellTheTruth:
+    def test_a_sigkilled_wrapper_shows_as_died_not_running_forever(self, store: str, tmp_path: Path) -> None:
+        """A wrapper killed with SIGKILL: `sessions` says 'wrapper died' once its pid is gone."""
+        pid_file = tmp_path / "child.pid"
+        script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+        env = {k: v for k, v in os.environ.items() if k != "QUOTAWRAP_RUN_ID"}
+        wrapper = subprocess.Popen(
+            [sys.executable, "-m", "quotawrap", "--store", store, "--quiet", "--", sys.executable, "-c", script],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():  # wait until the run has started
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        assert [run["state"] for run in sessions(store)] == ["running"]
+        wrapper.kill()
+        wrapper.wait()
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        assert [run["state"] for run in sessions(store)] == ["wrapper died"]
+
+    def test_the_step_summary_names_unguarded_calls_under_fail_open(self, sim: ArkSimulator, tmp_path: Path) -> None:
+        """--fail-open with the store down: $GITHUB_STEP_SUMMARY says calls went out UNGUARDED."""
+        summary = tmp_path / "summary.md"
+        result = run_quotawrap(
+            ["--store", f"redis://127.0.0.1:{free_port()}/0", "--base-url", sim.url, "--fail-open"],
+            child("one_call.py"),
+            env={"SIM_URL": sim.url, "GITHUB_STEP_SUMMARY": str(summary)},
+        )
+        assert result.returncode == 0, result.stderr
+        text = summary.read_text()
+        assert "1 call(s) went out UNGUARDED" in text and "Totals are incomplete" in text
+
+    def test_daily_cap_zero_names_daily_cap(self, sim: ArkSimulator, store: str) -> None:
+        """--daily-cap 0 refuses the call naming daily_cap and --daily-cap, not usage_wall."""
+        result = run_quotawrap(
+            ["--store", store, "--base-url", sim.url, "--daily-cap", "0"],
+            child("one_call.py"),
+            env={"SIM_URL": sim.url},
+        )
+        assert result.stdout.startswith("BLOCKED"), result.stdout + result.stderr
+        assert "daily_cap" in result.stdout and "--daily-cap" in result.stdout and "usage_wall" not in result.stdout
+        assert sim.billed_total() == 0

@@ -25,7 +25,6 @@ import quotawrap
 from ._errors import QuotawrapError
 from ._log import warn
 from .ledger import Ledger, RunTotals
-from .live import LiveView
 from .registry import ProcessWatcher, RunDir, UnguardedProcess
 from .settings import OPTIONS, Settings, config_path, env_name
 
@@ -224,10 +223,6 @@ def run_child(
     if not watch_tree:  # elsewhere the process watcher cannot tell; say what argv alone shows
         for flag in injection_blockers(command):
             warn(f"the command runs Python with {flag}: the hook may not load there, so its calls may NOT be guarded")
-    try:
-        ledger.reclaim_orphans(time.time())
-    except QuotawrapError as exc:
-        warn(f"could not reclaim orphaned holds before the run: {exc}")
     run_dir = RunDir()
     try:
         return _run(settings, executable, command, ledger, run_dir, watch_tree, extra_env, on_child_exit)
@@ -272,9 +267,11 @@ def _run(
     reclaimer.start()
     # --quiet: no live view (nor summary); stopped after resolve_run so its final lines show the charge
     # a nested wrapper shares the outer one's terminal: one live line is enough
-    view: contextlib.AbstractContextManager[object] = (
-        contextlib.nullcontext() if settings.quiet or nested else LiveView(ledger, settings, settings.run_id)
-    )
+    view: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if not (settings.quiet or nested):
+        from .live import LiveView  # only a run that shows it pays for it
+
+        view = LiveView(ledger, settings, settings.run_id)
     with view:
         try:
             while True:
@@ -314,8 +311,14 @@ def _run(
 
 
 def _reclaim_loop(ledger: Ledger, stop: threading.Event) -> None:
-    """Charge holds of processes that died (a SIGKILLed grandchild) while the run goes on."""
-    while not stop.wait(_RECLAIM_EVERY_S):
+    """Charge holds of processes that died (a SIGKILLed grandchild, a crashed run before) while the run goes on.
+
+    The first pass runs at once, beside the child's start rather than before it: until it ends,
+    a dead process's hold can only refuse a call for want of room, never let one overspend.
+    """
+    first = True
+    while first or not stop.wait(_RECLAIM_EVERY_S):
+        first = False
         try:
             ledger.reclaim_orphans(time.time())
         except Exception as exc:

@@ -2,7 +2,9 @@
 
 Integers add exactly and atomically in any ledger, and a price per million tokens times a token
 count *is* micro-CNY, so the only rounding is one ceiling per call (never in the caller's favour).
-Pure: the limit math (``quota``) and the price table (``prices``) both build on it.
+Pure: the limit math (``quota``) and the price table (``prices``) both build on it. The
+policy for a model without a price lives here too, so checking ``--unknown-price`` at start
+does not build the price table.
 """
 
 from __future__ import annotations
@@ -10,10 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Final, Literal, get_args
 
 from ._errors import ConfigError
 
-__all__ = ["Cost", "format_cny", "micro_cny", "parse_cny"]
+__all__ = ["UNKNOWN_PRICE_POLICIES", "Cost", "UnknownPricePolicy", "format_cny", "micro_cny", "parse_cny"]
+
+# "conservative": the table's dearest prices, flagged estimated; "error": refuse the call (UnknownPrice)
+UnknownPricePolicy = Literal["conservative", "error"]
+UNKNOWN_PRICE_POLICIES: Final = get_args(UnknownPricePolicy)
 
 
 class Cost(int):

@@ -23,10 +23,10 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final
 
 from ._errors import ConfigError, UnknownPrice
-from .money import Cost, micro_cny
+from .money import UNKNOWN_PRICE_POLICIES, Cost, UnknownPricePolicy, micro_cny
 from .usage import Usage
 
 __all__ = [
@@ -44,9 +44,6 @@ __all__ = [
     "load_overrides",
     "normalize_model",
 ]
-
-UnknownPricePolicy = Literal["conservative", "error"]
-UNKNOWN_PRICE_POLICIES: Final = get_args(UnknownPricePolicy)
 
 
 # --------------------------------------------------------------------------- data model

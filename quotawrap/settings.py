@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
+from .money import UNKNOWN_PRICE_POLICIES
 from .quota import QuotaSettings
 
 TYPE_CHECKING = False
@@ -93,8 +94,6 @@ def _cny(value: Any) -> str | None:
 
 
 def _price_policy(value: Any) -> str | None:
-    from .prices import UNKNOWN_PRICE_POLICIES
-
     return None if value in UNKNOWN_PRICE_POLICIES else f"must be one of {', '.join(UNKNOWN_PRICE_POLICIES)}"
 
 

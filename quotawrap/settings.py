@@ -77,6 +77,19 @@ def _count(value: Any) -> str | None:
     return None if value >= 0 else "must be a whole number >= 0"
 
 
+def _quota(field_name: str) -> Check:
+    """The limit math owns the rules of its own settings; the table asks it rather than copy them."""
+
+    def check(value: Any) -> str | None:
+        try:
+            QuotaSettings(**{field_name: value})
+        except ConfigError as exc:
+            return str(exc).rpartition(", got ")[0] or str(exc)
+        return None
+
+    return check
+
+
 def _seconds(value: Any) -> str | None:
     return None if math.isfinite(value) and value >= 0 else "must be a finite number of seconds >= 0"
 
@@ -151,23 +164,39 @@ OPTIONS: tuple[Option, ...] = (
     Option("base_url", str, (), "Also guard this OpenAI-compatible base URL (repeatable).", multiple=True),
     Option("cap_tokens", int, None, "Cap on tokens for this whole run (settled + in flight + reserve).", check=_count),
     Option(
-        "daily_cap", int, _QUOTA.daily_cap, "Per-model cap per Beijing calendar day (the collection cap).", check=_count
+        "daily_cap",
+        int,
+        _QUOTA.daily_cap,
+        "Per-model cap per Beijing calendar day (the collection cap).",
+        check=_quota("daily_cap"),
     ),
-    Option("small_buffer", int, _QUOTA.small_buffer, "Tokens kept back from the synced free pool.", check=_count),
-    Option("usage_wall", int, _QUOTA.usage_wall, "Soft-evict a model once its day's usage reaches this.", check=_count),
+    Option(
+        "small_buffer",
+        int,
+        _QUOTA.small_buffer,
+        "Tokens kept back from the synced free pool.",
+        check=_quota("small_buffer"),
+    ),
+    Option(
+        "usage_wall",
+        int,
+        _QUOTA.usage_wall,
+        "Soft-evict a model once its day's usage reaches this.",
+        check=_quota("usage_wall"),
+    ),
     Option(
         "balance_wall",
         int,
         _QUOTA.balance_wall,
         "Soft-evict a used model whose synced balance is below this.",
-        check=_count,
+        check=_quota("balance_wall"),
     ),
     Option(
         "balance_lag",
         float,
         _QUOTA.balance_lag_s,
         "Seconds the billing balance lags real usage (0 reproduces the v6 limit exactly).",
-        check=_seconds,
+        check=_quota("balance_lag_s"),
     ),
     Option("thinking_floor", int, 4096, "Minimum output allowance for models that may think.", check=_count),
     Option("default_max_tokens", int, 4096, "Output allowance when a request sets no max_tokens.", check=_count),

@@ -61,7 +61,7 @@ def _value_strategy(option: Option) -> st.SearchStrategy[Any]:
     elif option.type is int:
         plain = st.integers(-(10**12), 10**12)
     elif option.type is float:
-        plain = st.floats(allow_nan=False, min_value=-1.0)
+        plain = st.floats(min_value=-1.0, max_value=100_000.0)
     else:
         plain = _ENV_TEXT
     plain = plain.filter(lambda value: _passes(option, value))

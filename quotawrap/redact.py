@@ -79,10 +79,11 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     out: list[str] = []
     hide_next = False
     for arg in argv:
-        if hide_next:
+        if hide_next and not arg.startswith("-"):  # "--no-auth --model m": a switch, not a value
             out.append(HIDDEN)
             hide_next = False
             continue
+        hide_next = False
         if arg.startswith("-") and "=" not in arg and _secret_name(arg):
             out.append(arg)
             hide_next = True

@@ -6,6 +6,8 @@ import _thread
 
 TYPE_CHECKING = False  # typing itself costs ~8 ms of every child's start-up
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ..guard import Guard
 
 __all__ = ["get_guard", "set_guard"]
@@ -22,12 +24,45 @@ def get_guard() -> Guard | None:
             if _guard is None:
                 # Imported here, not at the top: a child that never imports an HTTP client
                 # must not pay for the guard's imports at start-up.
+                from .._errors import QuotawrapError
                 from ..guard import Guard
                 from ..settings import Settings
 
-                # the child's one guard: settles off the caller's path, flushed at exit and before fork
-                _guard = Guard(Settings.from_env(), background_settle=True)
+                try:  # the child's one guard: settles off the caller's path, flushed at exit and before fork
+                    _guard = Guard(Settings.from_env(), background_settle=True)
+                except QuotawrapError as exc:  # a bad QUOTAWRAP_* value set inside the program
+                    _guard = _refusing(exc)
     return _guard
+
+
+def _refusing(error: Exception) -> Guard:
+    """A guard that answers every guarded call with a 400 naming the bad setting: never unguarded, never raised."""
+    import contextlib
+    import os
+
+    from .._errors import QuotawrapError
+    from .._log import warn
+    from ..guard import Guard, GuardedCall, SyntheticResponse
+    from ..settings import OPTIONS, Settings, env_name, parse_value
+
+    base_url: tuple[str, ...] = ()
+    option = next(option for option in OPTIONS if option.name == "base_url")
+    raw = os.environ.get(env_name(option.name))
+    if raw is not None:
+        with contextlib.suppress(QuotawrapError):  # Ark's own hosts are still recognised
+            base_url = parse_value(option, raw)
+    message = f"quotawrap refuses this call: its settings are invalid in this process ({error})"
+    warn(f"{error}; every guarded call of this process is refused")
+
+    class Refusing(Guard):
+        def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
+            if not self.wants(method, url):
+                return None
+            return GuardedCall.refused(
+                SyntheticResponse.ark_error(400, "QuotawrapPolicyRefused", "BadRequest", message)
+            )
+
+    return Refusing(Settings(base_url=base_url))
 
 
 def set_guard(guard: Guard | None) -> None:

@@ -43,3 +43,18 @@ class TestUnknownPriceIsAPolicy:
         assert "ledger" not in answer["message"]
         assert sim.billed_total() == 0
         assert "UNGUARDED" not in result.stderr and not unguarded.exists()
+
+
+class TestBadSettingsInsideTheProgram:
+    def test_a_bad_variable_set_by_the_program_refuses_its_calls_with_400(self, sim: ArkSimulator, store: str) -> None:
+        """The program sets QUOTAWRAP_HOLD_TTL=nan before its first call: 400 naming it, no exception, nothing sent."""
+        script = "import os\nos.environ['QUOTAWRAP_HOLD_TTL'] = 'nan'\n" + CALL.replace(
+            "house-unpriced-model", "deepseek-v4-flash"
+        )
+        result = run_quotawrap(
+            ["--store", store, "--base-url", sim.url], [sys.executable, "-c", script], env={"SIM_URL": sim.url}
+        )
+        assert result.returncode == 0, result.stderr
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        assert answer["status"] == 400 and "--hold-ttl" in answer["message"]
+        assert sim.billed_total() == 0

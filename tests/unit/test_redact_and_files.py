@@ -26,6 +26,7 @@ class TestRedact:
             (["x.py", "--note", "uses sk-proj-abcdef123"], ["x.py", "--note", "uses ***"]),
             (["x.py", "--store", "redis://:pw@h:6379/0"], ["x.py", "--store", "redis://:***@h:6379/0"]),
             (["x.py", "--model", "m", "--n=3", "keyboard=1"], ["x.py", "--model", "m", "--n=3", "keyboard=1"]),
+            (["x.py", "--no-auth", "--model", "m"], ["x.py", "--no-auth", "--model", "m"]),
         ],
     )
     def test_secret_arguments_and_values_are_hidden(self, argv: list[str], expected: list[str]) -> None:

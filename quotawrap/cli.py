@@ -102,6 +102,19 @@ def _open(settings: Settings) -> Any:
         _fail(f"{_cure(exc)}; the ledger was left untouched", _exit_code(exc))
 
 
+def _no_balance_today(ledger: Any, settings: Settings) -> bool:
+    """Whether a guarded model has no balance snapshot of today's Beijing day (or the store cannot say)."""
+    from . import quota
+    from .sync import candidate_models
+
+    today = quota.beijing_day(time.time())
+    try:
+        snapshots = [ledger.snapshot(model) for model in candidate_models(ledger, settings)]
+    except QuotawrapError:
+        return True
+    return not snapshots or any(snapshot is None or snapshot.day != today for snapshot in snapshots)
+
+
 def _prepare_outputs(settings: Settings) -> None:
     """Every file the run will write is checked (its directory made 0700) before anything starts."""
     from .files import prepare
@@ -198,8 +211,9 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         warn(f"{exc}; --fail-open: running, and guarded calls go out UNGUARDED while the store is down")
     sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
     if sync_loop is not None:
-        sync_loop.tick()  # before the child's first call: until a sync, only the daily cap applies
-        sync_loop.start()
+        if _no_balance_today(ledger, settings):
+            sync_loop.tick()  # before the child's first call: until today's first sync, only the daily cap applies
+        sync_loop.start()  # its first tick runs at once, beside the child's start
     if not settings.quiet:
         from .status import expiry_warnings
 

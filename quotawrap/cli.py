@@ -80,7 +80,9 @@ def _settings(values: dict[str, Any]) -> Settings:
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"quotawrap: {message}", err=True)
+    from .redact import redact_text  # store errors quote their URL; its password stays out of the terminal
+
+    click.echo(f"quotawrap: {redact_text(message)}", err=True)
     sys.exit(code)
 
 

@@ -29,6 +29,10 @@ _SECRET_VALUE = re.compile(
     r"|(?i:\b(?:bearer|basic|token)\s+)[A-Za-z0-9._~+/=\-]{6,}"
 )
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]*:)(?P<password>[^@\s/]+)(?=@)")
+_QUERY_SECRET = re.compile(
+    r"(?P<head>[?&](?:password|passwd|pwd|pass|token|secret|api[-_]?key|access[-_]?key|auth)=)[^&\s)'\"]+",
+    re.IGNORECASE,
+)
 
 
 def _secret_name(name: str) -> bool:
@@ -64,6 +68,7 @@ def redact_url(url: str) -> str:
 def redact_text(text: str) -> str:
     """Hide secret-looking values anywhere in free text (and passwords in URLs)."""
     text = _URL_PASSWORD.sub(lambda m: m.group("head") + HIDDEN, text)
+    text = _QUERY_SECRET.sub(lambda m: m.group("head") + HIDDEN, text)
     return _SECRET_VALUE.sub(lambda m: _keep_scheme(m.group(0)), text)
 
 

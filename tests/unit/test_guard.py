@@ -13,6 +13,7 @@ from quotawrap.guard import Guard, GuardedCall
 from quotawrap.ledger import run_key
 from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.settings import Settings
+from tests.redis_server import free_port
 
 BASE = "http://127.0.0.1:9/api/v3"
 URL = f"{BASE}/chat/completions"
@@ -170,3 +171,14 @@ class TestFaultsAndPolicies:
         message = json.loads(call.blocked.body)["error"]["message"]
         assert call.blocked.status == 400 and "--unknown-price" in message and "ledger" not in message
         assert not log.exists() and in_flight(ledger) == 0
+
+    @pytest.mark.parametrize(
+        "store", ["redis://127.0.0.1:{port}/0?password=topsecret", "redis://:topsecret@127.0.0.1:{port}/0"]
+    )
+    def test_the_503_never_shows_the_store_password(self, store: str) -> None:
+        """A Redis store that is down: the 503 the program reads names the store with its password hidden."""
+        guard = Guard(Settings(base_url=(BASE,), run_id=RUN, store=store.format(port=free_port())))
+        call = guard.begin("POST", URL, JSON, body())
+        assert call is not None and call.blocked is not None and call.blocked.status == 503
+        message = json.loads(call.blocked.body)["error"]["message"]
+        assert "topsecret" not in message and "***" in message

@@ -484,43 +484,11 @@ def report_command(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def sessions_command(since: str | None, until: str | None, as_json: bool, **values: Any) -> None:
     """Runs with their totals, newest last."""
-    from .audit import aggregate
-    from .money import format_cny
-    from .redact import redact_command_line
-    from .status import session_state
+    from .status import render_sessions, session_rows
 
     ledger = _open(_settings(values))
-    start, end = _time_bound(since), _time_bound(until)
-    totals = {row["key"]: row for row in aggregate(ledger.call_records(since=start, until=end), "session")}
-    rows = []
-    for run in ledger.runs(since=start, until=end):
-        row = totals.get(run.run_id, {})
-        rows.append(
-            {
-                "session": run.run_id,
-                "started_at": run.started_at,
-                "ended_at": run.ended_at,
-                "exit_code": run.exit_code,
-                "state": session_state(run),
-                "command": redact_command_line(run.command),  # ledgers written before redaction too
-                "tags": dict(run.tags),
-                "calls": row.get("calls", 0),
-                "blocked_calls": row.get("blocked_calls", 0),
-                "settled_tokens": row.get("settled_tokens", 0),
-                "cost_micro_cny": row.get("cost_micro_cny", 0),
-            }
-        )
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        click.echo("no sessions in that range")
-    for row in rows:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["started_at"]))
-        click.echo(
-            f"{row['session']}  {when}  {row['state']}  {row['calls']} calls  {row['blocked_calls']} blocked"
-            f"  {row['settled_tokens']:,} tokens  {format_cny(row['cost_micro_cny'])}  {row['command'][:60]}"
-        )
+    rows = session_rows(ledger, _time_bound(since), _time_bound(until))
+    click.echo(json.dumps(rows, indent=2) if as_json else render_sessions(rows))
 
 
 _SYNC_OPTIONS = [

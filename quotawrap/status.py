@@ -14,7 +14,16 @@ from .ledger.base import RunRecord, pid_alive
 from .settings import Settings
 from .tasks import TASK_HOLD_PREFIX, open_task_holds
 
-__all__ = ["WRAPPER_HOST_TAG", "WRAPPER_PID_TAG", "expiry_warnings", "model_status", "render_status", "session_state"]
+__all__ = [
+    "WRAPPER_HOST_TAG",
+    "WRAPPER_PID_TAG",
+    "expiry_warnings",
+    "model_status",
+    "render_sessions",
+    "render_status",
+    "session_rows",
+    "session_state",
+]
 
 
 def model_status(
@@ -167,3 +176,45 @@ def session_state(run: RunRecord, host: str | None = None) -> str:
     if pid.isdigit() and run.tags.get(WRAPPER_HOST_TAG) == (host or socket.gethostname()) and not pid_alive(int(pid)):
         return "wrapper died"
     return "running"
+
+
+def session_rows(ledger: Ledger, since: float | None, until: float | None) -> list[dict[str, Any]]:
+    """``quotawrap sessions``: each run with its state, its command (secrets hidden) and its totals."""
+    from .audit import aggregate
+    from .redact import redact_command_line
+
+    totals = {row["key"]: row for row in aggregate(ledger.call_records(since=since, until=until), "session")}
+    rows = []
+    for run in ledger.runs(since=since, until=until):
+        row = totals.get(run.run_id, {})
+        rows.append(
+            {
+                "session": run.run_id,
+                "started_at": run.started_at,
+                "ended_at": run.ended_at,
+                "exit_code": run.exit_code,
+                "state": session_state(run),
+                "command": redact_command_line(run.command),  # ledgers written before redaction too
+                "tags": dict(run.tags),
+                "calls": row.get("calls", 0),
+                "blocked_calls": row.get("blocked_calls", 0),
+                "settled_tokens": row.get("settled_tokens", 0),
+                "cost_micro_cny": row.get("cost_micro_cny", 0),
+            }
+        )
+    return rows
+
+
+def render_sessions(rows: list[dict[str, Any]]) -> str:
+    import time
+
+    from .money import format_cny
+
+    if not rows:
+        return "no sessions in that range"
+    return "\n".join(
+        f"{row['session']}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(row['started_at']))}  {row['state']}"
+        f"  {row['calls']} calls  {row['blocked_calls']} blocked  {row['settled_tokens']:,} tokens"
+        f"  {format_cny(row['cost_micro_cny'])}  {row['command'][:60]}"
+        for row in rows
+    )

@@ -168,9 +168,7 @@ class TestChatInput:
         """Each image counts image_tokens, however long its (data) URL."""
         image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 50_000}}
         body = chat(user([{"type": "text", "text": "abc"}, image, image]))
-        assert (
-            estimate_request("chat", body, count=by_chars).input_tokens == 3 + 2 * IMAGE + OVERHEAD + PRIMING
-        )
+        assert estimate_request("chat", body, count=by_chars).input_tokens == 3 + 2 * IMAGE + OVERHEAD + PRIMING
 
     def test_image_tokens_setting(self) -> None:
         """The per-image figure comes from the settings."""
@@ -257,9 +255,7 @@ class TestResponsesInput:
     def test_string_input_and_instructions(self) -> None:
         """A string input and the instructions each count as one message."""
         body = {"model": "m", "input": "hello", "instructions": "be brief"}
-        assert (
-            estimate_request("responses", body, count=by_chars).input_tokens == 5 + 8 + 2 * OVERHEAD + PRIMING
-        )
+        assert estimate_request("responses", body, count=by_chars).input_tokens == 5 + 8 + 2 * OVERHEAD + PRIMING
 
     def test_message_items_with_parts(self) -> None:
         """Messages (typed or not) with input_text, output_text and input_image parts."""
@@ -343,9 +339,7 @@ class TestCompletionsInput:
     )
     def test_prompt_shapes(self, body: dict[str, Any], expected: int) -> None:
         """A prompt string, list of strings, token ids or token-id lists, plus any suffix."""
-        assert (
-            estimate_request("completions", {"model": "m", **body}, count=by_chars).input_tokens == expected
-        )
+        assert estimate_request("completions", {"model": "m", **body}, count=by_chars).input_tokens == expected
 
 
 class TestMalformed:
@@ -391,9 +385,9 @@ class TestMalformed:
 
 # -- properties ---------------------------------------------------------------------------------
 
-TEXT = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40
-) | st.sampled_from(["彩虹有几种颜色", "床前明月光，疑是地上霜。", "hello world", ""])
+TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40) | st.sampled_from(
+    ["彩虹有几种颜色", "床前明月光，疑是地上霜。", "hello world", ""]
+)
 PART = st.one_of(
     st.builds(lambda text: {"type": "text", "text": text}, TEXT),
     st.just({"type": "image_url", "image_url": {"url": "https://example.invalid/a.png"}}),

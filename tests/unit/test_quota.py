@@ -178,8 +178,7 @@ class TestLaggedUsage:
         """§7.2 yesterday's settled usage, however small or large, plays no part in today's reading."""
         today = [(bj(9), 300_000)]
         readings = {
-            lagged_usage(bj(12), 30 * MIN, 300_000, today, [(bj(9, day=12), total)])
-            for total in (10_000, 2_000_000)
+            lagged_usage(bj(12), 30 * MIN, 300_000, today, [(bj(9, day=12), total)]) for total in (10_000, 2_000_000)
         }
         assert readings == {300_000}
 
@@ -212,9 +211,7 @@ class TestSection42SettlementLag:
     def test_v6_inflation_is_the_unsettled_usage(self) -> None:
         """§4.2 L = usage_at_sync − settled = 665,268 − (B0 − 1,726,526) = 149,616."""
         snapshot = synced(bj(11, 22), 1_726_526, SERIES_0813, 0)
-        assert (
-            pool_estimate(snapshot, V6) - B0_0813 == snapshot.usage_at_sync - (B0_0813 - 1_726_526) == 149_616
-        )
+        assert pool_estimate(snapshot, V6) - B0_0813 == snapshot.usage_at_sync - (B0_0813 - 1_726_526) == 149_616
 
     def test_v6_limit_term_before_the_cap(self) -> None:
         """§4.2 v6 at 11:22: 2,391,794 − 50,000 = 2,341,794, above B0; only the 2M cap binds."""
@@ -230,9 +227,7 @@ class TestSection42SettlementLag:
     def test_converged_sync_08_12(self) -> None:
         """§4.2 08-12 14:59:51 converged: 596,869 = 2,293,004 − 1,696,135 to the token, at any lag."""
         pools = {
-            pool_estimate(
-                synced(bj(14, 59, 51, day=12), 596_869, SERIES_0812, lag), QuotaSettings(balance_lag_s=lag)
-            )
+            pool_estimate(synced(bj(14, 59, 51, day=12), 596_869, SERIES_0812, lag), QuotaSettings(balance_lag_s=lag))
             for lag in (0, 14 * MIN, 30 * MIN)
         }
         assert pools == {B0_0812}
@@ -302,9 +297,7 @@ class TestSection73FrozenSnapshot:
 
     def test_even_with_the_old_buffer(self) -> None:
         """§7.3/§7.4 with BUFFER 300,000 the cap is 1,993,004, not v4's 296,869: the call still fits."""
-        limits = model_day_limits(
-            snap(596_869, 1_696_135), QuotaSettings(small_buffer=300_000, balance_lag_s=0)
-        )
+        limits = model_day_limits(snap(596_869, 1_696_135), QuotaSettings(small_buffer=300_000, balance_lag_s=0))
         assert (limits[0].cap, decide(limits, 1_696_135, 16)) == (1_993_004, "fits")
 
     def test_v4_coincides_only_at_zero_usage(self) -> None:
@@ -321,9 +314,7 @@ class TestSection73FrozenSnapshot:
         """§7.3 'remaining ≠ cumulative limit': only balance + usage counts, so v4 is unreachable."""
         moved = min(moved, usage)
         s = QuotaSettings(balance_lag_s=lag)
-        assert effective_limit(snap(balance, usage), s) == effective_limit(
-            snap(balance + moved, usage - moved), s
-        )
+        assert effective_limit(snap(balance, usage), s) == effective_limit(snap(balance + moved, usage - moved), s)
 
 
 class TestSection74OldBuffer:
@@ -458,9 +449,7 @@ class TestSection76Reserve:
     )
     def test_sync_pools(self, t: float, balance: int, lag_s: float, pool: int) -> None:
         """§7.6 'B0 守恒' check: lagged snapshots inflate under v6 and come back to 2,293,004 with a lag."""
-        assert (
-            pool_estimate(synced(t, balance, SERIES_0812, lag_s), QuotaSettings(balance_lag_s=lag_s)) == pool
-        )
+        assert pool_estimate(synced(t, balance, SERIES_0812, lag_s), QuotaSettings(balance_lag_s=lag_s)) == pool
 
     def test_consume_task_clamp(self) -> None:
         """§8.4 plan ≤ min(2M − usage, b0_est − S − usage) is the hold's headroom: 303,865 at 1,696,135."""
@@ -497,9 +486,7 @@ class TestSoftEvict:
         ),
     ]
 
-    @pytest.mark.parametrize(
-        ("name", "usage", "effective", "balance", "evict"), CASES, ids=[c[0] for c in CASES]
-    )
+    @pytest.mark.parametrize(("name", "usage", "effective", "balance", "evict"), CASES, ids=[c[0] for c in CASES])
     def test_case(self, name: str, usage: int, effective: int, balance: int, evict: bool) -> None:
         """should_soft_evict matches the notes' case; should_restore is its exact negation (no flapping)."""
         verdicts = (
@@ -533,9 +520,7 @@ class TestSoftEvict:
         usage=st.integers(0, 2_500_000),
         lag=st.sampled_from([0.0, 1800.0]),
     )
-    def test_limits_agree_with_should_soft_evict(
-        self, balance: int, at_sync: int, usage: int, lag: float
-    ) -> None:
+    def test_limits_agree_with_should_soft_evict(self, balance: int, at_sync: int, usage: int, lag: float) -> None:
         """The walls in model_day_limits evict exactly when should_soft_evict says so."""
         s = QuotaSettings(balance_lag_s=lag)
         snapshot = snap(balance, at_sync)
@@ -672,8 +657,7 @@ class TestCalibrateLag:
             total += tokens
             series.append((t - 17, total))  # SQLite ledger stamps the minute's start
         syncs = [
-            (t, b0 - sum(n for e, n in events if e <= t - delta))
-            for t in (bj(9) + k * 420 + 45 for k in range(60))
+            (t, b0 - sum(n for e, n in events if e <= t - delta)) for t in (bj(9) + k * 420 + 45 for k in range(60))
         ]
         assert calibrate_lag(syncs, series) == (840.0, 0.0)
 
@@ -726,9 +710,7 @@ class TestKeepAlive:
 
     def test_nothing_expiring(self) -> None:
         """No advice when nothing expires within the window, or it already expired or is empty."""
-        assert (
-            keep_alive_daily_usage([self.pkg(2_000_000, 30), self.pkg(5, -1), self.pkg(0, 2)], self.NOW) == []
-        )
+        assert keep_alive_daily_usage([self.pkg(2_000_000, 30), self.pkg(5, -1), self.pkg(0, 2)], self.NOW) == []
 
 
 # -- the guarantee: a simulated day ----------------------------------------------------------------

@@ -79,9 +79,7 @@ def stream_chunks(client: httpx.Client, headers: dict[str, str] | None = None, *
 
 
 def billing_post(sim: ArkSimulator, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
-    headers = kwargs.pop(
-        "headers", {"Authorization": "HMAC-SHA256 Credential=AK/20260101/cn-beijing/billing/request"}
-    )
+    headers = kwargs.pop("headers", {"Authorization": "HMAC-SHA256 Credential=AK/20260101/cn-beijing/billing/request"})
     url = sim.base_url + "/?Action=ListResourcePackages&Version=2022-01-01"
     return httpx.post(url, json=body, headers=headers, **kwargs)
 
@@ -98,9 +96,7 @@ class TestSimConfig:
     def test_headers_override_typed_fields(self) -> None:
         """x-sim-* headers coerce to each field's type; 'none' clears an optional field."""
         base = SimConfig(fault="cut")
-        config = apply_headers(
-            base, [("X-Sim-Reply-Tokens", "7"), ("x-sim-fault", "none"), ("x-sim-latency-s", "0.5")]
-        )
+        config = apply_headers(base, [("X-Sim-Reply-Tokens", "7"), ("x-sim-fault", "none"), ("x-sim-latency-s", "0.5")])
         assert (config.reply_tokens, config.fault, config.latency_s) == (7, None, 0.5)
 
     def test_unknown_header_names_itself(self) -> None:
@@ -124,11 +120,7 @@ class TestSimConfig:
         """Package times may be yyyy-MM-ddTHH:mm:ssZ strings or epoch seconds."""
         config = apply_patch(
             SimConfig(),
-            {
-                "packages": [
-                    {"model": "m", "total": 5, "effective_time": "2026-01-01T00:00:00Z", "expiry_time": 2e9}
-                ]
-            },
+            {"packages": [{"model": "m", "total": 5, "effective_time": "2026-01-01T00:00:00Z", "expiry_time": 2e9}]},
         )
         assert config.packages[0].effective_time == parse_utc("2026-01-01T00:00:00Z")
         assert format_utc(config.packages[0].effective_time) == "2026-01-01T00:00:00Z"
@@ -215,9 +207,7 @@ class TestLifecycle:
         peers = set()
         with httpx.Client(base_url=sim.url, headers=AUTH, limits=httpx.Limits(max_connections=1)) as http:
             for _ in range(3):
-                with http.stream(
-                    "POST", "/chat/completions", json={"model": MODEL, "messages": HELLO}
-                ) as response:
+                with http.stream("POST", "/chat/completions", json={"model": MODEL, "messages": HELLO}) as response:
                     peers.add(response.extensions["network_stream"].get_extra_info("client_addr"))
                     response.read()
         assert len(peers) == 1
@@ -275,9 +265,7 @@ class TestChatCompletions:
 
     def test_unparseable_json_is_invalid_parameter(self, client: httpx.Client) -> None:
         """A body that is not JSON is a 400 InvalidParameter."""
-        response = client.post(
-            "/chat/completions", content=b"{nope", headers={"Content-Type": "application/json"}
-        )
+        response = client.post("/chat/completions", content=b"{nope", headers={"Content-Type": "application/json"})
         assert (response.status_code, response.json()["error"]["code"]) == (400, "InvalidParameter")
 
     def test_missing_bearer_is_401(self, sim: ArkSimulator) -> None:
@@ -318,9 +306,7 @@ class TestChatStream:
 
     def test_chunk_include_usage_is_cumulative(self, client: httpx.Client) -> None:
         """chunk_include_usage puts the usage so far on every chunk, prompt counted from the start."""
-        data = stream_chunks(
-            client, {"x-sim-reasoning-tokens": "6"}, stream_options={"chunk_include_usage": True}
-        )[:-1]
+        data = stream_chunks(client, {"x-sim-reasoning-tokens": "6"}, stream_options={"chunk_include_usage": True})[:-1]
         prompt = hello_prompt_tokens()
         assert all(c["usage"]["prompt_tokens"] == prompt for c in data)
         completions = [c["usage"]["completion_tokens"] for c in data]
@@ -389,9 +375,7 @@ class TestFaults:
             chat(client, {"x-sim-fault": "cut"})
         assert sim.calls() == 1
 
-    @pytest.mark.parametrize(
-        ("fault", "status"), [("error_500", 500), ("error_429", 429), ("error_400", 400)]
-    )
+    @pytest.mark.parametrize(("fault", "status"), [("error_500", 500), ("error_429", 429), ("error_400", 400)])
     def test_error_faults_are_not_billed(
         self, sim: ArkSimulator, client: httpx.Client, fault: str, status: int
     ) -> None:
@@ -440,9 +424,7 @@ class TestClientDisconnect:
     ) -> None:
         """A client leaving mid-stream is billed once, leaks no handler and breaks nothing."""
         body = {"model": MODEL, "messages": HELLO, "stream": True}
-        with client.stream(
-            "POST", "/chat/completions", json=body, headers={"x-sim-chunk-delay-s": "0.02"}
-        ) as r:
+        with client.stream("POST", "/chat/completions", json=body, headers={"x-sim-chunk-delay-s": "0.02"}) as r:
             next(r.iter_lines())
         client.close()
         deadline = time.monotonic() + 10
@@ -459,9 +441,7 @@ class TestResponsesApi:
     def test_non_stream_response_object(self, sim: ArkSimulator, client: httpx.Client) -> None:
         """A completed response with one output_text message and input/output usage."""
         items = [{"role": "user", "content": [{"type": "input_text", "text": "hello"}]}]
-        body = client.post(
-            "/responses", json={"model": MODEL, "input": items, "instructions": "be brief"}
-        ).json()
+        body = client.post("/responses", json={"model": MODEL, "input": items, "instructions": "be brief"}).json()
         assert (body["object"], body["status"]) == ("response", "completed")
         assert body["output"][-1]["content"][0] == {
             "type": "output_text",
@@ -514,12 +494,8 @@ class TestEmbeddings:
 
     def test_base64_encoding(self, client: httpx.Client) -> None:
         """encoding_format base64 returns the same vector as little-endian float32."""
-        floats = client.post("/embeddings", json={"model": "emb", "input": "x"}).json()["data"][0][
-            "embedding"
-        ]
-        packed = client.post(
-            "/embeddings", json={"model": "emb", "input": "x", "encoding_format": "base64"}
-        ).json()
+        floats = client.post("/embeddings", json={"model": "emb", "input": "x"}).json()["data"][0]["embedding"]
+        packed = client.post("/embeddings", json={"model": "emb", "input": "x", "encoding_format": "base64"}).json()
         decoded = struct.unpack("<8f", base64.b64decode(packed["data"][0]["embedding"]))
         assert decoded == pytest.approx(floats, abs=1e-6)
 
@@ -734,14 +710,10 @@ class TestBillingApi:
         with ArkSimulator(clock=clock) as running:
             yield running
 
-    def test_items_are_all_strings_with_model_in_name(
-        self, billed_sim: ArkSimulator, clock: FakeClock
-    ) -> None:
+    def test_items_are_all_strings_with_model_in_name(self, billed_sim: ArkSimulator, clock: FakeClock) -> None:
         """Each item has the documented fields as strings; ConfigurationName names the model."""
         billed_sim.set_packages([PackageSpec("deepseek-v4-flash", 500000, clock.now - 10, clock.now + 86400)])
-        body = billing_post(
-            billed_sim, {"ResourceType": "Package", "MaxResults": "20", "NextToken": ""}
-        ).json()
+        body = billing_post(billed_sim, {"ResourceType": "Package", "MaxResults": "20", "NextToken": ""}).json()
         assert body["ResponseMetadata"]["Action"] == "ListResourcePackages"
         item = body["Result"]["List"][0]
         assert all(isinstance(v, str) for v in item.values())
@@ -774,9 +746,7 @@ class TestBillingApi:
             ({"ResourceType": "Package", "MaxResults": "5", "Status": "Sleeping"}, "InvalidParameter"),
         ],
     )
-    def test_invalid_requests_rejected(
-        self, billed_sim: ArkSimulator, body: dict[str, Any], code: str
-    ) -> None:
+    def test_invalid_requests_rejected(self, billed_sim: ArkSimulator, body: dict[str, Any], code: str) -> None:
         """Requests the real API would refuse get a 400 Volcengine error."""
         response = billing_post(billed_sim, body)
         assert response.status_code == 400
@@ -791,9 +761,7 @@ class TestBillingApi:
         """Usage shows in AvailableAmount only balance_lag_s after it was billed."""
         billed_sim.configure(balance_lag_s=60)
         billed_sim.set_packages([PackageSpec(MODEL, 1000, clock.now - 10, clock.now + 86400)])
-        used = httpx.post(
-            billed_sim.url + "/chat/completions", json={"model": MODEL, "messages": HELLO}, headers=AUTH
-        )
+        used = httpx.post(billed_sim.url + "/chat/completions", json={"model": MODEL, "messages": HELLO}, headers=AUTH)
         total = used.json()["usage"]["total_tokens"]
         clock.now += 59
         assert billed_sim.package_report()[0]["AvailableAmount"] == "1000"
@@ -861,9 +829,7 @@ class TestRunForever:
         sim = ArkSimulator()
         stop = threading.Event()
         printed = io.StringIO()
-        runner = threading.Thread(
-            target=simulator.run_forever, args=(sim,), kwargs={"stop": stop, "out": printed}
-        )
+        runner = threading.Thread(target=simulator.run_forever, args=(sim,), kwargs={"stop": stop, "out": printed})
         runner.start()
         try:
             deadline = time.monotonic() + 30
@@ -886,9 +852,7 @@ class TestRunForever:
             line = proc.stdout.readline().strip()
             url = line.rsplit(" ", 1)[-1]
             assert line.startswith("Ark simulator listening on ") and url.endswith("/api/v3")
-            response = httpx.post(
-                url + "/chat/completions", json={"model": MODEL, "messages": HELLO}, headers=AUTH
-            )
+            response = httpx.post(url + "/chat/completions", json={"model": MODEL, "messages": HELLO}, headers=AUTH)
             assert response.status_code == 200
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=30) == 0

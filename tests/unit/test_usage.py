@@ -73,9 +73,7 @@ def _usage_chunk(prompt: int = 11, completion: int = 7) -> dict[str, Any]:
     }
 
 
-def _read(
-    stream: bytes, pieces: Iterable[int] | None = None, *, hide: bool = False
-) -> tuple[bytes, SSEUsageReader]:
+def _read(stream: bytes, pieces: Iterable[int] | None = None, *, hide: bool = False) -> tuple[bytes, SSEUsageReader]:
     """Feed ``stream`` cut at ``pieces`` (offsets) and return everything handed on, plus the reader."""
     reader = SSEUsageReader(hide_usage_only_chunk=hide)
     cuts = [0, *sorted(set(pieces or ())), len(stream)]
@@ -99,12 +97,8 @@ class TestUsageFromMapping:
             pytest.param(RESPONSES_USAGE, Usage(50, 80, 130, 20, 10), id="responses-input-output"),
             pytest.param({"prompt_tokens": 9, "total_tokens": 9}, Usage(9, 0, 9), id="embeddings"),
             pytest.param({"prompt_tokens": 3, "completion_tokens": 4}, Usage(3, 4, 7), id="missing-total"),
-            pytest.param(
-                {"input_tokens": 3, "output_tokens": 4}, Usage(3, 4, 7), id="responses-missing-total"
-            ),
-            pytest.param(
-                {"completion_tokens": 4, "total_tokens": 10}, Usage(6, 4, 10), id="prompt-from-total"
-            ),
+            pytest.param({"input_tokens": 3, "output_tokens": 4}, Usage(3, 4, 7), id="responses-missing-total"),
+            pytest.param({"completion_tokens": 4, "total_tokens": 10}, Usage(6, 4, 10), id="prompt-from-total"),
             pytest.param({"total_tokens": 10}, Usage(10, 0, 10), id="total-only"),
             pytest.param(
                 {"prompt_tokens": 1, "completion_tokens": None, "total_tokens": 3},
@@ -163,9 +157,7 @@ class TestUsageFromMapping:
             pytest.param({"prompt_tokens": True, "completion_tokens": 2}, id="bool-count"),
             pytest.param({"prompt_tokens": 1.5, "completion_tokens": 2}, id="fractional"),
             pytest.param({"prompt_tokens": float("nan")}, id="nan"),
-            pytest.param(
-                {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": -3}, id="negative-total"
-            ),
+            pytest.param({"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": -3}, id="negative-total"),
         ],
     )
     def test_unusable(self, usage: Any) -> None:
@@ -296,11 +288,7 @@ class TestUsageFromBody:
                 id="embeddings",
             ),
             pytest.param(
-                {
-                    "choices": [
-                        {"index": 0, "message": {}, "usage": {"prompt_tokens": 4, "completion_tokens": 6}}
-                    ]
-                },
+                {"choices": [{"index": 0, "message": {}, "usage": {"prompt_tokens": 4, "completion_tokens": 6}}]},
                 Usage(4, 6, 10),
                 id="moonshot-choices-usage",
             ),
@@ -613,12 +601,8 @@ class TestHideUsageOnlyChunk:
     @pytest.mark.parametrize(
         "chunk",
         [
-            pytest.param(
-                {"choices": [], "usage": None, "prompt_filter_results": []}, id="azure-filter-no-usage"
-            ),
-            pytest.param(
-                _delta("a", {"prompt_tokens": 1, "completion_tokens": 1}), id="cumulative-with-choices"
-            ),
+            pytest.param({"choices": [], "usage": None, "prompt_filter_results": []}, id="azure-filter-no-usage"),
+            pytest.param(_delta("a", {"prompt_tokens": 1, "completion_tokens": 1}), id="cumulative-with-choices"),
             pytest.param({"choices": [{"usage": {"prompt_tokens": 1}}], "usage": None}, id="moonshot"),
         ],
     )
@@ -684,9 +668,7 @@ def _streams(draw: st.DrawFn) -> tuple[bytes, bytes, Usage | None, bool]:
             body = _json(_delta(text, per_chunk)).replace(b',"', b"," + eol + b'data: "', 1)
             blocks.append(b"data: " + body + eol + eol)
         else:
-            blocks.append(
-                _event(_delta(text, per_chunk), eol=eol, name=draw(st.sampled_from([None, "message"])))
-            )
+            blocks.append(_event(_delta(text, per_chunk), eol=eol, name=draw(st.sampled_from([None, "message"]))))
         if draw(st.integers(0, 6)) == 0:
             blocks.append(eol)  # a stray blank line
     hidden_index = None

@@ -30,8 +30,7 @@ for name, sdk in (
 ):
     seen[f"{name}.plain"] = scrub(sdk.chat.completions.create(model="deepseek-v4-flash", messages=messages))
     seen[f"{name}.stream"] = [
-        scrub(chunk)
-        for chunk in sdk.chat.completions.create(model="deepseek-v4-flash", messages=messages, stream=True)
+        scrub(chunk) for chunk in sdk.chat.completions.create(model="deepseek-v4-flash", messages=messages, stream=True)
     ]
     seen[f"{name}.stream_usage"] = [
         scrub(chunk)
@@ -39,7 +38,5 @@ for name, sdk in (
             model="deepseek-v4-flash", messages=messages, stream=True, stream_options={"include_usage": True}
         )
     ]
-    seen[f"{name}.type"] = type(
-        sdk.chat.completions.create(model="deepseek-v4-flash", messages=messages)
-    ).__name__
+    seen[f"{name}.type"] = type(sdk.chat.completions.create(model="deepseek-v4-flash", messages=messages)).__name__
 print(json.dumps(seen, sort_keys=True, ensure_ascii=False))

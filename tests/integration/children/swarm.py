@@ -84,9 +84,7 @@ async def worker_async(args: argparse.Namespace, wid: int, http: object) -> None
         payload = {**body(args, i), "stream": stream}
         headers = {"Authorization": "Bearer sk-test"}
         if stream:
-            async with http.stream(
-                "POST", f"{URL}/chat/completions", json=payload, headers=headers
-            ) as response:
+            async with http.stream("POST", f"{URL}/chat/completions", json=payload, headers=headers) as response:
                 if response.status_code == 429:
                     await response.aread()
                     emit(client="httpx-async", outcome="blocked", status=429)

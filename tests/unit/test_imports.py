@@ -74,3 +74,14 @@ class TestImportRules:
             "quotawrap.quota (pure) imports quotawrap.ledger, which is not pure",
             "quotawrap.quota (pure) imports os.path, an I/O module",
         ]
+
+    def test_an_annotation_only_import_is_not_a_cycle(self, tmp_path: Path) -> None:
+        """An import under ``if TYPE_CHECKING:`` never runs, so it closes no cycle; the same import at runtime does."""
+        files = {
+            "__init__.py": "",
+            "guard.py": "from .tasks import TaskPolled\n",
+            "tasks.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .guard import Guard\nTaskPolled = 1\n",
+        }
+        assert problems(_package(tmp_path / "a", files)) == []
+        files["tasks.py"] = "from .guard import Guard\nTaskPolled = 1\n"
+        assert problems(_package(tmp_path / "b", files)) == ["import cycle: quotawrap.guard <-> quotawrap.tasks"]

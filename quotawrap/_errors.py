@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 
 __all__ = [
+    "EXIT_STORE",
+    "EXIT_USAGE",
     "BalanceUnavailable",
     "ConfigError",
     "PolicyRefused",
@@ -29,7 +31,12 @@ __all__ = [
     "TokenizerUnavailable",
     "Unavailable",
     "UnknownPrice",
+    "exit_code",
+    "with_cure",
 ]
+
+EXIT_USAGE = 2  # the CLI's answer to a rule: a flag, variable, config value or policy
+EXIT_STORE = 4  # the store cannot be opened or used
 
 
 class QuotawrapError(Exception):
@@ -78,3 +85,17 @@ class TokenizerUnavailable(Unavailable):
 
 class BalanceUnavailable(Unavailable):
     """No balance could be read; the previous snapshot stays in force."""
+
+
+def exit_code(exc: QuotawrapError) -> int:
+    """The CLI's exit code for an error, by branch: a rule is a usage error, the store is 4."""
+    if isinstance(exc, PolicyRefused):
+        return EXIT_USAGE
+    return EXIT_STORE if isinstance(exc, StoreError) else 1
+
+
+def with_cure(exc: QuotawrapError) -> str:
+    """The error's message, with what to check when the store could not be reached."""
+    if isinstance(exc, StoreError) and not isinstance(exc, StoreCorrupt):
+        return f"{exc}; check that the store is running and reachable and that its URL and password are right"
+    return str(exc)

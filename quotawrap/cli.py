@@ -11,6 +11,7 @@ error; 3 ``--fail-on-block`` and a call was blocked; 4 the ledger could not be o
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shlex
@@ -22,14 +23,12 @@ from typing import Any, NoReturn
 
 import click
 
-from ._errors import ConfigError, PolicyRefused, QuotawrapError, StoreCorrupt, StoreError
+from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, StoreError, exit_code, with_cure
 from .settings import OPTIONS, Option, Settings, env_name, load_config_file, parse_value
 
 __all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "cli", "main"]
 
-EXIT_USAGE = 2
 EXIT_BLOCKED = 3
-EXIT_STORE = 4
 EXIT_NOT_FOUND = 127
 
 F = Callable[..., Any]
@@ -93,52 +92,12 @@ def _open(settings: Settings) -> Any:
     from .ledger import default_store_url, normalize_store_url, open_ledger
 
     url = settings.store or default_store_url()
-    if url.startswith(REDIS_SCHEMES):
-        import importlib.util
-
-        if importlib.util.find_spec("redis") is None:
-            _fail("the Redis store needs the redis package: pip install 'quotawrap[redis]'", EXIT_STORE)
+    if url.startswith(REDIS_SCHEMES) and importlib.util.find_spec("redis") is None:
+        _fail("the Redis store needs the redis package: pip install 'quotawrap[redis]'", EXIT_STORE)
     try:
         return open_ledger(normalize_store_url(url))
     except QuotawrapError as exc:
-        _fail(f"{_cure(exc)}; the ledger was left untouched", _exit_code(exc))
-
-
-def _no_balance_today(ledger: Any, settings: Settings) -> bool:
-    """Whether a guarded model has no balance snapshot of today's Beijing day (or the store cannot say)."""
-    from . import quota
-    from .sync import candidate_models
-
-    today = quota.beijing_day(time.time())
-    try:
-        snapshots = [ledger.snapshot(model) for model in candidate_models(ledger, settings)]
-    except QuotawrapError:
-        return True
-    return not snapshots or any(snapshot is None or snapshot.day != today for snapshot in snapshots)
-
-
-def _prepare_outputs(settings: Settings) -> None:
-    """Every file the run will write is checked (its directory made 0700) before anything starts."""
-    from .files import prepare
-
-    for name in ("audit_log", "report_json", "unguarded_log"):
-        path = getattr(settings, name)
-        problem = prepare(path) if path else None
-        if problem is not None:
-            _fail(f"--{name.replace('_', '-')} {path}: {problem}", EXIT_USAGE)
-
-
-def _exit_code(exc: QuotawrapError) -> int:
-    """One mapping from the error tree to exit codes: a rule is a usage error, the store is 4."""
-    if isinstance(exc, PolicyRefused):
-        return EXIT_USAGE
-    return EXIT_STORE if isinstance(exc, StoreError) else 1
-
-
-def _cure(exc: QuotawrapError) -> str:
-    if isinstance(exc, StoreError) and not isinstance(exc, StoreCorrupt):
-        return f"{exc}; check that the store is running and reachable and that its URL and password are right"
-    return str(exc)
+        _fail(f"{with_cure(exc)}; the ledger was left untouched", exit_code(exc))
 
 
 class _DefaultRunGroup(click.Group):
@@ -171,7 +130,7 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     from .ledger.base import RunRecord
     from .redact import redact_argv
     from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
-    from .status import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
+    from .status import WRAPPER_HOST_TAG, WRAPPER_PID_TAG, no_balance_today
     from .sync import SyncLoop, sync_source
     from .waiting import read_events
 
@@ -198,7 +157,10 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     own_events_log = not settings.events_log  # ours to delete once the summary has read it
     if own_events_log:
         settings = settings.replace(events_log=str(default_events_log(run_id)))
-    _prepare_outputs(settings)
+    from .files import prepare_outputs
+
+    if problem := prepare_outputs(settings):  # every file the run writes, checked before anything starts
+        _fail(problem, EXIT_USAGE)
     ledger = _open(settings)
     nested = nested_in(settings)
     try:
@@ -213,7 +175,7 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
         warn(f"{exc}; --fail-open: running, and guarded calls go out UNGUARDED while the store is down")
     sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
     if sync_loop is not None:
-        if _no_balance_today(ledger, settings):
+        if no_balance_today(ledger, settings, time.time()):
             sync_loop.tick()  # before the child's first call: until today's first sync, only the daily cap applies
         sync_loop.start()  # its first tick runs at once, beside the child's start
     if not settings.quiet:
@@ -232,7 +194,7 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     except FileNotFoundError:
         _fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
     except QuotawrapError as exc:
-        _fail(_cure(exc), _exit_code(exc))
+        _fail(with_cure(exc), exit_code(exc))
     finally:
         if proxy is not None:
             proxy.stop()
@@ -468,7 +430,7 @@ def report_command(
         if audit_path:
             rows = aggregate(records, by)
     except QuotawrapError as exc:
-        _fail(_cure(exc), _exit_code(exc))
+        _fail(with_cure(exc), exit_code(exc))
     if fmt == "json":
         click.echo(json.dumps({"by": by, "rows": rows}, indent=2))
     elif fmt == "csv":
@@ -570,7 +532,7 @@ def sync_command(
         for model, snap in sync_once(ledger, settings, now).items():
             click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} ({snap.source})")
     except QuotawrapError as exc:
-        _fail(_cure(exc), _exit_code(exc))
+        _fail(with_cure(exc), exit_code(exc))
 
 
 _CONSUME_OPTIONS = [
@@ -708,4 +670,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)
     except QuotawrapError as exc:  # any subcommand: one line naming the cure, never a traceback
-        _fail(_cure(exc), _exit_code(exc))
+        _fail(with_cure(exc), exit_code(exc))

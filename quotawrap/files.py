@@ -14,7 +14,11 @@ import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["append_private", "prepare", "private_dir", "write_private"]
+__all__ = ["append_private", "prepare", "prepare_outputs", "private_dir", "write_private"]
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .settings import Settings
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -93,4 +97,14 @@ def prepare(path: str | os.PathLike[str]) -> str | None:
         return f"cannot create its directory {target.parent}: {exc.strerror or exc}"
     if not os.access(target.parent, os.W_OK | os.X_OK):
         return f"its directory {target.parent} is not writable"
+    return None
+
+
+def prepare_outputs(settings: Settings) -> str | None:
+    """Every file a run will write (audit log, report JSON, unguarded log), made ready; the first problem."""
+    for name in ("audit_log", "report_json", "unguarded_log"):
+        path = getattr(settings, name)
+        problem = prepare(path) if path else None
+        if problem is not None:
+            return f"--{name.replace('_', '-')} {path}: {problem}"
     return None

@@ -19,6 +19,7 @@ __all__ = [
     "WRAPPER_PID_TAG",
     "expiry_warnings",
     "model_status",
+    "no_balance_today",
     "render_sessions",
     "render_status",
     "session_rows",
@@ -218,3 +219,16 @@ def render_sessions(rows: list[dict[str, Any]]) -> str:
         f"  {format_cny(row['cost_micro_cny'])}  {row['command'][:60]}"
         for row in rows
     )
+
+
+def no_balance_today(ledger: Ledger, settings: Settings, now: float) -> bool:
+    """Whether a guarded model has no balance snapshot of today's Beijing day (or the store cannot say)."""
+    from ._errors import QuotawrapError
+    from .sync import candidate_models
+
+    today = quota.beijing_day(now)
+    try:
+        snapshots = [ledger.snapshot(model) for model in candidate_models(ledger, settings)]
+    except QuotawrapError:
+        return True
+    return not snapshots or any(snapshot is None or snapshot.day != today for snapshot in snapshots)

@@ -149,12 +149,7 @@ def step_summary_markdown(report: Mapping[str, Any]) -> str:
         if text
     )
     verdict = "**blocked calls: {}**".format(totals["blocked_calls"]) if totals["blocked_calls"] else "no call blocked"
-    warnings = []
-    if totals.get("unguarded_calls"):
-        warnings.append(
-            f"> **{totals['unguarded_calls']} call(s) went out UNGUARDED** while the store was unreachable"
-            " (`--fail-open`): they are in no total below."
-        )
+    warnings = []  # unguarded calls, processes and connections are listed below the table
     if report.get("store_error"):
         warnings.append(f"> **Totals are incomplete**: the ledger could not close this run ({report['store_error']}).")
     lines = [

@@ -127,19 +127,31 @@ def _left_behind(child: int) -> list[int]:
     return found
 
 
-def _wait_left_behind(child: int) -> None:
-    """Wait for (and reap) every process the child left running: their calls belong to this run."""
+def _wait_left_behind(child: int, linger_s: float) -> None:
+    """Wait (at most ``linger_s``) for the processes the child left running: their calls belong to this run.
+
+    Bounded, so a daemon the command started cannot keep the run open forever; one still running when
+    the time is up is named, and whatever it calls later is still guarded by the ledger's daily limits.
+    """
     told = False
+    deadline = time.monotonic() + linger_s
     while pids := _left_behind(child):
         if not told:
             warn(
                 f"the command exited but left {len(pids)} process(es) running ({', '.join(map(str, pids))});"
-                " waiting for them so their calls are counted (signals are forwarded to them)"
+                f" waiting up to {linger_s:g} s (--linger) so their calls are counted (signals are forwarded)"
             )
             told = True
+        if time.monotonic() >= deadline:
+            warn(
+                f"{len(pids)} process(es) still running after --linger {linger_s:g} s"
+                f" ({', '.join(map(str, pids))}): the run's totals close without their later calls"
+            )
+            return
         for pid in pids:
             with contextlib.suppress(ChildProcessError, InterruptedError):
-                os.waitpid(pid, 0)
+                os.waitpid(pid, os.WNOHANG)  # reap the ones that ended; they are ours now
+        time.sleep(0.05)
 
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -281,7 +293,7 @@ def _run(
                 except KeyboardInterrupt:  # pragma: no cover - only without our handler
                     continue
             if reaping:
-                _wait_left_behind(process.pid)
+                _wait_left_behind(process.pid, settings.linger)
         finally:
             stop.set()
             for sig, handler in previous.items():

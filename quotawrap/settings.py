@@ -289,6 +289,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("sync_burst", int, 100_000, "Sync at once after this many tokens since the last sync.", check=_count),
     Option("sync_check", float, 10.0, "Seconds between checks whether a sync is due.", check=_period),
     Option(
+        "linger",
+        float,
+        60.0,
+        "Seconds the run waits for processes the command left running before it closes its books.",
+        child=False,
+        check=_seconds,
+    ),
+    Option(
         "expiry_warning_days",
         float,
         3.0,
@@ -378,6 +386,7 @@ class Settings:
     low_balance: int = 300_000
     sync_burst: int = 100_000
     sync_check: float = 10.0
+    linger: float = 60.0
     expiry_warning_days: float = 3.0
     proxy: bool = False
     drain_timeout: float = 30.0

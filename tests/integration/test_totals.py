@@ -59,6 +59,22 @@ class TestEveryProcessOfTheRunCounts:
         assert totals["calls"] == 2 and totals["settled_tokens"] == sim.billed_total() > 0
         assert "left 1 process(es) running" in result.stderr
 
+    def test_a_daemon_left_running_does_not_hold_the_run_open_past_linger(self, store: str) -> None:
+        """A process the command leaves running for good is waited for --linger seconds, then named."""
+        # The daemon lets go of the captured pipes, as daemons do, so only the wrapper could wait for it.
+        daemon = (
+            "import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.dup2(os.open(os.devnull, os.O_RDWR), 1)\n"
+            "    os.dup2(1, 2)\n"
+            "    time.sleep(60)\n"
+        )
+        started = time.monotonic()
+        result = run_quotawrap(["--store", store, "--linger", "0.5"], [sys.executable, "-c", daemon], timeout=50)
+        assert result.returncode == 0, result.stderr
+        assert "still running after --linger 0.5 s" in result.stderr
+        assert time.monotonic() - started < 45  # the daemon sleeps 60 s: the run did not wait for it
+
     def test_a_nested_wrapper_joins_the_outer_run_without_overwriting_it(
         self, sim: ArkSimulator, store: str, tmp_path: Path
     ) -> None:

@@ -171,3 +171,36 @@ class TestRedisFaults:
         assert json.loads(report.read_text())["totals"]["settled_tokens"] == sim.billed_total()
         assert int(client.get(f"daily_usage:{day}:{MODEL}:quotawrap")) == sim.billed_total()
         assert 0 < client.ttl(f"daily_usage:{day}:{MODEL}:quotawrap") <= 48 * 3600
+
+
+# One call, then wait until the test has emptied Redis, then exit.
+CALL_THEN_WAIT = """
+import os, sys, time
+import openai
+sdk = openai.OpenAI(base_url=os.environ["SIM_URL"], api_key="sk-test", max_retries=0)
+sdk.chat.completions.create(model="deepseek-v4-flash", messages=[{"role": "user", "content": "hi"}], max_tokens=20)
+print("called", flush=True)
+while not os.path.exists(os.environ["GO_ON"]):
+    time.sleep(0.05)
+"""
+
+
+class TestDataLostMidRun:
+    def test_totals_say_they_are_incomplete_not_zero(self, sim: ArkSimulator, tmp_path: Path) -> None:
+        """Redis loses its data (restart without persistence) mid-run: the summary must not say 0 calls as a fact."""
+        go_on = tmp_path / "go-on"
+        with private_server(appendonly=False) as server:
+            wrapper = _wrapper(
+                ["--store", server.url, "--base-url", sim.url],
+                [sys.executable, "-c", CALL_THEN_WAIT],
+                {"SIM_URL": sim.url, "GO_ON": str(go_on)},
+            )
+            assert wrapper.stdout is not None
+            assert wrapper.stdout.readline().strip() == "called"
+            time.sleep(0.5)  # the background settle lands
+            redis.Redis.from_url(server.url).flushall()
+            go_on.touch()
+            _, stderr = wrapper.communicate(timeout=120)
+        assert sim.billed_total() > 0
+        assert "totals above are incomplete" in stderr, stderr
+        assert "Redis lost quotawrap's counters" in stderr

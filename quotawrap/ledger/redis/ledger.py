@@ -35,6 +35,7 @@ from ..base import (
     Decision,
     HoldRequest,
     LimitsFor,
+    RunTotals,
     Settle,
     pid_alive,
 )
@@ -84,6 +85,7 @@ class RedisLedger(RedisHistory):
         self._keys = Keys(self.options)
         self._foreign = ForeignUsage(self._client, self._keys)
         self._epoch: str | None = None
+        self._lost_at: float | None = None  # when this ledger saw the store come back empty
         self._locations: dict[str, Location] = {}  # holds this process took, until settled
         self._snapshots: dict[str, tuple[float, str, Snapshot | None]] = {}
         self._active_seen: dict[str, float] = {}
@@ -129,6 +131,7 @@ class RedisLedger(RedisHistory):
             self._epoch = client.hget(meta, "epoch")
 
         client.retrying("mark lost", mark)
+        self._lost_at = now
         return self._lost_error(day, now)
 
     def _lost_error(self, day: str, at: float) -> StoreError:
@@ -146,6 +149,15 @@ class RedisLedger(RedisHistory):
             raise self._lost(day)
         if lost is not None:
             raise self._lost_error(day, float(lost or 0))
+
+    def run_totals(self, run_id: str) -> RunTotals:
+        """A store that lost its data since we opened it would report the run as empty: say so instead."""
+        client = self._redis()
+        if client.retrying("read", lambda: client.hget(self._keys.meta(), "epoch")) != self._epoch:
+            raise self._lost(quota.beijing_day(time.time()))
+        if self._lost_at is not None:  # seen by another of our calls (the live view, a reserve) meanwhile
+            raise self._lost_error(quota.beijing_day(self._lost_at), self._lost_at)
+        return super().run_totals(run_id)
 
     # -- snapshots -----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from typing import Any
 from . import quota
 from .allowance import HISTORY_S, model_reasoning
 from .estimate import MAX_OUTPUT_TOKENS, PREBLOCK_RESERVE_TOKENS
+from .expiry import keep_alive_daily_usage
 from .ledger import Ledger, model_day_key
 from .ledger.base import RunRecord, pid_alive
 from .settings import Settings
@@ -48,7 +49,7 @@ def model_status(
         hold = next(limit for limit in limits if limit.kind == "hold")
         evicted = quota.evicted_by(limits, {"model_day": counters})
         packages = ledger.packages(model)
-        advice = quota.keep_alive_daily_usage(packages, now, daily_cap=qsettings.daily_cap)
+        advice = keep_alive_daily_usage(packages, now, daily_cap=qsettings.daily_cap)
         rows.append(
             {
                 "model": model,
@@ -155,7 +156,7 @@ def expiry_warnings(ledger: Ledger, settings: Settings, now: float) -> list[str]
     for model in ledger.known_models():
         if settings.model and not model_matches(model, settings.model):
             continue
-        for advice in quota.keep_alive_daily_usage(ledger.packages(model), now, window, settings.daily_cap):
+        for advice in keep_alive_daily_usage(ledger.packages(model), now, window, settings.daily_cap):
             lines.append(
                 f"{model}: {advice.expiring_tokens:,} free tokens in {len(advice.expiring)} package(s) expire"
                 f" within {window:g} days (first {_when(advice.first_expiry_at)} Beijing); {advice.text()},"

@@ -31,6 +31,7 @@ from . import quota
 from ._errors import QuotawrapError
 from ._log import warn
 from .balance import BalanceUnavailable, read_balance_command, read_billing_api
+from .expiry import expiring_before
 from .ledger import Ledger, model_day_key
 from .settings import Settings
 
@@ -155,7 +156,7 @@ def sync_once(
         horizon = now + ahead  # the latest the next sync can come
         for model, owned in packages.items():
             ledger.put_packages(model, owned, now)
-            gone = quota.expiring_before(owned, now, horizon)
+            gone = expiring_before(owned, now, horizon)
             balance = sum(p.available for p in owned if p.expires_at > now and p not in gone)
             snapshots[model] = record_balance(ledger, model, balance, now, qsettings, source="billing-api")
         return snapshots

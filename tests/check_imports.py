@@ -22,6 +22,7 @@ PURE: frozenset[str] = frozenset(
     {
         "quotawrap.quota",
         "quotawrap.estimate",
+        "quotawrap.expiry",
         "quotawrap.usage",
         "quotawrap.endpoints",
         "quotawrap.money",

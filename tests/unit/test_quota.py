@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotawrap._errors import ConfigError
+from quotawrap.expiry import drain_daily_usage, keep_alive_daily_usage
 from quotawrap.quota import (
     BEIJING,
     CalibrationDay,
@@ -31,10 +32,8 @@ from quotawrap.quota import (
     beijing_day_start,
     calibrate_lag,
     calibrate_lag_days,
-    drain_daily_usage,
     effective_limit,
     evicted_by,
-    keep_alive_daily_usage,
     lag_fit,
     lagged_usage,
     model_day_limits,

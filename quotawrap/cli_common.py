@@ -1,0 +1,89 @@
+"""What every ``quotawrap`` subcommand shares: its flags from the one option table, its settings,
+the one-line failure, and the ledger it opens.
+
+Lives apart from :mod:`quotawrap.cli` so the subcommands defined in other modules
+(:mod:`quotawrap.ledger_commands`) use it without importing the command group back.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import click
+
+from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
+from .settings import OPTIONS, Option, Settings, env_name, parse_value
+
+__all__ = ["REDIS_SCHEMES", "command_settings", "fail", "open_ledger", "settings_options"]
+
+F = Callable[..., Any]
+
+
+def _click_option(option: Option) -> Callable[[F], F]:
+    flag = option.cli_flag
+    common: dict[str, Any] = {"envvar": env_name(option.name), "help": option.help, "show_envvar": True}
+    if option.type is bool:
+        return click.option(f"{flag}/--no-{flag[2:]}", option.name, default=None, **common)
+    if option.multiple:
+        # Its variable is read in command_settings, not by click (which would split it on whitespace).
+        help_text = f"{option.help} [env var: {env_name(option.name)}, comma-separated or a JSON list]"
+        return click.option(flag, option.name, multiple=True, type=str, help=help_text)
+    return click.option(flag, option.name, type=option.type, default=None, **common)
+
+
+def settings_options(names: Sequence[str] | None = None) -> Callable[[F], F]:
+    """Decorate a command with the flags of these options (all when None), from the one table."""
+    chosen = [option for option in OPTIONS if names is None or option.name in names]
+
+    def decorate(func: F) -> F:
+        for option in reversed(chosen):
+            func = _click_option(option)(func)
+        return func
+
+    return decorate
+
+
+def command_settings(values: dict[str, Any]) -> Settings:
+    """Settings from click's values; a repeatable option not given as a flag comes from its variable."""
+    ctx = click.get_current_context(silent=True)
+    for option in OPTIONS:
+        if not option.multiple or option.name not in values:
+            continue
+        given = ctx is not None and ctx.get_parameter_source(option.name) == click.core.ParameterSource.COMMANDLINE
+        if not given:
+            raw = os.environ.get(env_name(option.name))
+            if raw is not None:
+                try:
+                    values[option.name] = parse_value(option, raw)
+                except ConfigError as exc:
+                    fail(str(exc), EXIT_USAGE)
+    try:
+        return Settings.from_values(values)
+    except ConfigError as exc:  # every option's rule, checked before anything starts
+        fail(str(exc), EXIT_USAGE)
+
+
+def fail(message: str, code: int) -> NoReturn:
+    from .redact import redact_text  # store errors quote their URL; its password stays out of the terminal
+
+    click.echo(f"quotawrap: {redact_text(message)}", err=True)
+    sys.exit(code)
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def open_ledger(settings: Settings) -> Any:
+    from .ledger import default_store_url, normalize_store_url, open_ledger
+
+    url = settings.store or default_store_url()
+    if url.startswith(REDIS_SCHEMES) and importlib.util.find_spec("redis") is None:
+        fail("the Redis store needs the redis package: pip install 'quotawrap[redis]'", EXIT_STORE)
+    try:
+        return open_ledger(normalize_store_url(url))
+    except QuotawrapError as exc:
+        fail(f"{with_cure(exc)}; the ledger was left untouched", exit_code(exc))

@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 from quotawrap.simulator import ArkSimulator, SimConfig, serve
 
 CHILDREN = Path(__file__).parent / "integration" / "children"
+
+# Property tests judge answers, never speed: a loaded CI machine must not fail them by the clock.
+hypothesis_settings.register_profile("quotawrap", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("quotawrap")
 
 
 @pytest.fixture

@@ -38,7 +38,8 @@ from .consume_plan import (
     plan_model,
     stop_reason,
 )
-from .guard import Guard, GuardedCall
+from .guard import Guard
+from .guarded_call import GuardedCall
 from .ledger import Ledger, model_day_key
 from .settings import Settings
 

@@ -18,7 +18,7 @@ from .usage import usage_from_body
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .guard import GuardedCall
+    from .guarded_call import GuardedCall
 
 __all__ = ["ContextCreated", "ContextSizes"]
 

@@ -25,18 +25,16 @@ Failure policy (documented in README "Failure modes"):
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
 import socket
 import threading
 import time
-import zlib
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from . import endpoints, quota, refusals
 from ._errors import PolicyRefused, StoreError
@@ -46,12 +44,13 @@ from .allowance import AllowanceBook
 from .contexts import ContextCreated, ContextSizes
 from .endpoint_prices import CostRule, with_media_prices
 from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unbounded_thinking, usage_bound
+from .guarded_call import CallContext, GuardedCall
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .ledger.base import CallRecord, CallState, Decision, Settle, run_cost_key, run_key
-from .money import format_cny
 from .settings import Settings
+from .synthetic import SyntheticResponse, block_message
 from .tokens import TokenizerUnavailable, utf8_bound
-from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, usage_from_body
+from .usage import Usage, UsageBound
 from .waiting import EventLog, WaitLine
 
 TYPE_CHECKING = False
@@ -59,7 +58,7 @@ if TYPE_CHECKING:
     from .prices import PriceTable
     from .settler import Settler
 
-__all__ = ["CallContext", "Followup", "Guard", "GuardedCall", "SyntheticResponse", "warn"]
+__all__ = ["Guard"]
 
 _SNAPSHOT_TTL_S = 1.0
 # Waiting for room: the head of this process's line re-asks the ledger with a doubling backoff
@@ -70,80 +69,12 @@ _LINE_POLL_S = 0.05
 _CHEAP_SHARE = 0.01  # of the smallest token cap: inputs bounded below it never load a tokenizer
 
 
-@dataclass(frozen=True)
-class SyntheticResponse:
-    """An answer made locally; the request never reaches the network."""
-
-    status: int
-    body: bytes
-    headers: tuple[tuple[str, str], ...]
-
-    @classmethod
-    def ark_error(cls, status: int, code: str, error_type: str, message: str, **extra: str) -> SyntheticResponse:
-        body = json.dumps(
-            {"error": {"code": code, "message": message, "param": "", "type": error_type}}, ensure_ascii=False
-        ).encode()
-        headers = (
-            ("content-type", "application/json; charset=utf-8"),
-            ("content-length", str(len(body))),
-            # Ark's and openai's SDKs honour this and do not retry into the same wall.
-            ("x-should-retry", "false"),
-            # Clients that retry a 429 anyway (llama-index) wait Retry-After instead of their own 4 s and
-            # up: the guard answers their identical retries at once from memory, so they end at once.
-            *((("retry-after", "0"),) if status == 429 else ()),
-            *((f"x-quotawrap-{key.replace('_', '-')}", value) for key, value in extra.items()),
-        )
-        return cls(status, body, headers)
-
-    def with_note(self, note: str) -> SyntheticResponse:
-        """The same error with ``note`` appended to its message."""
-        data = json.loads(self.body)
-        data["error"]["message"] += note
-        body = json.dumps(data, ensure_ascii=False).encode()
-        headers = tuple((k, str(len(body)) if k == "content-length" else v) for k, v in self.headers)
-        return SyntheticResponse(self.status, body, headers)
-
-
-def _fmt(n: int) -> str:
-    return f"{n:,}"
-
-
 def _key_fingerprint(headers: Mapping[str, str]) -> str | None:
     auth = headers.get("authorization") or headers.get("Authorization")
     if not auth:
         return None
     secret = auth.split(" ", 1)[-1].strip().encode()
     return "sha256:" + hashlib.sha256(secret).hexdigest()[:16]
-
-
-_RAISE_HINTS = {
-    "run_cap": "raise it with --cap-tokens / QUOTAWRAP_CAP_TOKENS",
-    "cost_cap": "raise it with --cap-cost / QUOTAWRAP_CAP_COST",
-    "daily_cap": "raise it with --daily-cap / QUOTAWRAP_DAILY_CAP (it resets at Beijing midnight)",
-    "snapshot": "sync a fresher balance with `quotawrap sync`, or lower --small-buffer",
-    "usage_wall": "raise --usage-wall / QUOTAWRAP_USAGE_WALL (it resets at Beijing midnight)",
-    "balance_wall": "top up the free balance and `quotawrap sync`, or lower --balance-wall",
-}
-
-
-def block_message(model: str, verdict: quota.Verdict, counters: Mapping[str, quota.Counters], reserve: int) -> str:
-    """The 429's message: which limit, its numbers (tokens, or CNY for the cost cap), how to raise it."""
-    limit = verdict.blocking
-    assert limit is not None
-    used = counters.get(limit.scope, quota.Counters())
-    hint = _RAISE_HINTS.get(limit.name, "see `quotawrap status`")
-    fmt = format_cny if limit.scope == "run_cost" else _fmt
-    if limit.kind == "wall":
-        numbers = f"settled {fmt(used.settled)} >= {fmt(limit.cap)}"
-        what = f"model {model} is evicted for today ({limit.name}: {numbers})"
-    else:
-        numbers = (
-            f"settled {fmt(used.settled)} + in flight {fmt(used.in_flight)} + this call {fmt(reserve)}"
-            f" = {fmt(used.settled + used.in_flight + reserve)} > {fmt(limit.cap)}"
-        )
-        what = f"call to {model} would exceed the {limit.name} ({numbers})"
-    detail = f" [{limit.detail}]" if limit.detail else ""
-    return f"quotawrap blocked this request: {what}{detail}; {hint}."
 
 
 class Guard:
@@ -776,246 +707,6 @@ class Guard:
         )
 
 
-@dataclass(frozen=True)
-class CallContext:
-    """What a guarded call was when it was reserved: the audit record's fixed half."""
-
-    hold_id: str
-    run_id: str
-    model: str
-    day: str
-    endpoint: str
-    reserved: int
-    reserved_cost: int
-    key_fingerprint: str | None
-    started_at: float
-    pid: int
-    would_block: bool
-    blocked_by: str | None
-    output_bound: int | None = None  # the whole-output bound the guard set on the request, if it set one
-
-
-class Followup(Protocol):
-    """Settles a call whose answer means more than its usage (a video task created or polled)."""
-
-    def finish(self, call: GuardedCall, status: int, body: bytes, complete: bool) -> bool:
-        """Handle the end of the answer; True when nothing else is to be settled."""
-        ...
-
-
-_REDIRECTS = frozenset({301, 302, 303, 307, 308})
-
-
-class GuardedCall:
-    """One guarded request's life after the reservation. Thread-safe; settles exactly once."""
-
-    # Headers every guarded request gets: a tee cannot read a compressed body it cannot decode.
-    HEADER_OVERRIDES: Mapping[str, str] = {"accept-encoding": "identity"}
-
-    def __init__(
-        self,
-        ledger: Ledger | None,
-        hold_id: str | None,
-        model: str,
-        *,
-        new_body: bytes | None = None,
-        hide_usage_chunk: bool = False,
-        blocked: SyntheticResponse | None = None,
-        guard: Guard | None = None,
-        context: CallContext | None = None,
-        bound: UsageBound | None = None,
-    ) -> None:
-        self.ledger = ledger
-        self._bound = bound
-        self.anomaly: str | None = None  # why the answer's usage was not believed, if it was not
-        self._guard = guard
-        self._context = context
-        self.hold_id = hold_id
-        self.model = model
-        self.new_body = new_body
-        self.blocked = blocked
-        self._hide = hide_usage_chunk
-        self._lock = threading.Lock()
-        self._done = blocked is not None
-        self._started = time.monotonic()
-        self._status = 0
-        self._sse: SSEUsageReader | None = None
-        self._chunks: list[bytes] = []
-        self._decompress: Any = None
-        self._undecodable = False
-        self._redirected = False
-        self.url = ""
-        self.route: endpoints.Route | None = None
-        self.cost_rule: CostRule | None = None
-        self.followup: Followup | None = None
-
-    @classmethod
-    def refused(cls, response: SyntheticResponse) -> GuardedCall:
-        return cls(None, None, "", blocked=response)
-
-    # -- driven by the adapter --------------------------------------------------------------
-
-    def response_started(self, status: int, headers: Mapping[str, str], *, decoded: bool = False) -> None:
-        """``decoded``: the adapter hands the tee already-decompressed bytes (requests does)."""
-        self._status = status
-        location = headers.get("location") or headers.get("Location")
-        if status in _REDIRECTS and location and self._guard is not None and self.route is not None:
-            # The hop bills nothing; the client may re-send the call there, which must be guarded too.
-            self._redirected = True
-            self._guard.note_redirect(self.url, location, self.route)
-        encoding = "identity" if decoded else (headers.get("content-encoding") or "identity").lower().strip()
-        if encoding in ("gzip", "x-gzip"):
-            self._decompress = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self._decompress = zlib.decompressobj()
-        elif encoding != "identity":
-            self._undecodable = True  # the provider ignored accept-encoding: identity
-        if is_event_stream(headers.get("content-type")):
-            # Hiding rewrites bytes, which is only possible on the identity encoding.
-            self._sse = SSEUsageReader(hide_usage_only_chunk=self._hide and encoding == "identity")
-
-    def feed(self, chunk: bytes) -> bytes:
-        """Observe body bytes as they pass; returns the bytes to hand on to the caller."""
-        if self._done or not chunk:
-            return chunk
-        try:
-            data = self._decompress.decompress(chunk) if self._decompress is not None else chunk
-            if self._sse is not None:
-                out = self._sse.feed(data)
-                return out if self._decompress is None else chunk
-            self._chunks.append(data)
-        except Exception as exc:  # a tee must never break the caller's read
-            self._undecodable = True
-            warn(f"cannot decode the answer of a call to {self.model} ({exc}); charging its whole hold")
-        return chunk
-
-    def tee(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        """Hand a body's chunks on while observing them; settle at the end, on close or on error."""
-        try:
-            for chunk in chunks:
-                out = self.feed(chunk)
-                if out:
-                    yield out
-        except GeneratorExit:  # the caller stopped reading
-            self.close()
-            raise
-        except BaseException as exc:
-            self.failed(exc, sent=True)
-            raise
-        tail = self.finish()
-        if tail:
-            yield tail
-
-    def finish(self) -> bytes:
-        """End of the body: settle. Returns bytes the SSE reader was still holding back."""
-        tail = b""
-        if self._sse is not None and not self._done and self._decompress is None:
-            tail = self._sse.finish()
-        self._settle(complete=True)
-        return tail
-
-    def close(self) -> None:
-        """The caller closed the body (maybe before the end)."""
-        self._settle(complete=False)
-
-    def failed(self, exc: BaseException, *, sent: bool) -> None:
-        """The request raised: never sent -> release; sent, outcome unknown -> charge the hold."""
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._apply("charge" if sent else "release", None)
-
-    # -- settlement -------------------------------------------------------------------------
-
-    def _outcome(self, complete: bool) -> tuple[str, Usage | None]:
-        if self._redirected:
-            return "release", None
-        if self._undecodable:
-            return "charge", None
-        if self._sse is not None:
-            usage = self._believed(self._sse.usage if self._sse.done else None)
-            if usage is not None:
-                return "settle", usage
-            if self.anomaly is not None:
-                return "charge", None
-            return ("release", None) if self._status >= 400 else ("charge", None)
-        if not complete:
-            return ("release", None) if self._status >= 400 else ("charge", None)
-        body = b"".join(self._chunks)
-        usage = self._believed(usage_from_body(body))
-        if usage is not None:
-            return "settle", usage
-        if self.anomaly is None and self._status >= 400 and (self._status < 500 or _is_error_body(body)):
-            return "release", None
-        return "charge", None
-
-    def _believed(self, usage: Usage | None) -> Usage | None:
-        checked = check_usage(usage, self._bound)
-        self.anomaly = checked.anomaly
-        return checked.usage
-
-    def _settle(self, *, complete: bool) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            followup = self.followup if self._sse is None and not self._undecodable else None
-        # outside the lock, which _done already made ours (a followup does ledger I/O)
-        try:
-            if followup is not None:
-                body, self._chunks = b"".join(self._chunks), []
-                if followup.finish(self, self._status, body, complete):
-                    return
-                self._chunks = [body]
-            action, usage = self._outcome(complete)
-        except Exception as exc:  # never the caller's problem: charge the hold
-            warn(f"cannot read the usage of a call to {self.model} ({type(exc).__name__}: {exc})")
-            action, usage = "charge", None
-        if self.hold_id is None:
-            return
-        if self.anomaly is not None:
-            warn(
-                f"usage anomaly in the answer of a call to {self.model}: {self.anomaly};"
-                " not believed, charged its whole hold (unresolved)"
-            )
-        elif action == "charge" and self._status < 400:
-            warn(f"no usage in the answer of a call to {self.model}: charged its whole hold (unresolved)")
-        self._apply(action, usage)
-
-    def _apply(self, action: str, usage: Usage | None) -> None:
-        self._chunks = []
-        if self.ledger is None or self.hold_id is None or self._guard is None:
-            return
-        latency = time.monotonic() - self._started
-        cost = 0
-        try:
-            if action != "release":
-                if usage is not None:
-                    cost = self._guard.actual_cost(self.model, usage, self.cost_rule)
-                elif self._context is not None:
-                    cost = self._context.reserved_cost
-        except Exception as exc:
-            # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
-            warn(f"could not settle a call to {self.model}: {exc}; the wrapper will charge its hold")
-            return
-        event: Literal["settle", "release"] = "release" if action == "release" else "settle"
-        landed = None
-        if self._context is not None:
-            state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
-            landed = functools.partial(self._audit_landed, state, usage, cost, latency)
-        self._guard.land(Settle(self.hold_id, event, usage, latency, cost), landed)
-
-    def _audit_landed(self, state: CallState, usage: Usage | None, cost: int, latency: float) -> None:
-        """The audit record, once the settle has landed (on the settler's thread for a guarded child)."""
-        assert self._guard is not None and self._context is not None
-        self._guard.settled(self._context, usage)  # the room is free now: wake waiters, learn
-        try:
-            self._guard.audit(self._context, state, usage, cost, latency, anomaly=self.anomaly)
-        except Exception as exc:
-            warn(f"cannot audit a call to {self.model}: {exc}")
-
-
 _FAIL_OPEN_HINT = " or pass --fail-open to let calls through unguarded."
 
 
@@ -1038,11 +729,3 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return "it is too large to read"
     return str(exc)
-
-
-def _is_error_body(body: bytes) -> bool:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(data, dict) and isinstance(data.get("error"), dict)

@@ -29,7 +29,8 @@ from .usage import check_usage, usage_from_mapping
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .guard import CallContext, Guard, GuardedCall
+    from .guard import Guard
+    from .guarded_call import CallContext, GuardedCall
 
 __all__ = ["TASK_HOLD_PREFIX", "TaskCreated", "TaskPolled", "open_task_holds", "task_hold_id"]
 

@@ -42,8 +42,10 @@ def _refusing(error: Exception) -> Guard:
 
     from .._errors import QuotawrapError
     from .._log import warn
-    from ..guard import Guard, GuardedCall, SyntheticResponse
+    from ..guard import Guard
+    from ..guarded_call import GuardedCall
     from ..settings import OPTIONS, Settings, env_name, parse_value
+    from ..synthetic import SyntheticResponse
 
     base_url: tuple[str, ...] = ()
     option = next(option for option in OPTIONS if option.name == "base_url")

@@ -29,10 +29,12 @@ from yarl import URL
 
 from .._errors import ConfigError
 from .._log import warn
-from ..guard import Guard, GuardedCall, SyntheticResponse
+from ..guard import Guard
+from ..guarded_call import GuardedCall
 from ..ledger import Ledger
 from ..ledger.base import run_key
 from ..settings import Settings
+from ..synthetic import SyntheticResponse
 from ._http import (
     ARK_BASE_URL,
     HEALTH_PATH,

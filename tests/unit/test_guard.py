@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from quotawrap.guard import Guard, GuardedCall
+from quotawrap.guard import Guard
+from quotawrap.guarded_call import GuardedCall
 from quotawrap.ledger import run_key
 from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.settings import Settings

@@ -46,9 +46,9 @@ from .endpoint_prices import CostRule, with_media_prices
 from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unbounded_thinking, usage_bound
 from .guarded_call import CallContext, GuardedCall
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
-from .ledger.base import CallRecord, CallState, Decision, Settle, run_cost_key, run_key
+from .ledger.base import CallState, Decision, Settle, run_cost_key, run_key
 from .settings import Settings
-from .synthetic import SyntheticResponse, block_message
+from .synthetic import SyntheticResponse, blocked_response
 from .tokens import TokenizerUnavailable, utf8_bound
 from .usage import Usage, UsageBound
 from .waiting import EventLog, WaitLine
@@ -240,32 +240,8 @@ class Guard:
         """
         if not self.settings.audit_log:
             return
-        record = CallRecord(
-            id=context.hold_id,
-            run_id=context.run_id,
-            model=context.model,
-            day=context.day,
-            endpoint=context.endpoint,
-            state=state,
-            reserved=context.reserved,
-            charged=(usage.total_tokens if usage else context.reserved) if state in ("settled", "unresolved") else 0,
-            reserved_cost=context.reserved_cost,
-            charged_cost=cost,
-            prompt_tokens=usage.prompt_tokens if usage else None,
-            completion_tokens=usage.completion_tokens if usage else None,
-            reasoning_tokens=usage.reasoning_tokens if usage else None,
-            cached_tokens=usage.cached_tokens if usage else None,
-            overshoot=usage is not None and usage.total_tokens > context.reserved,
-            would_block=context.would_block,
-            blocked_by=context.blocked_by,
-            key_fingerprint=context.key_fingerprint,
-            tags=self.tags if anomaly is None else {**self.tags, "quotawrap.anomaly": anomaly},
-            started_at=context.started_at,
-            ended_at=self._clock(),
-            latency_s=latency_s,
-            pid=context.pid,
-            host=self._host,
-        )
+        tags = self.tags if anomaly is None else {**self.tags, "quotawrap.anomaly": anomaly}
+        record = context.record(state, usage, cost, latency_s, tags=tags, ended_at=self._clock(), host=self._host)
         try:
             from .audit import append_jsonl
 
@@ -427,7 +403,7 @@ class Guard:
         evicted = self._evicted(model, day, now) if enforce else None
         if evicted is not None:
             verdict, counters = evicted
-            return GuardedCall.refused(self._blocked(model, verdict, counters, 0, status=refusal_status))
+            return GuardedCall.refused(blocked_response(model, verdict, counters, 0, status=refusal_status))
         try:
             estimate = self.estimate(kind, request, enforce=enforce)
             if found.endpoint == "context_chat":  # the cached context is read too (contexts.py)
@@ -554,34 +530,14 @@ class Guard:
             reserve_cost=self.reserve_cost(model, plan.estimate, rule),
         )
 
-    def _context(
-        self, model: str, day: str, hold: HoldRequest, decision: Decision, now: float, output_bound: int | None
-    ) -> CallContext:
-        blocking = decision.verdict.blocking
-        return CallContext(
-            hold_id=hold.hold_id,
-            run_id=hold.run_id,
-            model=model,
-            day=day,
-            endpoint=hold.endpoint,
-            reserved=hold.reserve,
-            reserved_cost=hold.reserve_cost,
-            key_fingerprint=hold.key_fingerprint,
-            started_at=now,
-            pid=hold.pid,
-            would_block=blocking is not None,
-            blocked_by=blocking.name if blocking else None,
-            output_bound=output_bound,
-        )
-
     def _audit_refusal(self, model: str, day: str, plan: Plan, hold: HoldRequest, decision: Decision) -> None:
-        self.audit(self._context(model, day, hold, decision, self._clock(), plan.bound), "blocked", None, 0, 0.0)
+        self.audit(CallContext.of_hold(hold, decision, self._clock(), plan.bound), "blocked", None, 0, 0.0)
 
     def _refused(
         self, model: str, day: str, plan: Plan, hold: HoldRequest, decision: Decision, waited: Wait | None, status: int
     ) -> GuardedCall:
         self._audit_refusal(model, day, plan, hold, decision)
-        response = self._blocked(
+        response = blocked_response(
             model, decision.verdict, decision.counters, hold.reserve, hold.reserve_cost, status=status
         )
         if waited is not None and waited.seconds() >= 0.001:
@@ -619,7 +575,7 @@ class Guard:
             new_body = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         if plan.bound is not None:
             self._events.write({"ev": "bound", "model": model, "bound": plan.bound, "pid": os.getpid()})
-        context = self._context(model, day, hold, decision, now, plan.bound)
+        context = CallContext.of_hold(hold, decision, now, plan.bound)
         call = GuardedCall(
             self.ledger,
             decision.hold_id,
@@ -685,26 +641,6 @@ class Guard:
                 self._warned_tokenizer = True
                 warn(f"{exc}; estimating inputs by their UTF-8 byte count instead (an upper bound)")
             return estimate_request(kind, request, self._estimate_settings, count=_utf8_bytes)  # type: ignore[arg-type]
-
-    def _blocked(
-        self,
-        model: str,
-        verdict: quota.Verdict,
-        counters: Mapping[str, quota.Counters],
-        reserve: int,
-        reserve_cost: int = 0,
-        *,
-        status: int = 429,
-    ) -> SyntheticResponse:
-        limit = verdict.blocking
-        assert limit is not None
-        return SyntheticResponse.ark_error(
-            status,
-            "QuotawrapLimitExceeded",
-            "TooManyRequests" if status == 429 else "Forbidden",
-            block_message(model, verdict, counters, reserve_cost if limit.scope == "run_cost" else reserve),
-            blocked=limit.name,
-        )
 
 
 _FAIL_OPEN_HINT = " or pass --fail-open to let calls through unguarded."

@@ -20,8 +20,8 @@ from typing import Any, Literal, Protocol
 from . import endpoints
 from ._log import warn
 from .endpoint_prices import CostRule
-from .ledger import Ledger
-from .ledger.base import CallState, Settle
+from .ledger import HoldRequest, Ledger
+from .ledger.base import CallRecord, CallState, Decision, Settle
 from .synthetic import SyntheticResponse
 from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, usage_from_body
 
@@ -49,6 +49,64 @@ class CallContext:
     would_block: bool
     blocked_by: str | None
     output_bound: int | None = None  # the whole-output bound the guard set on the request, if it set one
+
+    @classmethod
+    def of_hold(cls, hold: HoldRequest, decision: Decision, now: float, output_bound: int | None) -> CallContext:
+        blocking = decision.verdict.blocking
+        return cls(
+            hold_id=hold.hold_id,
+            run_id=hold.run_id,
+            model=hold.model,
+            day=hold.day,
+            endpoint=hold.endpoint,
+            reserved=hold.reserve,
+            reserved_cost=hold.reserve_cost,
+            key_fingerprint=hold.key_fingerprint,
+            started_at=now,
+            pid=hold.pid,
+            would_block=blocking is not None,
+            blocked_by=blocking.name if blocking else None,
+            output_bound=output_bound,
+        )
+
+    def record(
+        self,
+        state: CallState,
+        usage: Usage | None,
+        cost: int,
+        latency_s: float,
+        *,
+        tags: Mapping[str, str],
+        ended_at: float,
+        host: str,
+    ) -> CallRecord:
+        """The audit record of the call once it ended as ``state``."""
+        return CallRecord(
+            id=self.hold_id,
+            run_id=self.run_id,
+            model=self.model,
+            day=self.day,
+            endpoint=self.endpoint,
+            state=state,
+            reserved=self.reserved,
+            charged=(usage.total_tokens if usage else self.reserved) if state in ("settled", "unresolved") else 0,
+            reserved_cost=self.reserved_cost,
+            charged_cost=cost,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            reasoning_tokens=usage.reasoning_tokens if usage else None,
+            cached_tokens=usage.cached_tokens if usage else None,
+            overshoot=usage is not None and usage.total_tokens > self.reserved,
+            would_block=self.would_block,
+            blocked_by=self.blocked_by,
+            key_fingerprint=self.key_fingerprint,
+            tags=tags,
+            started_at=self.started_at,
+            ended_at=ended_at,
+            latency_s=latency_s,
+            pid=self.pid,
+            host=host,
+        )
 
 
 class Followup(Protocol):

@@ -1,6 +1,7 @@
 """The answers quotawrap makes itself, in Ark's error shape: a request it refuses never reaches the network.
 
-``block_message`` words the refusal of a call that does not fit: which limit, its numbers, how to raise it.
+``blocked_response`` is the refusal of a call that does not fit; ``block_message`` words it: which limit, its
+numbers, how to raise it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from . import quota
 from .money import format_cny
 
-__all__ = ["SyntheticResponse", "block_message"]
+__all__ = ["SyntheticResponse", "block_message", "blocked_response"]
 
 
 @dataclass(frozen=True)
@@ -81,3 +82,24 @@ def block_message(model: str, verdict: quota.Verdict, counters: Mapping[str, quo
         what = f"call to {model} would exceed the {limit.name} ({numbers})"
     detail = f" [{limit.detail}]" if limit.detail else ""
     return f"quotawrap blocked this request: {what}{detail}; {hint}."
+
+
+def blocked_response(
+    model: str,
+    verdict: quota.Verdict,
+    counters: Mapping[str, quota.Counters],
+    reserve: int,
+    reserve_cost: int = 0,
+    *,
+    status: int = 429,
+) -> SyntheticResponse:
+    """The refusal of a call that does not fit: a 429 (a 403 where the client would retry a 429 forever)."""
+    limit = verdict.blocking
+    assert limit is not None
+    return SyntheticResponse.ark_error(
+        status,
+        "QuotawrapLimitExceeded",
+        "TooManyRequests" if status == 429 else "Forbidden",
+        block_message(model, verdict, counters, reserve_cost if limit.scope == "run_cost" else reserve),
+        blocked=limit.name,
+    )

@@ -33,7 +33,6 @@ import threading
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from . import endpoints, quota, refusals
@@ -42,11 +41,12 @@ from ._log import warn
 from .admission import Plan, Room, Wait, only_in_flight_in_the_way, plan_output
 from .allowance import AllowanceBook
 from .contexts import ContextCreated, ContextSizes
-from .endpoint_prices import CostRule, with_media_prices
+from .endpoint_prices import CostRule
 from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unbounded_thinking, usage_bound
+from .guard_books import GuardBooks
 from .guarded_call import CallContext, GuardedCall
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
-from .ledger.base import CallState, Decision, Settle, run_cost_key, run_key
+from .ledger.base import Decision, Settle, run_cost_key, run_key
 from .settings import Settings
 from .synthetic import SyntheticResponse, blocked_response
 from .tokens import TokenizerUnavailable, utf8_bound
@@ -77,7 +77,7 @@ def _key_fingerprint(headers: Mapping[str, str]) -> str | None:
     return "sha256:" + hashlib.sha256(secret).hexdigest()[:16]
 
 
-class Guard:
+class Guard(GuardBooks):
     """One per process: the settings, the ledger and the policy."""
 
     def __init__(
@@ -181,73 +181,6 @@ class Guard:
                 self._limits_cache.clear()
             self._limits_cache[key] = limits
         return limits
-
-    def _record_unguarded(self, model: str, kind: str, error: Exception) -> None:
-        """--fail-open is never silent: each call let through goes into a JSONL the wrapper reports."""
-        if not self.settings.unguarded_log:
-            return
-        line = {
-            "time": self._clock(),
-            "run_id": self._run_id,
-            "model": model,
-            "endpoint": kind,
-            "pid": os.getpid(),
-            "error": str(error),
-        }
-        try:
-            from .files import append_private, private_dir
-
-            private_dir(Path(self.settings.unguarded_log).parent)
-            append_private(self.settings.unguarded_log, (json.dumps(line) + "\n").encode())
-        except OSError as exc:
-            warn(f"cannot record an unguarded call in {self.settings.unguarded_log}: {exc}")
-
-    # -- money and audit --------------------------------------------------------------------
-
-    @property
-    def prices(self) -> PriceTable:
-        if self._prices is None:
-            from .settings import load_price_table
-
-            self._prices = with_media_prices(load_price_table(self.settings))
-        return self._prices
-
-    def reserve_cost(self, model: str, estimate: Estimate, rule: CostRule | None = None) -> int:
-        """Micro-CNY a hold may cost at worst (per image, plugin fees, batch discount: ``rule``)."""
-        if rule is not None:
-            return int(rule.reserve(self.prices, model, estimate))
-        return int(self.prices.reserve_cost(model, estimate.input_tokens, estimate.output_allowance))
-
-    def actual_cost(self, model: str, usage: Usage, rule: CostRule | None = None) -> int:
-        if rule is not None:
-            return int(rule.actual(self.prices, model, usage))
-        return int(self.prices.actual_cost(model, usage))
-
-    def audit(
-        self,
-        context: CallContext,
-        state: CallState,
-        usage: Usage | None,
-        cost: int,
-        latency_s: float,
-        *,
-        anomaly: str | None = None,
-    ) -> None:
-        """Append the call to ``--audit-log`` (the ledger keeps its own record); never raises.
-
-        A usage anomaly is flagged in the record's tags (``quotawrap.anomaly``), so ``quotawrap
-        report --by tag:quotawrap.anomaly`` finds the calls whose usage was not believed.
-        """
-        if not self.settings.audit_log:
-            return
-        tags = self.tags if anomaly is None else {**self.tags, "quotawrap.anomaly": anomaly}
-        record = context.record(state, usage, cost, latency_s, tags=tags, ended_at=self._clock(), host=self._host)
-        try:
-            from .audit import append_jsonl
-
-            append_jsonl(self.settings.audit_log, record)
-        except OSError as exc:
-            warn(f"cannot write the audit log {self.settings.audit_log}: {exc}")
 
     def snapshot(self, model: str) -> quota.Snapshot | None:
         """The model's stored balance snapshot, re-read at most once a second (for planning, not deciding)."""

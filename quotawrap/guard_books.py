@@ -1,0 +1,98 @@
+"""What a guard writes down and prices: the price table, the audit log, the --fail-open record.
+
+A base of :class:`~quotawrap.guard.Guard`, apart from its policy: these never decide whether a call
+goes out, they only account for it (and never raise into the caller).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from ._log import warn
+from .endpoint_prices import CostRule, with_media_prices
+from .estimate import Estimate
+from .settings import Settings
+from .usage import Usage
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .guarded_call import CallContext
+    from .ledger.base import CallState
+    from .prices import PriceTable
+
+
+class GuardBooks:
+    settings: Settings
+    tags: dict[str, str]
+    _clock: Callable[[], float]
+    _host: str
+    _run_id: str
+    _prices: PriceTable | None
+
+    def _record_unguarded(self, model: str, kind: str, error: Exception) -> None:
+        """--fail-open is never silent: each call let through goes into a JSONL the wrapper reports."""
+        if not self.settings.unguarded_log:
+            return
+        line = {
+            "time": self._clock(),
+            "run_id": self._run_id,
+            "model": model,
+            "endpoint": kind,
+            "pid": os.getpid(),
+            "error": str(error),
+        }
+        try:
+            from .files import append_private, private_dir
+
+            private_dir(Path(self.settings.unguarded_log).parent)
+            append_private(self.settings.unguarded_log, (json.dumps(line) + "\n").encode())
+        except OSError as exc:
+            warn(f"cannot record an unguarded call in {self.settings.unguarded_log}: {exc}")
+
+    @property
+    def prices(self) -> PriceTable:
+        if self._prices is None:
+            from .settings import load_price_table
+
+            self._prices = with_media_prices(load_price_table(self.settings))
+        return self._prices
+
+    def reserve_cost(self, model: str, estimate: Estimate, rule: CostRule | None = None) -> int:
+        """Micro-CNY a hold may cost at worst (per image, plugin fees, batch discount: ``rule``)."""
+        if rule is not None:
+            return int(rule.reserve(self.prices, model, estimate))
+        return int(self.prices.reserve_cost(model, estimate.input_tokens, estimate.output_allowance))
+
+    def actual_cost(self, model: str, usage: Usage, rule: CostRule | None = None) -> int:
+        if rule is not None:
+            return int(rule.actual(self.prices, model, usage))
+        return int(self.prices.actual_cost(model, usage))
+
+    def audit(
+        self,
+        context: CallContext,
+        state: CallState,
+        usage: Usage | None,
+        cost: int,
+        latency_s: float,
+        *,
+        anomaly: str | None = None,
+    ) -> None:
+        """Append the call to ``--audit-log`` (the ledger keeps its own record); never raises.
+
+        A usage anomaly is flagged in the record's tags (``quotawrap.anomaly``), so ``quotawrap
+        report --by tag:quotawrap.anomaly`` finds the calls whose usage was not believed.
+        """
+        if not self.settings.audit_log:
+            return
+        tags = self.tags if anomaly is None else {**self.tags, "quotawrap.anomaly": anomaly}
+        record = context.record(state, usage, cost, latency_s, tags=tags, ended_at=self._clock(), host=self._host)
+        try:
+            from .audit import append_jsonl
+
+            append_jsonl(self.settings.audit_log, record)
+        except OSError as exc:
+            warn(f"cannot write the audit log {self.settings.audit_log}: {exc}")

@@ -19,7 +19,7 @@ from typing import Any
 
 from ._errors import ConfigError
 from .files import append_private
-from .ledger.base import CallRecord, DayAggregate
+from .ledger.base import REPORT_SUMS, CallRecord, DayAggregate
 from .money import format_cny
 from .quota import BEIJING
 
@@ -34,19 +34,6 @@ __all__ = [
 ]
 
 GROUPINGS = ("model", "session", "day", "tag:KEY")
-_SUMS = (
-    "calls",
-    "blocked_calls",
-    "settled_tokens",
-    "cost_micro_cny",
-    "unresolved_calls",
-    "overshoot_calls",
-    "released_calls",
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "cached_tokens",
-)
 
 
 def _group_key(record: CallRecord | DayAggregate, by: str) -> str:
@@ -66,9 +53,9 @@ def aggregate(records: Iterable[CallRecord | DayAggregate], by: str = "model") -
     groups: dict[str, dict[str, Any]] = {}
     for record in records:
         key = _group_key(record, by)
-        row = groups.setdefault(key, {"key": key, **dict.fromkeys(_SUMS, 0)})
+        row = groups.setdefault(key, {"key": key, **dict.fromkeys(REPORT_SUMS, 0)})
         if isinstance(record, DayAggregate):
-            for name in _SUMS:
+            for name in REPORT_SUMS:
                 row[name] += getattr(record, name)
             continue
         if record.state == "blocked":
@@ -102,7 +89,7 @@ def render_table(rows: list[dict[str, Any]], by: str) -> str:
 
 def render_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=["key", *_SUMS], lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=["key", *REPORT_SUMS], lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()

@@ -21,6 +21,7 @@ from .holds import HoldState
 from .scopes import model_day_key, run_cost_key, run_key
 
 __all__ = [
+    "REPORT_SUMS",
     "CallRecord",
     "CallState",
     "DayAggregate",
@@ -187,6 +188,12 @@ class DayAggregate:
     @property
     def run_id(self) -> str:
         return "(pruned)"  # sessions are not kept per day: `report --by session` groups pruned days here
+
+
+# The sums a report shows per group, in one order for reports, CSV columns and call_aggregates' columns.
+REPORT_SUMS: tuple[str, ...] = tuple(
+    name for name in DayAggregate.__dataclass_fields__ if name not in ("day", "model", "tags")
+)
 
 
 @dataclass(frozen=True)

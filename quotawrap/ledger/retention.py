@@ -13,24 +13,12 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .base import DayAggregate, PruneResult
+from .base import REPORT_SUMS, DayAggregate, PruneResult
 
 __all__ = ["SUMS", "aggregate_calls", "prune_sqlite", "read_aggregates"]
 
-# the columns of call_aggregates after (day, model, tags), in DayAggregate's order
-SUMS = (
-    "calls",
-    "blocked_calls",
-    "settled_tokens",
-    "cost_micro_cny",
-    "unresolved_calls",
-    "overshoot_calls",
-    "released_calls",
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "cached_tokens",
-)
+# the columns of call_aggregates after (day, model, tags)
+SUMS = REPORT_SUMS
 
 _FINAL = "state != 'held'"
 _CALL_COLUMNS = (

@@ -230,7 +230,7 @@ class Guard(GuardBooks):
 
     def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
         """Called before a request is sent. None: not ours, send it untouched. May wait for room (--wait)."""
-        steps = self._begin(method, url, headers, body)
+        steps = self.admission(method, url, headers, body)
         try:
             delay = next(steps)
             while True:
@@ -245,7 +245,7 @@ class Guard(GuardBooks):
         """``begin`` for an event loop: waiting for room awaits, so the loop's other tasks go on."""
         import asyncio
 
-        steps = self._begin(method, url, headers, body)
+        steps = self.admission(method, url, headers, body)
         try:
             delay = next(steps)
             while True:
@@ -256,10 +256,10 @@ class Guard(GuardBooks):
         finally:
             steps.close()  # a cancelled wait leaves its place in line
 
-    def _begin(
+    def admission(
         self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
     ) -> Generator[float, None, GuardedCall | None]:
-        """The admission as steps: each yield is a pause (seconds) while waiting for room.
+        """The admission as steps, each yield a pause (seconds) while waiting for room: the gateway awaits them.
 
         Never raises: whatever goes wrong becomes an answer (400 for a body quotawrap cannot
         judge, 503 when the ledger fails), because an exception of quotawrap's own inside the

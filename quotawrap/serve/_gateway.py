@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -185,6 +186,33 @@ class Gateway:
                 job.add_done_callback(lambda done: _hand_over(done, abandon))
             raise
 
+    async def _admit(
+        self, guard: Guard, method: str, url: str, headers: Mapping[str, str], body: bytes
+    ) -> GuardedCall | None:
+        """``Guard.begin`` whose waits for room are awaited: a blocking wait would stall the very calls
+        whose settles make the room (SQLite runs inline) or hold a ledger thread each (Redis)."""
+        steps = guard.admission(method, url, headers, body)
+
+        def step() -> tuple[bool, Any]:
+            try:
+                return False, next(steps)
+            except StopIteration as done:
+                return True, done.value
+
+        def abandon(result: tuple[bool, Any]) -> None:
+            if result[0]:
+                _never_sent(result[1])
+
+        try:
+            while True:
+                finished, value = await self._off_loop(step, abandon=abandon)
+                if finished:
+                    return value  # type: ignore[no-any-return]
+                await asyncio.sleep(value)
+        finally:
+            with contextlib.suppress(ValueError):  # still running on a ledger thread: it ends by itself
+                steps.close()  # a cancelled wait leaves its place in line
+
     # -- handlers -----------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -237,7 +265,7 @@ class Gateway:
         except ConfigError as exc:
             return _answer(SyntheticResponse.ark_error(400, "QuotawrapBadTag", "BadRequest", f"{TAG_HEADER}: {exc}"))
         guard = self._guard_for(tags)
-        call = await self._off_loop(guard.begin, request.method, url, request.headers, body, abandon=_never_sent)
+        call = await self._admit(guard, request.method, url, request.headers, body)
         if call is not None:
             if call.blocked is not None:
                 return _answer(call.blocked)

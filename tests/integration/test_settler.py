@@ -27,8 +27,8 @@ def test_normal_exit_lands_every_queued_settle(sim: ArkSimulator, store: str) ->
     assert states == [("settled", CALLS, sim.billed_total())]
 
 
-def test_sigkill_with_queued_settles_charges_their_holds(sim: ArkSimulator, store: str) -> None:
-    """SIGKILL while six settles are queued: the wrapper charges each hold whole, as unresolved (sound)."""
+def _wrapper_with_queued_settles(sim: ArkSimulator, store: str) -> tuple[subprocess.Popen[str], int]:
+    """A running wrapper whose child has made its calls and holds every settle queued: (wrapper, child pid)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -51,7 +51,13 @@ def test_sigkill_with_queued_settles_charges_their_holds(sim: ArkSimulator, stor
     assert line.startswith("QUEUED"), proc.stderr.read() if proc.stderr else line
     _, pid, pending = line.split()
     assert int(pending) == CALLS
-    os.kill(int(pid), signal.SIGKILL)
+    return proc, int(pid)
+
+
+def test_sigkill_with_queued_settles_charges_their_holds(sim: ArkSimulator, store: str) -> None:
+    """SIGKILL while six settles are queued: the wrapper charges each hold whole, as unresolved (sound)."""
+    proc, pid = _wrapper_with_queued_settles(sim, store)
+    os.kill(pid, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGKILL, stderr
     rows = ledger_rows(store, "SELECT state, COUNT(*), SUM(charged), SUM(reserved) FROM calls GROUP BY state")
@@ -64,27 +70,8 @@ def test_sigkill_with_queued_settles_charges_their_holds(sim: ArkSimulator, stor
 
 def test_ctrl_c_lands_every_queued_settle(sim: ArkSimulator, store: str) -> None:
     """SIGINT (KeyboardInterrupt) while six settles are queued: the exit flush still lands them exactly."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quotawrap",
-            "--store",
-            store,
-            "--base-url",
-            sim.url,
-            "--",
-            *child("queued_settles.py", "wait"),
-        ],
-        env={**os.environ, "SIM_URL": sim.url, "CALLS": str(CALLS)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("QUEUED"), proc.stderr.read() if proc.stderr else line
-    os.kill(int(line.split()[1]), signal.SIGINT)
+    proc, pid = _wrapper_with_queued_settles(sim, store)
+    os.kill(pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert "KeyboardInterrupt" in stderr
     states = ledger_rows(store, "SELECT state, COUNT(*), SUM(charged) FROM calls GROUP BY state")

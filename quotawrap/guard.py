@@ -1,26 +1,24 @@
 """All reserve / settle / release policy, independent of any HTTP client.
 
-An adapter (httpx, httpx2, requests) translates its request into ``Guard.begin(...)`` and
-then drives the returned :class:`GuardedCall` with what the network gives it: the response
-status, the body bytes as they pass, and the end of the body (or an error, or an early
-close). The call settles exactly once, whichever of those comes first.
+An adapter (httpx, httpx2, requests, aiohttp, the stdlib) translates its request into ``Guard.begin(...)`` and then
+drives the returned :class:`GuardedCall` with what the network gives it: the response status, the body bytes as
+they pass, and the end of the body (or an error, or an early close). It settles once, whichever comes first.
 
 Failure policy (documented in README "Failure modes"):
 
-* ledger unreachable while reserving -> fail closed: a synthetic 503 naming the store,
-  unless ``--fail-open`` (then the call goes out unguarded and a warning says so);
-* request body we cannot read or judge (not JSON, nested too deep, ``max_tokens`` 1e30) -> a
-  synthetic 400 (the provider would refuse it as well);
-* any other fault of quotawrap's own while reserving -> a synthetic 503, never an exception in
-  the caller (``begin`` never raises; settling never raises into the caller's read either);
+* ledger unreachable while reserving -> fail closed: a synthetic 503 naming the store, unless ``--fail-open``
+  (then the call goes out unguarded and a warning says so); a hold that may have landed is given back;
+* request body we cannot read or judge (not JSON, nested too deep, ``max_tokens`` 1e30) -> a synthetic 400;
+* any other fault of quotawrap's own while reserving -> a synthetic 503, never an exception in the caller
+  (``begin`` never raises; settling never raises into the caller's read either);
 * a POST to a guarded host that is no endpoint we know -> a synthetic 403 naming ``--allow-path``;
 * a redirect answer -> release the hop's hold and guard the client's re-sent request as the same call;
 * an identical retry of a request refused moments ago -> the same answer, from memory (``refusals``);
 * a video task -> the create's hold becomes the task's, settled by a later GET (``tasks``);
 * no usage in the answer, stream cut, reader stopped early -> charge the whole hold
   (``unresolved``); an error answer before generation, or a connection never made -> release;
-* usage the call could not have produced (``usage.check_usage``) -> an anomaly: warned, flagged
-  in the audit record, and the whole hold charged instead.
+* usage the call could not have produced (``usage.check_usage``) -> an anomaly: warned, flagged in the audit
+  record, and the whole hold charged instead.
 """
 
 from __future__ import annotations
@@ -63,9 +61,7 @@ __all__ = ["Guard"]
 _SNAPSHOT_TTL_S = 1.0
 # Waiting for room: the head of this process's line re-asks the ledger with a doubling backoff
 # (a settle in this process wakes it at once); the others check whether they are head yet.
-_BACKOFF_MIN_S = 0.005
-_BACKOFF_MAX_S = 0.25
-_LINE_POLL_S = 0.05
+_BACKOFF_MIN_S, _BACKOFF_MAX_S, _LINE_POLL_S = 0.005, 0.25, 0.05
 _CHEAP_SHARE = 0.01  # of the smallest token cap: inputs bounded below it never load a tokenizer
 
 
@@ -392,7 +388,11 @@ class Guard(GuardBooks):
                         yield backoff
                         backoff = min(backoff * 2, _BACKOFF_MAX_S)
                         continue
-                decision = self.ledger.reserve(hold, room.limits_for)
+                try:
+                    decision = self.ledger.reserve(hold, room.limits_for)
+                except StoreError:  # the hold may have landed before the link broke: never sent, give it back
+                    self.land(Settle(hold.hold_id, "release"), None)
+                    raise
                 room.seen(decision.counters)
                 if decision.held:
                     outcome = "admitted"

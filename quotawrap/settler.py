@@ -30,7 +30,8 @@ __all__ = ["MAX_BATCH", "Settler"]
 
 MAX_BATCH = 256  # settles per ledger call: bounds one transaction's lock time
 LINGER_S = 0.005  # once woken, the thread gathers settles this long: fewer, larger batches, fewer GIL hand-offs
-EXIT_FLUSH_S = 30.0  # at exit, how long to wait for a batch the thread is landing
+EXIT_FLUSH_S = 30.0  # at exit, how long to wait for a batch the thread is landing (or the store to come back)
+RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0  # a batch the ledger refused is asked again after these (doubling)
 
 Landed = Callable[[], None] | None  # run once the settle has landed (the audit record)
 
@@ -52,6 +53,7 @@ class Settler:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        self._failing = False  # warned once per outage
 
     def submit(self, settle: Settle, landed: Landed = None) -> None:
         """Queue one settle; returns at once."""
@@ -70,12 +72,18 @@ class Settler:
             self._thread.start()
 
     def _run(self) -> None:
+        backoff = RETRY_MIN_S
         while True:
             self._wake.wait()
             self._wake.clear()  # a submit after this line sets it again: nothing waits unseen
             if len(self._queue) < MAX_BATCH:
                 time.sleep(LINGER_S)
-            self.flush()
+            if self.flush():
+                backoff = RETRY_MIN_S
+            else:  # the store is away: keep the settles (exact once it is back), ask again later
+                time.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_MAX_S)
+                self._wake.set()
 
     @property
     def pending(self) -> int:
@@ -83,7 +91,9 @@ class Settler:
         return len(self._queue)
 
     def flush(self, timeout: float = -1) -> bool:
-        """Land every settle queued so far. False when a batch in progress did not end within ``timeout``."""
+        """Land every settle queued so far. False when a batch in progress did not end within ``timeout``,
+        or the ledger refused a batch (it stays queued, in order: settles are idempotent, so a retry of a
+        batch that partly landed is exact)."""
         if not self._lock.acquire(timeout=timeout):
             return False
         try:
@@ -91,23 +101,29 @@ class Settler:
                 batch: list[tuple[Settle, Landed]] = []
                 while self._queue and len(batch) < MAX_BATCH:
                     batch.append(self._queue.popleft())
-                self._land(batch)
+                if not self._land(batch):
+                    self._queue.extendleft(reversed(batch))
+                    return False
         finally:
             self._lock.release()
         return True
 
-    def _land(self, batch: Sequence[tuple[Settle, Landed]]) -> None:
+    def _land(self, batch: Sequence[tuple[Settle, Landed]]) -> bool:
         try:
             self._ledger().settle_many([settle for settle, _ in batch])
-        except Exception as exc:  # never let the thread die: the holds stay open and are charged whole
-            warn(f"could not settle {len(batch)} {self._what}(s): {exc}; the wrapper will charge their holds")
-            return
+        except Exception as exc:  # never let the thread die; until they land the holds count whole
+            if not self._failing:
+                warn(f"could not settle {len(batch)} {self._what}(s) yet: {exc}; retrying (holds count whole)")
+            self._failing = True
+            return False
+        self._failing = False
         for _, landed in batch:
             if landed is not None:
                 try:
                     landed()
                 except Exception as exc:  # pragma: no cover - the audit writer never raises
                     warn(f"after a settle: {exc}")
+        return True
 
     def _after_fork_in_child(self) -> None:
         # The parent flushed before forking; whatever it queued since is its own to land.
@@ -117,11 +133,16 @@ class Settler:
 _start_lock = threading.Lock()
 
 
-def flush_all(timeout: float = EXIT_FLUSH_S) -> None:
-    """Land every settler's queue (at exit, before fork)."""
+def flush_all(timeout: float = EXIT_FLUSH_S, *, retry: bool = True) -> None:
+    """Land every settler's queue: at exit, retrying while the store is away (up to ``timeout``);
+    before fork once (what does not land stays queued in the parent, the child starts empty)."""
+    deadline = time.monotonic() + timeout
     for settler in list(_settlers):
-        if settler._pid == os.getpid():
-            settler.flush(timeout)
+        if settler._pid != os.getpid():
+            continue
+        # What is still queued at the deadline stays held: the wrapper charges it whole.
+        while not settler.flush(max(deadline - time.monotonic(), 0)) and retry and time.monotonic() < deadline:
+            time.sleep(RETRY_MIN_S)
 
 
 class _ForkToken:
@@ -159,4 +180,4 @@ def _watch_multiprocessing(*, now: bool) -> None:
 atexit.register(flush_all)
 _watch_multiprocessing(now=True)
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=flush_all, after_in_child=_fresh_in_child)
+    os.register_at_fork(before=lambda: flush_all(retry=False), after_in_child=_fresh_in_child)

@@ -13,7 +13,7 @@ from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
 from quotawrap.quota import Counters
 from quotawrap.settler import Settler
-from tests.redis_server import flushed, session_url
+from tests.redis_server import flushed, private_server, session_url
 from tests.unit.test_ledger_contract import limits, rc, request, usage
 
 
@@ -161,3 +161,22 @@ def test_a_multiprocessing_fork_child_lands_its_queue_at_exit(tmp_path: Path) ->
     ledger = open_ledger(url)
     assert rc(ledger) == Counters(300, 0)
     ledger.close()
+
+
+@pytest.mark.redis
+def test_a_batch_the_store_refuses_stays_queued_and_lands_exactly_later() -> None:
+    """Redis is down while a settle lands: it stays queued (the hold counts whole) and lands once Redis is back."""
+    with private_server(appendonly=True) as server:
+        ledger = open_ledger(server.url)
+        try:
+            hold = ledger.reserve(request(400), limits(run_cap=10_000)).hold_id
+            settler = Settler(lambda: ledger)
+            server.stop()
+            settler.submit(Settle(hold, "settle", usage(120), 0.1, 0))
+            assert settler.flush() is False and settler.pending == 1
+            server.start()
+            assert rc(ledger) == Counters(0, 400)  # still held whole, never under
+            assert settler.flush() is True and settler.pending == 0
+            assert rc(ledger) == Counters(120, 0)
+        finally:
+            ledger.close()

@@ -27,6 +27,7 @@ from ._log import warn
 from .ledger import Ledger, RunTotals
 from .registry import ProcessWatcher, RunDir, UnguardedProcess
 from .settings import OPTIONS, Settings, config_path, env_name
+from .sockets import GuardedPeers
 
 __all__ = [
     "HOOK_DIR",
@@ -261,7 +262,9 @@ def _run(
     reaping = _become_subreaper()
     process = subprocess.Popen([executable, *command[1:]], env=env)
     watcher = (
-        ProcessWatcher(process.pid, run_dir, strict=settings.strict, hook_dir=str(HOOK_DIR)).start()
+        ProcessWatcher(
+            process.pid, run_dir, strict=settings.strict, hook_dir=str(HOOK_DIR), peers=GuardedPeers(settings.base_url)
+        ).start()
         if watch_tree
         else None
     )

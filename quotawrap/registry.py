@@ -4,7 +4,9 @@ The hook writes ``proc-<pid>`` (its command line) into the run directory as it l
 wrapper walks its child tree through ``/proc`` and names every Python process that has not
 registered: one whose environment lost ``QUOTAWRAP_RUN_ID`` (``env={}``) or that runs with
 ``-S`` is known at once; any other gets a grace period to register (start-up under load), and
-one that exits unregistered is reported too. ``--strict`` stops such a process at once.
+one that exits unregistered is reported too. A process that is not Python cannot carry the hook;
+it is reported when it holds a connection to a guarded host (:mod:`.sockets`). ``--strict`` stops
+such a process at once.
 
 The connection guard appends refused and let-through connections to ``connections.jsonl``.
 All files are 0600 in a 0700 directory created for the run, and removed with it.
@@ -24,6 +26,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from .sockets import GuardedPeers, open_peers
 
 __all__ = ["ProcessWatcher", "RunDir", "UnguardedProcess", "redact_command"]
 
@@ -191,8 +195,11 @@ def _hookless(pid: int, argv: list[str], environ: dict[str, str], hook_dir: str)
 class ProcessWatcher:
     """Polls the child's process tree; collects Python processes that run without the hook."""
 
-    def __init__(self, root: int, run_dir: RunDir, *, strict: bool, hook_dir: str = "") -> None:
+    def __init__(
+        self, root: int, run_dir: RunDir, *, strict: bool, hook_dir: str = "", peers: GuardedPeers | None = None
+    ) -> None:
         self._hook_dir = hook_dir
+        self._peers = peers
         self._root = root
         self._run_dir = run_dir
         self._strict = strict
@@ -205,6 +212,8 @@ class ProcessWatcher:
     def start(self) -> ProcessWatcher:
         self.poll()  # at once: a short-lived child may be gone before the first tick
         self._thread.start()
+        if self._peers is not None:  # names resolve off the start-up path; literal addresses count at once
+            threading.Thread(target=self._peers.resolve, name="quotawrap-resolve", daemon=True).start()
         return self
 
     def stop(self) -> list[UnguardedProcess]:
@@ -253,7 +262,10 @@ class ProcessWatcher:
         alive: set[tuple[int, bytes]] = set()
         for pid in _tree(self._root):
             cmdline = _read(_PROC / str(pid) / "cmdline")
-            if not cmdline or not _is_python(pid):
+            if not cmdline:
+                continue
+            if not _is_python(pid):
+                self._check_connections(pid, cmdline)
                 continue
             key = (pid, cmdline)
             alive.add(key)
@@ -286,7 +298,20 @@ class ProcessWatcher:
                 continue
             self._judge(key, "it ended without quotawrap's hook having loaded", alive=False)
 
-    def _judge(self, key: tuple[int, bytes], reason: str, *, alive: bool) -> None:
+    def _check_connections(self, pid: int, cmdline: bytes) -> None:
+        """A process the hook cannot load in (not Python) that holds a connection to a guarded host."""
+        key = (pid, cmdline)
+        if self._peers is None or key in self._decided:
+            return
+        for peer in open_peers(pid):
+            if self._peers.guarded(peer):
+                host, port = peer
+                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                reason = f"it is not a Python program and connected to {where}; run it under --proxy"
+                self._judge(key, reason, alive=True, kind="Process")
+                return
+
+    def _judge(self, key: tuple[int, bytes], reason: str, *, alive: bool, kind: str = "Python process") -> None:
         self._decided.add(key)
         pid, cmdline = key
         record = UnguardedProcess(pid, redact_command(_argv(cmdline)), reason)
@@ -298,4 +323,4 @@ class ProcessWatcher:
         from ._log import warn
 
         what = "STOPPED (--strict)" if record.stopped else "its LLM calls are NOT guarded"
-        warn(f"Python process {pid} ({record.command}) runs without quotawrap's hook: {reason}; {what}")
+        warn(f"{kind} {pid} ({record.command}) runs without quotawrap's hook: {reason}; {what}")

@@ -6,14 +6,13 @@ process watcher asks this module whether such a process holds a connection to Ar
 ``--base-url`` host:port, and names it loudly (``--strict`` stops it). A connection is seen while it
 is open: an LLM call holds one for as long as the answer takes, so real calls are caught; a call
 that opens and closes between two polls (50 ms) on loopback may be missed. Everything here reads
-files only; names are resolved off the caller's path (:meth:`GuardedPeers.resolve`).
+files only; names are resolved off the start-up path (:meth:`GuardedPeers.resolve`), and nothing heavy
+is imported until a process that is not Python holds a connection.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 import threading
 from collections.abc import Iterable
 
@@ -28,6 +27,8 @@ _CONNECTING_OR_OPEN = {"01", "02"}  # ESTABLISHED, SYN_SENT
 
 def _address(hex_address: str) -> tuple[str, int]:
     """One ``/proc/net/tcp{,6}`` address (``0100007F:1F90``) as (ip, port); v4-mapped v6 as v4."""
+    import ipaddress  # read only once a process that is not Python holds a connection
+
     host_hex, _, port_hex = hex_address.partition(":")
     raw = bytes.fromhex(host_hex)
     # the kernel prints each 32-bit word in host byte order (little-endian on every Linux we run on)
@@ -89,12 +90,13 @@ class GuardedPeers:
 
     def __init__(self, base_urls: Iterable[str]) -> None:
         self._addresses = GuardedAddresses(list(base_urls))
-        self._names = [name for name in (*self._addresses.names, *ARK_HOSTS) if not _is_literal(name)]
         self._lock = threading.Lock()
 
     def resolve(self) -> None:
         """Learn the addresses of the guarded names (slow, may fail offline: call it off the start-up path)."""
-        for name in self._names:
+        import socket
+
+        for name in [name for name in (*self._addresses.names, *ARK_HOSTS) if not _is_literal(name)]:
             ports = self._addresses.ports_of(name)
             try:
                 results = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
@@ -109,6 +111,8 @@ class GuardedPeers:
 
 
 def _is_literal(host: str) -> bool:
+    import ipaddress
+
     try:
         ipaddress.ip_address(host)
     except ValueError:

@@ -26,6 +26,7 @@ from .quota import BEIJING
 __all__ = [
     "GROUPINGS",
     "aggregate",
+    "anomalous_line",
     "append_jsonl",
     "read_jsonl",
     "render_csv",
@@ -58,6 +59,8 @@ def aggregate(records: Iterable[CallRecord | DayAggregate], by: str = "model") -
             for name in REPORT_SUMS:
                 row[name] += getattr(record, name)
             continue
+        if record.handed_to is not None:  # a video task's create: the task's own row is the call
+            continue
         if record.state == "blocked":
             row["blocked_calls"] += 1
             continue
@@ -67,9 +70,15 @@ def aggregate(records: Iterable[CallRecord | DayAggregate], by: str = "model") -
         row["unresolved_calls"] += record.state == "unresolved"
         row["overshoot_calls"] += record.outcome == "overshoot"
         row["released_calls"] += record.state == "released"
+        row["anomalous_calls"] += record.usage_anomaly is not None
         for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens"):
             row[name] += getattr(record, name) or 0
     return sorted(groups.values(), key=lambda row: (-row["settled_tokens"], row["key"]))
+
+
+def anomalous_line(count: int) -> str:
+    """The words every view uses for calls whose answer's usage was not believed."""
+    return f"{count} call(s) with implausible usage (charged their hold)"
 
 
 def render_table(rows: list[dict[str, Any]], by: str) -> str:
@@ -84,6 +93,9 @@ def render_table(rows: list[dict[str, Any]], by: str) -> str:
             f"{row['key']!s:<{width}}  {row['calls']:>7,}  {row['blocked_calls']:>7,}  {row['settled_tokens']:>12,}"
             f"  {format_cny(row['cost_micro_cny']):>11}  {row['unresolved_calls']:>10,}"
         )
+    anomalous = sum(row.get("anomalous_calls", 0) for row in rows)
+    if anomalous:
+        lines.append(f"{anomalous_line(anomalous)}: counted in unresolved above")
     return "\n".join(lines)
 
 
@@ -155,6 +167,8 @@ def step_summary_markdown(report: Mapping[str, Any]) -> str:
             f" | {format_cny(model.get('settled_cost', 0))} | {model['overshoot_calls']:,}"
             f" | {model['unresolved_calls']:,} |"
         )
+    if totals.get("anomalous_calls"):
+        lines += ["", f"- {anomalous_line(totals['anomalous_calls'])}"]
     lines += _went_around_markdown(totals)
     when = datetime.now(BEIJING).strftime("%Y-%m-%d %H:%M Beijing")
     lines += ["", f"<sub>{when} · exit code {report['exit_code']} · mode {report['mode']}</sub>", ""]

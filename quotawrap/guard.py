@@ -17,8 +17,8 @@ Failure policy (documented in README "Failure modes"):
 * a video task -> the create's hold becomes the task's, settled by a later GET (``tasks``);
 * no usage in the answer, stream cut, reader stopped early -> charge the whole hold
   (``unresolved``); an error answer before generation, or a connection never made -> release;
-* usage the call could not have produced (``usage.check_usage``) -> an anomaly: warned, flagged in the audit
-  record, and the whole hold charged instead.
+* usage the call could not have produced (``usage.check_usage``) -> an anomaly: warned, kept in the ledger's
+  record (``usage_anomaly``) and the audit log, and the whole hold charged instead.
 """
 
 from __future__ import annotations

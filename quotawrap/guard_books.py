@@ -6,6 +6,7 @@ goes out, they only account for it (and never raise into the caller).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -83,13 +84,15 @@ class GuardBooks:
     ) -> None:
         """Append the call to ``--audit-log`` (the ledger keeps its own record); never raises.
 
-        A usage anomaly is flagged in the record's tags (``quotawrap.anomaly``), so ``quotawrap
-        report --by tag:quotawrap.anomaly`` finds the calls whose usage was not believed.
+        A usage anomaly is kept in the record (``usage_anomaly``, counted by ``report``) and in its
+        tags (``quotawrap.anomaly``), so ``report --by tag:quotawrap.anomaly`` finds those calls.
         """
         if not self.settings.audit_log:
             return
         tags = self.tags if anomaly is None else {**self.tags, "quotawrap.anomaly": anomaly}
         record = context.record(state, usage, cost, latency_s, tags=tags, ended_at=self._clock(), host=self._host)
+        if anomaly is not None:
+            record = dataclasses.replace(record, usage_anomaly=anomaly)
         try:
             from .audit import append_jsonl
 

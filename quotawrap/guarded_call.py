@@ -318,7 +318,7 @@ class GuardedCall:
         if self._context is not None:
             state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
             landed = functools.partial(self._audit_landed, state, usage, cost, latency)
-        self._guard.land(Settle(self.hold_id, event, usage, latency, cost), landed)
+        self._guard.land(Settle(self.hold_id, event, usage, latency, cost, self.anomaly), landed)
 
     def _audit_landed(self, state: CallState, usage: Usage | None, cost: int, latency: float) -> None:
         """The audit record, once the settle has landed (on the settler's thread for a guarded child)."""

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .audit import anomalous_line
 from .files import append_private, write_private
 from .ledger import Ledger, ModelTotals, RunTotals
 from .ledger.base import CallRecord, DayAggregate
@@ -168,11 +169,13 @@ def format_summary(report: dict[str, Any]) -> str:
         )
     if report.get("store_error"):
         lines.append(f"  the ledger could not close this run ({report['store_error']}): totals above are incomplete")
-    if totals["unresolved_calls"]:
+    unresolved = totals["unresolved_calls"] - totals.get("anomalous_calls", 0)
+    if unresolved > 0:
         lines.append(
-            f"  {totals['unresolved_calls']} call(s) ended without usage (cut, abandoned or crashed):"
-            " charged at their full reservation"
+            f"  {unresolved} call(s) ended without usage (cut, abandoned or crashed): charged at their full reservation"
         )
+    if totals.get("anomalous_calls"):
+        lines.append(f"  {anomalous_line(totals['anomalous_calls'])}")
     return "\n".join(lines)
 
 

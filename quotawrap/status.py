@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import socket
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
 from . import quota
 from .allowance import HISTORY_S, model_reasoning
+from .audit import anomalous_line
 from .estimate import MAX_OUTPUT_TOKENS, PREBLOCK_RESERVE_TOKENS
 from .expiry import keep_alive_daily_usage
 from .ledger import Ledger, model_day_key
@@ -39,7 +41,9 @@ def model_status(
         tasks.setdefault(record.model, []).append(
             {"task_id": record.id.removeprefix(TASK_HOLD_PREFIX), "held": record.reserved, "since": record.started_at}
         )
-    reasoning = model_reasoning(ledger.call_records(since=now - HISTORY_S))
+    recent = ledger.call_records(since=now - HISTORY_S)  # the last 24 h: all of today
+    reasoning = model_reasoning(recent)
+    anomalous = Counter(r.model for r in recent if r.day == day and r.usage_anomaly is not None)
     rows = []
     for model in ledger.known_models():
         counters = ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]
@@ -87,6 +91,7 @@ def model_status(
                     MAX_OUTPUT_TOKENS, max(settings.thinking_floor, settings.default_max_tokens + reasoning[model])
                 ),
                 "waiting": (waiting or {}).get(model, 0),
+                "anomalous_calls": anomalous.get(model, 0),  # today's calls whose usage was not believed
             }
         )
     return rows
@@ -108,6 +113,8 @@ def render_status(rows: list[dict[str, Any]]) -> str:
             f" (bound by {row['binding']}; headroom {row['headroom']:,})"
         )
         lines.append(f"  limit: {row['limit_detail']}")
+        if row.get("anomalous_calls"):
+            lines.append(f"  today: {anomalous_line(row['anomalous_calls'])}")
         if row.get("waiting"):
             lines.append(f"  {row['waiting']} call(s) waiting for room (holds in flight must settle first)")
         if row.get("output_allowance") is not None:

@@ -11,8 +11,8 @@ died or its validity ran out); a poll that comes later still corrects the charge
 
 The hand-over uses only the Ledger protocol: the task's hold is reserved with no limits (the
 capacity was already admitted by the create's hold, which is released right after, so for
-a moment the amount is counted twice, never zero times). A ledger method that renames a hold
-would do this in one step and without the create's row showing as released.
+a moment the amount is counted twice, never zero times). The create's row is released
+``handed_to`` the task's hold, so reports and totals count the task as one call: its own row.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class TaskCreated:
         ledger = self._guard.ledger
         try:
             ledger.reserve(hold, lambda _snapshot: ())
-            ledger.release(call.hold_id)
+            ledger.release(call.hold_id, handed_to=hold.hold_id)
         except QuotawrapError as exc:
             warn(f"could not hand the hold of video task {task_id} over to the task: {exc}; the wrapper charges it")
         return True
@@ -109,9 +109,14 @@ class TaskPolled:
         try:
             if state == "succeeded":
                 raw = task.get("usage")
-                usage = check_usage(usage_from_mapping(raw) if isinstance(raw, dict) else None).usage
+                checked = check_usage(usage_from_mapping(raw) if isinstance(raw, dict) else None)
+                usage = checked.usage
+                if checked.anomaly is not None:  # charged its hold now, and the ledger says why
+                    warn(f"usage anomaly in video task {task_id}: {checked.anomaly}; charged its whole hold")
+                    ledger.settle(task_hold_id(task_id), None, anomaly=checked.anomaly)
+                    return
                 if usage is None:
-                    return  # no believable usage: charged its hold at run end, rather than guessed now
+                    return  # no usage yet: charged its hold at run end, rather than guessed now
                 model = task.get("model") if isinstance(task.get("model"), str) else ""
                 cost = self._guard.actual_cost(model, usage, CostRule("video_task")) if model else None
                 ledger.settle(task_hold_id(task_id), usage, cost=cost)

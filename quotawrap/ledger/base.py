@@ -85,6 +85,7 @@ class Settle(NamedTuple):
     usage: Usage | None = None
     latency_s: float | None = None
     cost: int | None = None
+    anomaly: str | None = None  # usage.check_usage's reason the answer's usage was not believed
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class ModelTotals:
     reasoning_tokens: int = 0
     cached_tokens: int = 0
     settled_cost: int = 0  # micro-CNY
+    anomalous_calls: int = 0  # charged their hold: the answer's usage was implausible
 
     def add(self, other: ModelTotals) -> None:
         for name in self.__dataclass_fields__:
@@ -157,6 +159,8 @@ class CallRecord:
     latency_s: float | None
     pid: int
     host: str
+    usage_anomaly: str | None = None  # why the answer's usage was not believed (charged the hold instead)
+    handed_to: str | None = None  # a video task's create: its hold went to this task's row, not a call of its own
 
     @property
     def outcome(self) -> str:
@@ -184,6 +188,7 @@ class DayAggregate:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    anomalous_calls: int = 0
 
     @property
     def run_id(self) -> str:
@@ -231,13 +236,23 @@ class Ledger(Protocol):
         ...
 
     def settle(
-        self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None, cost: int | None = None
+        self,
+        hold_id: str,
+        usage: Usage | None,
+        *,
+        latency_s: float | None = None,
+        cost: int | None = None,
+        anomaly: str | None = None,
     ) -> None:
-        """Charge actual usage and cost (None: outcome unknown, charge the whole hold). Idempotent."""
+        """Charge actual usage and cost (None: outcome unknown, charge the whole hold). Idempotent.
+
+        ``anomaly``: the answer's usage was implausible (``usage.check_usage``); the record keeps why."""
         ...
 
-    def release(self, hold_id: str) -> None:
-        """The call never reached generation: free the hold, charge nothing. Idempotent."""
+    def release(self, hold_id: str, *, handed_to: str | None = None) -> None:
+        """The call never reached generation: free the hold, charge nothing. Idempotent.
+
+        ``handed_to``: the hold went on under another id (a video task's): the record is no call of its own."""
         ...
 
     def settle_many(self, settles: Sequence[Settle]) -> None:

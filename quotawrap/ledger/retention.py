@@ -22,8 +22,8 @@ SUMS = REPORT_SUMS
 
 _FINAL = "state != 'held'"
 _CALL_COLUMNS = (
-    "model, tags, state, overshoot, charged, charged_cost, prompt_tokens, completion_tokens, reasoning_tokens,"
-    " cached_tokens"
+    "model, tags, state, overshoot, charged, charged_cost, usage_anomaly, handed_to, prompt_tokens,"
+    " completion_tokens, reasoning_tokens, cached_tokens"
 )
 
 
@@ -37,8 +37,10 @@ def aggregate_calls(rows: Iterable[Sequence[Any]]) -> dict[tuple[str, str], list
 
     The same counting as ``audit.aggregate`` so a report reads the same from calls or aggregates."""
     groups: dict[tuple[str, str], list[int]] = {}
-    for model, tags, state, overshoot, charged, cost, *kinds in rows:
+    for model, tags, state, overshoot, charged, cost, anomaly, handed_to, *kinds in rows:
         sums = groups.setdefault((model, _canonical(tags)), [0] * len(SUMS))
+        if handed_to is not None:  # a video task's create: the task's own row is the call
+            continue
         if state == "blocked":
             sums[1] += 1
             continue
@@ -50,6 +52,7 @@ def aggregate_calls(rows: Iterable[Sequence[Any]]) -> dict[tuple[str, str], list
         sums[6] += state == "released"
         for index, value in enumerate(kinds, start=7):
             sums[index] += value or 0
+        sums[11] += anomaly is not None
     return groups
 
 

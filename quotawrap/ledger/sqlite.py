@@ -41,6 +41,7 @@ from .sqlite_file import (
     MIGRATIONS,
     OPEN_BUSY_MS,
     SCHEMA_VERSION,
+    apply_migration,
     check,
     create,
     create_schema,
@@ -125,7 +126,7 @@ class SQLiteLedger:
             current = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
             while current in MIGRATIONS:  # re-read under the lock: another process may have migrated
                 for statement in MIGRATIONS[current]:
-                    conn.execute(statement)
+                    apply_migration(conn, statement)
                 current = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0]
         except BaseException:
             conn.execute("ROLLBACK")
@@ -266,6 +267,8 @@ class SQLiteLedger:
         usage: Usage | None = None,
         cost: int | None = None,
         latency_s: float | None = None,
+        anomaly: str | None = None,
+        handed_to: str | None = None,
     ) -> bool:
         """Apply holds.step to one call row (``_HOLD_COLUMNS``); whether it changed anything."""
         hold_id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost = row
@@ -284,7 +287,8 @@ class SQLiteLedger:
         self._charge(conn, (run_id, model, day), moved.deltas)
         conn.execute(
             "UPDATE calls SET state = ?, charged = ?, charged_cost = ?, prompt_tokens = ?, completion_tokens = ?,"
-            " reasoning_tokens = ?, cached_tokens = ?, overshoot = ?, ended_at = ?, latency_s = ? WHERE id = ?",
+            " reasoning_tokens = ?, cached_tokens = ?, overshoot = ?, ended_at = ?, latency_s = ?, usage_anomaly = ?,"
+            " handed_to = ? WHERE id = ?",
             (
                 moved.state,
                 moved.charged,
@@ -296,6 +300,8 @@ class SQLiteLedger:
                 int(moved.overshoot),
                 self._clock(),
                 latency_s,
+                anomaly,
+                handed_to,
                 hold_id,
             ),
         )
@@ -308,26 +314,32 @@ class SQLiteLedger:
         return row
 
     def settle(
-        self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None, cost: int | None = None
+        self,
+        hold_id: str,
+        usage: Usage | None,
+        *,
+        latency_s: float | None = None,
+        cost: int | None = None,
+        anomaly: str | None = None,
     ) -> None:
         with self._write("settle") as conn:
             row = self._hold_row(conn, hold_id)
             if row is not None:
-                self._step(conn, row, "settle", usage, cost, latency_s)
+                self._step(conn, row, "settle", usage, cost, latency_s, anomaly)
 
-    def release(self, hold_id: str) -> None:
+    def release(self, hold_id: str, *, handed_to: str | None = None) -> None:
         with self._write("release") as conn:
             row = self._hold_row(conn, hold_id)
             if row is not None:
-                self._step(conn, row, "release")
+                self._step(conn, row, "release", handed_to=handed_to)
 
     def settle_many(self, settles: Sequence[Settle]) -> None:
         """Every settle and release in one transaction: one write lock and one commit for the batch."""
         with self._write("settle") as conn:
-            for hold_id, event, usage, latency_s, cost in settles:
+            for hold_id, event, usage, latency_s, cost, anomaly in settles:
                 row = self._hold_row(conn, hold_id)
                 if row is not None:
-                    self._step(conn, row, event, usage, cost, latency_s)
+                    self._step(conn, row, event, usage, cost, latency_s, anomaly)
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:
@@ -452,17 +464,18 @@ class SQLiteLedger:
                 self._conn()
                 .execute(
                     """SELECT model,
-                     COUNT(*) FILTER (WHERE state != 'blocked'),
+                     COUNT(*) FILTER (WHERE state != 'blocked' AND handed_to IS NULL),
                      COUNT(*) FILTER (WHERE state = 'blocked'),
                      SUM(would_block),
                      SUM(charged),
                      SUM(CASE WHEN state = 'held' THEN reserved ELSE 0 END),
                      SUM(overshoot),
                      COUNT(*) FILTER (WHERE state = 'unresolved'),
-                     COUNT(*) FILTER (WHERE state = 'released'),
+                     COUNT(*) FILTER (WHERE state = 'released' AND handed_to IS NULL),
                      SUM(COALESCE(prompt_tokens, 0)), SUM(COALESCE(completion_tokens, 0)),
                      SUM(COALESCE(reasoning_tokens, 0)), SUM(COALESCE(cached_tokens, 0)),
-                     SUM(charged_cost)
+                     SUM(charged_cost),
+                     COUNT(*) FILTER (WHERE usage_anomaly IS NOT NULL)
                    FROM calls WHERE run_id = ? GROUP BY model ORDER BY model""",
                     (run_id,),
                 )
@@ -473,7 +486,7 @@ class SQLiteLedger:
     _RECORD_COLUMNS = (
         "id, run_id, model, day, endpoint, state, reserved, charged, reserved_cost, charged_cost, prompt_tokens,"
         " completion_tokens, reasoning_tokens, cached_tokens, overshoot, would_block, blocked_by, key_fingerprint,"
-        " tags, started_at, ended_at, latency_s, pid, host"
+        " tags, started_at, ended_at, latency_s, pid, host, usage_anomaly, handed_to"
     )
 
     def call_records(
@@ -519,6 +532,8 @@ class SQLiteLedger:
                 latency_s=row[21],
                 pid=row[22],
                 host=row[23],
+                usage_anomaly=row[24],
+                handed_to=row[25],
             )
             for row in rows
         ]

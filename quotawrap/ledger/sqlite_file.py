@@ -17,6 +17,7 @@ __all__ = [
     "MIGRATIONS",
     "OPEN_BUSY_MS",
     "SCHEMA_VERSION",
+    "apply_migration",
     "check",
     "create",
     "create_schema",
@@ -26,18 +27,20 @@ __all__ = [
     "retry_locked",
 ]
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 
-_AGGREGATES = """CREATE TABLE IF NOT EXISTS call_aggregates (
+_AGGREGATES_TABLE = """CREATE TABLE IF NOT EXISTS call_aggregates (
     day TEXT NOT NULL, model TEXT NOT NULL, tags TEXT NOT NULL,
     calls INTEGER NOT NULL DEFAULT 0, blocked_calls INTEGER NOT NULL DEFAULT 0,
     settled_tokens INTEGER NOT NULL DEFAULT 0, cost_micro_cny INTEGER NOT NULL DEFAULT 0,
     unresolved_calls INTEGER NOT NULL DEFAULT 0, overshoot_calls INTEGER NOT NULL DEFAULT 0,
     released_calls INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0, reasoning_tokens INTEGER NOT NULL DEFAULT 0,
-    cached_tokens INTEGER NOT NULL DEFAULT 0,
+    cached_tokens INTEGER NOT NULL DEFAULT 0,{}
     PRIMARY KEY (day, model, tags)
 )"""  # what `prune` keeps of the calls of a day it deletes (ledger/retention.py)
+_AGGREGATES_V3 = _AGGREGATES_TABLE.format("")  # as schema 3 created it (migration "2")
+_AGGREGATES = _AGGREGATES_TABLE.format("\n    anomalous_calls INTEGER NOT NULL DEFAULT 0,")
 
 _SCHEMA = (
     """
@@ -67,7 +70,9 @@ CREATE TABLE IF NOT EXISTS calls (
     started_at REAL NOT NULL,
     ended_at REAL,
     latency_s REAL,
-    expires_at REAL NOT NULL
+    expires_at REAL NOT NULL,
+    usage_anomaly TEXT,
+    handed_to TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_run ON calls (run_id);
 CREATE INDEX IF NOT EXISTS calls_started ON calls (started_at);
@@ -104,8 +109,25 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
         "ALTER TABLE calls ADD COLUMN charged_cost INTEGER NOT NULL DEFAULT 0",
         "UPDATE meta SET value = '2' WHERE key = 'schema'",
     ),
-    "2": (_AGGREGATES, "UPDATE meta SET value = '3' WHERE key = 'schema'"),
+    "2": (_AGGREGATES_V3, "UPDATE meta SET value = '3' WHERE key = 'schema'"),
+    # a call whose usage was not believed, and a video task's create handed over to the task's row
+    "3": (
+        "ALTER TABLE calls ADD COLUMN usage_anomaly TEXT",
+        "ALTER TABLE calls ADD COLUMN handed_to TEXT",
+        "ALTER TABLE call_aggregates ADD COLUMN anomalous_calls INTEGER NOT NULL DEFAULT 0",
+        "UPDATE meta SET value = '4' WHERE key = 'schema'",
+    ),
 }
+
+
+def apply_migration(conn: sqlite3.Connection, statement: str) -> None:
+    """One statement of ``MIGRATIONS``. Opening creates the missing tables in their newest form
+    before migrating (``create_schema``), so a column a migration adds may be there already."""
+    try:
+        conn.execute(statement)
+    except sqlite3.OperationalError as exc:
+        if not (statement.startswith("ALTER TABLE") and "duplicate column name" in str(exc)):
+            raise
 
 
 LOCKED_RETRY_S = 30.0  # how long opening keeps retrying "database is locked" in all

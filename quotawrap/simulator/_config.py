@@ -23,7 +23,8 @@ __all__ = [
     "parse_utc",
 ]
 
-FAULTS = frozenset({"error_500", "error_429", "error_400", "cut", "no_usage", "hang"})
+# implausible_usage: a non-streamed answer reports total_tokens 2**63 (a broken provider or proxy count)
+FAULTS = frozenset({"error_500", "error_429", "error_400", "cut", "no_usage", "implausible_usage", "hang"})
 HEADER_PREFIX = "x-sim-"
 _UTC_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 

@@ -413,7 +413,10 @@ class _Handler(BaseHTTPRequestHandler):
         with_usage = fault != "no_usage"
         stopping = self.server.sim._stopping
         if not generation.stream:
-            data = json.dumps(generation.body(with_usage), ensure_ascii=False).encode()
+            body = generation.body(with_usage)
+            if fault == "implausible_usage" and isinstance(body.get("usage"), dict):
+                body["usage"] = {**body["usage"], "total_tokens": 2**63}  # billed as generated, reported absurd
+            data = json.dumps(body, ensure_ascii=False).encode()
             self.send_response(200)
             self.send_header("Content-Type", _JSON)
             self.send_header("Content-Length", str(len(data)))

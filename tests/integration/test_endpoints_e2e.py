@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,43 @@ class TestEveryEndpointUnderACap:
         assert state == "unresolved"
         assert charged == reserved >= sim.billed_total() > 0
         assert totals["unresolved_calls"] == 1
+
+
+def _report(store: str, *args: str) -> list[dict[str, Any]]:
+    """`quotawrap report --format json`'s rows."""
+    out = subprocess.run(
+        [sys.executable, "-m", "quotawrap", "report", "--store", store, "--format", "json", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    rows: list[dict[str, Any]] = json.loads(out)["rows"]
+    return rows
+
+
+class TestAVideoTaskIsOneCall:
+    """The create's hold goes on as the task's: the report, the sessions and the run summary count one call."""
+
+    def _check(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        sim.configure(task_s=0.2)
+        _, steps, totals = _run(sim, store, tmp_path, 70_000, "video")
+        assert steps["video"]["status"] == "succeeded"
+        assert (totals["calls"], totals["released_calls"], totals["settled_tokens"]) == (1, 0, sim.billed_total())
+        [row] = _report(store)
+        assert (row["calls"], row["released_calls"], row["settled_tokens"]) == (1, 0, sim.billed_total())
+        [session] = _report(store, "--by", "session")
+        assert session["calls"] == 1
+
+    def test_on_sqlite(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        self._check(sim, store, tmp_path)
+        handed = ledger_rows(store, "SELECT handed_to FROM calls WHERE handed_to IS NOT NULL ORDER BY handed_to")
+        tasks = ledger_rows(store, "SELECT id FROM calls WHERE id LIKE 'task-%' ORDER BY id")
+        assert handed == tasks and len(tasks) == 1  # the create's row names the task row that carries its call
+
+    def test_on_redis(self, sim: ArkSimulator, tmp_path: Path) -> None:
+        with session_url() as redis_url:
+            self._check(sim, redis_url, tmp_path)
 
 
 class TestRedirects:

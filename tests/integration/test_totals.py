@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, run_quotawrap
-from tests.redis_server import free_port
+from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.redis_server import free_port, session_url
 
 # The parent calls and exits at once; its fork calls after the parent is gone.
 FORK_AFTER_EXIT = """
@@ -136,3 +136,42 @@ class TestRecordsTellTheTruth:
         assert result.stdout.startswith("BLOCKED"), result.stdout + result.stderr
         assert "daily_cap" in result.stdout and "--daily-cap" in result.stdout and "usage_wall" not in result.stdout
         assert sim.billed_total() == 0
+
+
+def _cli(*args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "quotawrap", *args], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+
+
+class TestImplausibleUsageIsNamed:
+    """An answer whose usage cannot be true is charged its hold, and every view says why, not just "unresolved"."""
+
+    def _check(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        sim.configure(fault="implausible_usage")
+        report = tmp_path / "report.json"
+        result = run_quotawrap(
+            ["--store", store, "--base-url", sim.url, "--report-json", str(report)],
+            child("one_call.py"),
+            env={"SIM_URL": sim.url},
+        )
+        assert result.returncode == 0, result.stderr
+        totals = json.loads(report.read_text())["totals"]
+        assert (totals["calls"], totals["unresolved_calls"], totals["anomalous_calls"]) == (1, 1, 1)
+        assert "1 call(s) with implausible usage (charged their hold)" in result.stderr
+        assert "ended without usage" not in result.stderr  # it had usage: an unbelievable one
+        [row] = json.loads(_cli("report", "--store", store, "--format", "json"))["rows"]
+        assert (row["calls"], row["anomalous_calls"]) == (1, 1)
+        assert "1 call(s) with implausible usage" in _cli("report", "--store", store)
+        [model] = json.loads(_cli("status", "--store", store, "--json"))
+        assert model["anomalous_calls"] == 1
+        assert "today: 1 call(s) with implausible usage" in _cli("status", "--store", store)
+
+    def test_on_sqlite(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        self._check(sim, store, tmp_path)
+        [(why,)] = ledger_rows(store, "SELECT usage_anomaly FROM calls")
+        assert why == f"total_tokens {2**63} is not a plausible token count"
+
+    def test_on_redis(self, sim: ArkSimulator, tmp_path: Path) -> None:
+        with session_url() as redis_url:
+            self._check(sim, redis_url, tmp_path)

@@ -383,6 +383,8 @@ def test_a_usage_that_would_wrap_a_counter_is_charged_the_hold(
     assert response.json() == answer
     [record] = guard.ledger.call_records()
     assert (record.state, record.charged) == ("unresolved", record.reserved)
+    assert record.usage_anomaly == f"total_tokens {total!r} is not a plausible token count"
+    assert guard.ledger.run_totals(record.run_id).totals.anomalous_calls == 1
     counters = guard.ledger.counters([model_day_key(record.model, record.day)])
     assert [c.settled for c in counters.values()] == [record.reserved]
     assert "usage anomaly" in capsys.readouterr().err

@@ -6,6 +6,7 @@ a server restart, data loss, the LiteLLM limiter's keys, bounded memory and Redi
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import random
@@ -23,8 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotawrap._errors import StoreError
+from quotawrap.audit import aggregate
 from quotawrap.ledger import Ledger, open_ledger
-from quotawrap.ledger.base import HoldRequest, RunRecord, model_day_key, run_cost_key, run_key
+from quotawrap.ledger.base import HoldRequest, RunRecord, Settle, model_day_key, run_cost_key, run_key
 from quotawrap.ledger.holds import MAX_CHARGE
 from quotawrap.ledger.redis import RedisLedger
 from quotawrap.quota import (
@@ -396,6 +398,30 @@ class TestSettle:
         record = next(r for r in ledger.call_records() if r.id == held.hold_id)
         assert (record.charged, record.prompt_tokens, record.overshoot) == (MAX_CHARGE, MAX_CHARGE, True)
 
+    def test_implausible_usage_is_recorded_as_such(self, ledger: Ledger) -> None:
+        """A settle flagged with an anomaly charges the hold, and the record and totals say why."""
+        flagged = ledger.reserve(request(500), limits(daily=10_000))
+        plain = ledger.reserve(request(300), limits(daily=10_000))
+        why = "total_tokens 9223372036854775808 is not a plausible token count"
+        ledger.settle_many([Settle(flagged.hold_id, "settle", None, 0.1, None, why), Settle(plain.hold_id, "settle")])
+        assert md(ledger) == Counters(800, 0)
+        totals = ledger.run_totals("run-a").models[MODEL]
+        assert (totals.unresolved_calls, totals.anomalous_calls) == (2, 1)
+        records = {r.id: r for r in ledger.call_records()}
+        assert records[flagged.hold_id].usage_anomaly == why
+        assert records[plain.hold_id].usage_anomaly is None
+        assert [row["anomalous_calls"] for row in aggregate(records.values())] == [1]
+
+    def test_a_late_real_usage_clears_the_anomaly(self, ledger: Ledger) -> None:
+        """Believable usage arriving later corrects the charge, and the call is no longer anomalous."""
+        held = ledger.reserve(request(500), limits(daily=10_000))
+        ledger.settle(held.hold_id, None, anomaly="completion_tokens -1 is not a plausible token count")
+        ledger.settle(held.hold_id, usage(120))
+        totals = ledger.run_totals("run-a").models[MODEL]
+        assert (totals.unresolved_calls, totals.anomalous_calls, totals.settled_tokens) == (0, 0, 120)
+        [record] = ledger.call_records()
+        assert (record.state, record.usage_anomaly) == ("settled", None)
+
     def test_unknown_and_blocked_ids_are_ignored(self, ledger: Ledger) -> None:
         """Settling an id the ledger never held changes nothing."""
         refused = ledger.reserve(request(2000), limits(daily=1000))
@@ -412,6 +438,20 @@ class TestRelease:
         ledger.release(held.hold_id)
         assert md(ledger) == Counters(0, 0) and rc(ledger) == Counters(0, 0)
         assert ledger.run_totals("run-a").models[MODEL].released_calls == 1
+
+    def test_a_hold_handed_over_is_no_call_of_its_own(self, ledger: Ledger) -> None:
+        """A video task's create released ``handed_to`` the task's hold: totals and reports count one call."""
+        create = ledger.reserve(request(500), limits(daily=10_000))
+        task = ledger.reserve(dataclasses.replace(request(500), hold_id="task-cgt-1"), limits())
+        ledger.release(create.hold_id, handed_to=task.hold_id)
+        ledger.settle(task.hold_id, usage(400))
+        assert md(ledger) == Counters(400, 0) and rc(ledger) == Counters(400, 0)
+        totals = ledger.run_totals("run-a").models[MODEL]
+        assert (totals.calls, totals.released_calls, totals.settled_tokens) == (1, 0, 400)
+        records = ledger.call_records()
+        assert {r.id: r.handed_to for r in records} == {create.hold_id: "task-cgt-1", "task-cgt-1": None}
+        [row] = aggregate(records)
+        assert (row["calls"], row["released_calls"], row["settled_tokens"]) == (1, 0, 400)
 
     def test_release_after_settle_is_ignored(self, ledger: Ledger) -> None:
         """A settled call stays charged."""

@@ -3,6 +3,7 @@ reports over pruned days give the same totals, old ledgers migrate, and concurre
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 import threading
@@ -70,10 +71,14 @@ def _seed(ledger: SQLiteLedger, clock: _Clock, days: list[str], *, calls_per_day
                 )
             elif kind == 1:
                 ledger.settle(decision.hold_id, Usage(5000, 100, 5100), cost=1234)  # overshoot
+            elif kind == 2 and d % 2:  # a video task's create: handed to the task's own row
+                task = ledger.reserve(dataclasses.replace(request, hold_id=f"task-{d}-{n}"), _no_limits)
+                ledger.release(decision.hold_id, handed_to=task.hold_id)
+                ledger.settle(task.hold_id, Usage(0, 800, 800), cost=4000)
             elif kind == 2:
                 ledger.release(decision.hold_id)
-            elif kind == 3:
-                ledger.settle(decision.hold_id, None)  # unresolved, charged at the hold
+            elif kind == 3:  # unresolved, charged at the hold: its usage was implausible
+                ledger.settle(decision.hold_id, None, anomaly="total_tokens -5 is not a plausible token count")
             elif kind == 4:
                 open_holds.append(decision.hold_id)
         for run in range(3):
@@ -103,7 +108,7 @@ def test_reports_are_the_same_before_and_after_pruning(seeded: tuple[SQLiteLedge
     pruned_tokens = sum(r.charged for r in ledger.call_records() if r.day < "2026-03-01" and r.state != "held")
     result = ledger.prune("2026-03-01")
     assert result.days == ("2026-01-01", "2026-01-02", "2026-02-10")
-    assert result.calls == 15  # 3 days x 6 calls, less the one open hold a day
+    assert result.calls == 16  # 3 days x 6 rows, less the one open hold a day, plus 01-02's video task row
     after = {by: ledger_rows(ledger, by) for by in GROUPINGS}
     for by in ("day", "model", "tag:user"):
         assert after[by] == before[by], by
@@ -144,7 +149,7 @@ def test_dry_run_changes_nothing(seeded: tuple[SQLiteLedger, _Clock, list[str]])
     ledger, _, _ = seeded
     records = ledger.call_records()
     dry = ledger.prune("2026-03-01", dry_run=True)
-    assert (dry.calls, dry.dry_run, len(dry.days)) == (15, True, 3)
+    assert (dry.calls, dry.dry_run, len(dry.days)) == (16, True, 3)
     assert ledger.call_records() == records
     assert ledger.aggregates() == []
     real = ledger.prune("2026-03-01")
@@ -180,7 +185,7 @@ def test_concurrent_prunes_count_every_call_once(seeded: tuple[SQLiteLedger, _Cl
         thread.start()
     for thread in threads:
         thread.join()
-    assert sum(result.calls for result in results) == 15
+    assert sum(result.calls for result in results) == 16
     assert ledger_rows(ledger, "day") == before
 
 
@@ -192,17 +197,50 @@ def test_version_2_ledger_is_migrated(tmp_path: Path) -> None:
     _seed(ledger, clock, ["2026-01-01"])
     ledger.close()
     conn = sqlite3.connect(path)
+    _back_to_version_3(conn)
     conn.execute("DROP TABLE call_aggregates")
     conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
     conn.commit()
     conn.close()
     reopened = SQLiteLedger(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == SCHEMA_VERSION == "3"
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == SCHEMA_VERSION == "4"
     conn.close()
     before = ledger_rows(reopened, "model")
     assert reopened.prune("2026-02-01").calls == 5
     assert ledger_rows(reopened, "model") == before
+
+
+def _back_to_version_3(conn: sqlite3.Connection) -> None:
+    """Make a current ledger the schema 3 one (before usage_anomaly and handed_to) it grew from."""
+    for table, column in (("calls", "usage_anomaly"), ("calls", "handed_to"), ("call_aggregates", "anomalous_calls")):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
+
+
+def test_version_3_ledger_is_migrated(tmp_path: Path) -> None:
+    """A schema 3 ledger (aggregates without anomalies) opens as the current schema, its pruned days intact,
+    and records an implausible usage and a hand-over in the new columns."""
+    path = tmp_path / "old.sqlite3"
+    clock = _Clock()
+    ledger = SQLiteLedger(path, clock=clock)
+    _seed(ledger, clock, ["2026-01-01", "2026-03-01"])
+    ledger.prune("2026-02-01")
+    ledger.close()
+    conn = sqlite3.connect(path)
+    _back_to_version_3(conn)
+    conn.commit()
+    conn.close()
+    reopened = SQLiteLedger(path, clock=clock)
+    before = ledger_rows(reopened, "model")
+    assert before and all(row["anomalous_calls"] == 0 for row in before)
+    [call] = [r for r in reopened.call_records() if r.day == "2026-03-01"][:1]
+    assert call.usage_anomaly is None and call.handed_to is None
+    held = reopened.reserve(
+        HoldRequest("run-x", "m", "2026-03-01", 10, "/chat", os.getpid(), "h", time.time() + 60), lambda s: ()
+    )
+    reopened.settle(held.hold_id, None, anomaly="prompt_tokens -1 is not a plausible token count")
+    assert reopened.run_totals("run-x").models["m"].anomalous_calls == 1
 
 
 def test_auto_prune_runs_at_most_once_a_day(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:

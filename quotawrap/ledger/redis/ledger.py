@@ -333,10 +333,11 @@ class RedisLedger(RedisHistory):
         usage: Usage | None = None,
         latency_s: float | None = None,
         cost: int | None = None,
+        note: tuple[str, str] | None = None,
     ) -> tuple[bool, str]:
         """Apply holds.step's ``event`` to one hold. (changed, new state)."""
         client = self._redis()  # connected again if close() came between the reserve and this
-        args = self._transition_args(at, hold_id, event, usage, latency_s, cost)
+        args = self._transition_args(at, hold_id, event, usage, latency_s, cost, note)
         if not client.cluster:
             keys = self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
             result = client.retrying(event, lambda: client.script("transition_one", keys, args))
@@ -368,8 +369,11 @@ class RedisLedger(RedisHistory):
         usage: Usage | None = None,
         latency_s: float | None = None,
         cost: int | None = None,
+        note: tuple[str, str] | None = None,
     ) -> tuple[str]:
-        """The transition scripts' one argument (lib.lua's transition_args)."""
+        """The transition scripts' one argument (lib.lua's transition_args).
+
+        ``note``: ("anomaly", why the usage was not believed) or ("handed_to", the task that took the hold)."""
         now = self._clock()
         fields = {
             "hold_id": hold_id,
@@ -390,34 +394,42 @@ class RedisLedger(RedisHistory):
             "own_ttl": OWN_DAILY_USAGE_TTL_S,
             "cost": "" if cost is None else int(cost),
         }
+        if note is not None:
+            fields[note[0]] = note[1]
         return (json.dumps(fields, separators=(",", ":")),)
 
     def settle(
-        self, hold_id: str, usage: Usage | None, *, latency_s: float | None = None, cost: int | None = None
+        self,
+        hold_id: str,
+        usage: Usage | None,
+        *,
+        latency_s: float | None = None,
+        cost: int | None = None,
+        anomaly: str | None = None,
     ) -> None:
         """Charge actual usage and cost (micro-CNY; without usage or cost the reserved cost). Idempotent."""
         at = self._locate(hold_id)
         if at is not None:
-            self._transition(at, hold_id, "settle", usage, latency_s, cost)
+            self._transition(at, hold_id, "settle", usage, latency_s, cost, _anomaly_note(anomaly))
 
-    def release(self, hold_id: str) -> None:
+    def release(self, hold_id: str, *, handed_to: str | None = None) -> None:
         at = self._locate(hold_id)
         if at is not None:
-            self._transition(at, hold_id, "release")
+            self._transition(at, hold_id, "release", note=None if handed_to is None else ("handed_to", handed_to))
 
     def settle_many(self, settles: Sequence[Settle]) -> None:
         """Every settle and release; on a single node in one script call (lua/transition_many.lua)."""
         client = self._redis()
         if client.cluster:
-            for hold_id, event, usage, latency_s, cost in settles:
+            for hold_id, event, usage, latency_s, cost, anomaly in settles:
                 if event == "release":
                     self.release(hold_id)
                 else:
-                    self.settle(hold_id, usage, latency_s=latency_s, cost=cost)
+                    self.settle(hold_id, usage, latency_s=latency_s, cost=cost, anomaly=anomaly)
             return
         keys: list[str] = []
         args: list[Arg] = []
-        for hold_id, event, usage, latency_s, cost in settles:
+        for hold_id, event, usage, latency_s, cost, anomaly in settles:
             at = self._locate(hold_id)
             if at is None:
                 continue
@@ -425,7 +437,7 @@ class RedisLedger(RedisHistory):
             if event == "release":
                 args += self._transition_args(at, hold_id, "release")
             else:
-                args += self._transition_args(at, hold_id, "settle", usage, latency_s, cost)
+                args += self._transition_args(at, hold_id, "settle", usage, latency_s, cost, _anomaly_note(anomaly))
         if args:
             # one script, one round trip; each transition is idempotent, so a retried batch never counts one twice
             client.retrying("settle", partial(client.script, "transition_many", keys, args))
@@ -558,3 +570,7 @@ class RedisLedger(RedisHistory):
     def close(self) -> None:
         self._epoch = None
         self._client.close()
+
+
+def _anomaly_note(anomaly: str | None) -> tuple[str, str] | None:
+    return None if anomaly is None else ("anomaly", anomaly)

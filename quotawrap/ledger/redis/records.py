@@ -110,6 +110,8 @@ def call_record(model: str, day: str, f: Mapping[str, str]) -> CallRecord:
         latency_s=_optional_float(f.get("latency")),
         pid=_optional_int(f.get("pid")) or 0,
         host=f.get("host") or "",
+        usage_anomaly=f.get("anomaly") or None,
+        handed_to=f.get("handed_to") or None,
     )
 
 

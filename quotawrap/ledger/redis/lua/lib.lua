@@ -214,11 +214,14 @@ local function md_reserve(k, a, run, foreign)
 end
 
 -- Apply a.mode (settle | release | resolve: holds.step's event) to a model-day's hold.
+-- a.anomaly (optional): why the answer's usage was not believed; the call counts in anomalous_calls
+-- while it stays charged its hold. a.handed_to (optional, on release): a video task took the hold
+-- over, so the create is no call of its own (its task's row is).
 -- k: hold counters open pids run_totals series audit.
 -- Returns {changed, new state, reserved, charged, settled delta, run, charged cost}, or {0}.
 local function md_transition(k, a)
   local f = redis.call('HMGET', k.hold, 'state', 'reserved', 'charged', 'run', 'pid', 'host', 'endpoint',
-    'started', 'reserved_cost', 'charged_cost', 'kf', 'tags', 'would_block', 'blocked_by')
+    'started', 'reserved_cost', 'charged_cost', 'kf', 'tags', 'would_block', 'blocked_by', 'anomaly')
   local state = f[1]
   if not state then return {0} end
   local reserved, charged, reserved_cost, charged_cost = num(f[2]), num(f[3]), num(f[9]), num(f[10])
@@ -239,11 +242,16 @@ local function md_transition(k, a)
     redis.call('HINCRBY', k.run_totals, 'reserved_open_tokens', int(0 - reserved))
   else
     redis.call('HINCRBY', k.run_totals, 'unresolved_calls', -1)
+    if f[15] then redis.call('HINCRBY', k.run_totals, 'anomalous_calls', -1) end
   end
+  local anomaly, handed_to = a.anomaly or '', a.handed_to or ''
+  if anomaly ~= '' then redis.call('HINCRBY', k.run_totals, 'anomalous_calls', 1) end
   if settled_delta ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_tokens', int(settled_delta)) end
   if cost_delta ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_cost', int(cost_delta)) end
   if target == 'unresolved' then
     redis.call('HINCRBY', k.run_totals, 'unresolved_calls', 1)
+  elseif target == 'released' and handed_to ~= '' then
+    redis.call('HINCRBY', k.run_totals, 'calls', -1)
   elseif target == 'released' then
     redis.call('HINCRBY', k.run_totals, 'released_calls', 1)
   end
@@ -265,6 +273,7 @@ local function md_transition(k, a)
   end
   if target == 'unresolved' then
     redis.call('HSET', k.hold, 'state', 'unresolved', 'charged', int(actual), 'charged_cost', int(actual_cost))
+    if anomaly ~= '' then redis.call('HSET', k.hold, 'anomaly', anomaly) end
   else
     redis.call('DEL', k.hold)
   end
@@ -273,7 +282,8 @@ local function md_transition(k, a)
     'reserved_cost', int(reserved_cost), 'charged_cost', int(actual_cost), 'prompt', prompt,
     'completion', completion, 'reasoning', reasoning, 'cached', cached, 'overshoot', overshoot,
     'would_block', f[13] or 0, 'blocked_by', f[14] or '', 'kf', f[11] or '', 'tags', f[12] or '',
-    'started', f[8] or a.now, 'ended', a.now, 'latency', a.latency, 'pid', f[5] or 0, 'host', f[6] or '')
+    'started', f[8] or a.now, 'ended', a.now, 'latency', a.latency, 'pid', f[5] or 0, 'host', f[6] or '',
+    'anomaly', anomaly, 'handed_to', handed_to)
   expire_all({k.counters, k.run_totals, k.series, k.audit}, a.expire_at)
   return {1, target, reserved, actual, settled_delta, f[4], actual_cost}
 end

@@ -7,6 +7,7 @@ forwards signals, waits, charges the holds the run left open and prints the summ
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
@@ -25,7 +26,7 @@ import quotawrap
 from ._errors import QuotawrapError
 from ._log import warn
 from .ledger import Ledger, RunTotals
-from .registry import ProcessWatcher, RunDir, UnguardedProcess
+from .registry import ProcessWatcher, RunDir, UnguardedProcess, publish_unguarded
 from .settings import OPTIONS, Settings, config_path, env_name
 from .sockets import GuardedPeers
 
@@ -263,7 +264,12 @@ def _run(
     process = subprocess.Popen([executable, *command[1:]], env=env)
     watcher = (
         ProcessWatcher(
-            process.pid, run_dir, strict=settings.strict, hook_dir=str(HOOK_DIR), peers=GuardedPeers(settings.base_url)
+            process.pid,
+            run_dir,
+            strict=settings.strict,
+            hook_dir=str(HOOK_DIR),
+            peers=GuardedPeers(settings.base_url),
+            on_unguarded=functools.partial(publish_unguarded, settings.events_log),
         ).start()
         if watch_tree
         else None

@@ -37,18 +37,21 @@ __all__ = ["COMMANDS"]
 def status_command(as_json: bool, **values: Any) -> None:
     """Per model: today's usage, in flight, waiting, the effective limit and what binds it."""
     from .launcher import default_events_log
-    from .status import model_status, render_status
+    from .status import model_status, render_status, render_unguarded, unguarded_now
     from .waiting import waiting_now
 
     settings = command_settings(values)
     ledger = open_ledger(settings)
     ledger.reclaim_orphans(time.time())
-    waiting = waiting_now(default_events_log("any").parent)
-    rows = model_status(ledger, settings, time.time(), waiting=waiting)
+    events = default_events_log("any").parent
+    rows = model_status(ledger, settings, time.time(), waiting=waiting_now(events))
+    unguarded = unguarded_now(events)
     if as_json:
+        for row in rows:  # the list of model rows stays the output's shape; like the reset time, same in each
+            row["unguarded_processes"] = unguarded
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
     else:
-        click.echo(render_status(rows))
+        click.echo("\n".join([render_status(rows), *render_unguarded(unguarded)]))
 
 
 def _time_bound(value: str | None) -> float | None:

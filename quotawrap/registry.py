@@ -23,13 +23,13 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .sockets import GuardedPeers, open_peers
 
-__all__ = ["ProcessWatcher", "RunDir", "UnguardedProcess", "redact_command"]
+__all__ = ["ProcessWatcher", "RunDir", "UnguardedProcess", "publish_unguarded", "redact_command"]
 
 _PROC = Path("/proc")
 _POLL_S = 0.05  # ~0.5 ms of CPU per poll for 5 processes with 37 threads: under 1% of a core
@@ -70,6 +70,13 @@ class UnguardedProcess:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def publish_unguarded(events_log: str | None, record: UnguardedProcess) -> None:
+    """Append ``record`` to the run's events log, where ``quotawrap status`` finds it while the run lives."""
+    from .waiting import EventLog
+
+    EventLog(events_log).write({"ev": "unguarded", **record.as_dict(), "wrapper_pid": os.getpid()})
 
 
 class RunDir:
@@ -196,8 +203,16 @@ class ProcessWatcher:
     """Polls the child's process tree; collects Python processes that run without the hook."""
 
     def __init__(
-        self, root: int, run_dir: RunDir, *, strict: bool, hook_dir: str = "", peers: GuardedPeers | None = None
+        self,
+        root: int,
+        run_dir: RunDir,
+        *,
+        strict: bool,
+        hook_dir: str = "",
+        peers: GuardedPeers | None = None,
+        on_unguarded: Callable[[UnguardedProcess], None] | None = None,  # as each is found (for `status`)
     ) -> None:
+        self._on_unguarded = on_unguarded
         self._hook_dir = hook_dir
         self._peers = peers
         self._root = root
@@ -320,6 +335,8 @@ class ProcessWatcher:
                 os.kill(pid, signal.SIGKILL)  # --strict: it must not send a single unguarded call
                 record.stopped = True
         self.unguarded.append(record)
+        if self._on_unguarded is not None:
+            self._on_unguarded(record)
         from ._log import warn
 
         what = "STOPPED (--strict)" if record.stopped else "its LLM calls are NOT guarded"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 from collections import Counter
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from . import quota
@@ -25,8 +28,10 @@ __all__ = [
     "no_balance_today",
     "render_sessions",
     "render_status",
+    "render_unguarded",
     "session_rows",
     "session_state",
+    "unguarded_now",
 ]
 
 
@@ -148,6 +153,53 @@ def render_status(rows: list[dict[str, Any]]) -> str:
         hours, rest = divmod(int(row["seconds_to_reset"]), 3600)
         lines.append(f"  resets at Beijing midnight in {hours}h{rest // 60:02d}m")
     return "\n".join(lines)
+
+
+def unguarded_now(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Processes of live runs that run without quotawrap's hook, as each run's wrapper found them
+    (``registry.publish_unguarded``, in the events logs of ``directory``; the command is redacted).
+
+    A run's events log goes when its wrapper ends; one a dead wrapper left behind is not a live run."""
+    found: list[dict[str, Any]] = []
+    try:
+        paths = sorted(Path(directory).glob("*.jsonl"))
+    except OSError:
+        return found
+    for path in paths:
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict) or event.get("ev") != "unguarded":
+                continue
+            wrapper = event.get("wrapper_pid")
+            if not isinstance(wrapper, int) or not pid_alive(wrapper):
+                break  # every event of a log has the same wrapper
+            found.append(
+                {
+                    "session": path.stem,
+                    "pid": event.get("pid"),
+                    "command": str(event.get("command", "")),
+                    "reason": str(event.get("reason", "")),
+                    "stopped": bool(event.get("stopped")),
+                }
+            )
+    return found
+
+
+def render_unguarded(found: list[dict[str, Any]]) -> list[str]:
+    if not found:
+        return []
+    lines = ["running sessions with processes outside the guard (their LLM calls are NOT guarded):"]
+    for process in found:
+        what = "stopped by --strict" if process["stopped"] else process["reason"]
+        lines.append(f"  session {process['session']}: pid {process['pid']} ({process['command']}): {what}")
+    return lines
 
 
 def expiry_warnings(ledger: Ledger, settings: Settings, now: float) -> list[str]:

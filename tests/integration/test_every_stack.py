@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +31,33 @@ STACKS = [
     "requests-adapter-subclass",
     "httpx-transport",
 ]
+
+
+# The child makes one guarded call (so `status` has a model row), starts a grandchild without the hook,
+# asks `status` until the wrapper has named it (the watcher polls every 50 ms), and prints what it saw.
+STATUS_WHILE_UNGUARDED = """
+import json, os, subprocess, sys, time
+import openai
+
+openai.OpenAI(base_url=os.environ["SIM_URL"], api_key="sk-test", max_retries=0).chat.completions.create(
+    model="deepseek-v4-flash", messages=[{"role": "user", "content": "hi"}], max_tokens=20)
+code = "import time; time.sleep(60)"
+grandchild = subprocess.Popen([sys.executable, "-c", code, "--api-key", "sk-secret-0123456789"], env={})
+status = [sys.executable, "-m", "quotawrap", "status"]
+try:
+    for _ in range(200):
+        rows = json.loads(subprocess.run([*status, "--json"], capture_output=True, text=True, check=True).stdout)
+        listed = [p for p in rows[0]["unguarded_processes"] if p["pid"] == grandchild.pid]
+        if listed:
+            break
+        time.sleep(0.1)
+    text = subprocess.run(status, capture_output=True, text=True, check=True).stdout
+finally:
+    grandchild.kill()
+    grandchild.wait()
+seen = {"grandchild": grandchild.pid, "session": os.environ["QUOTAWRAP_RUN_ID"], "json": listed, "text": text}
+print(json.dumps(seen))
+"""
 
 
 def _run(sim: ArkSimulator, store: str, tmp_path: Path, args: list[str], command: list[str], **env: str) -> tuple:
@@ -187,6 +215,27 @@ class TestProcessesWithoutTheHook:
         assert f"UNGUARDED PROCESS: pid {pid}" in result.stderr
         (headline,) = [line for line in result.stderr.splitlines() if line.startswith("quotawrap: session")]
         assert headline.endswith("NOT everything went through the guard (below)")
+
+    def test_status_lists_it_while_the_run_lives(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """`quotawrap status` (text and --json), asked while the run goes on, names the unhooked grandchild by
+        session, pid and command, its secret-looking argument masked."""
+        result, _report = _run(sim, store, tmp_path, [], [sys.executable, "-c", STATUS_WHILE_UNGUARDED])
+        out = json.loads(result.stdout.strip().splitlines()[-1])
+        mine = [p for p in out["json"] if p["pid"] == out["grandchild"]]
+        assert [(p["session"], p["stopped"]) for p in mine] == [(out["session"], False)]
+        assert "time.sleep(60)" in mine[0]["command"] and "--api-key ***" in mine[0]["command"]
+        assert "sk-secret" not in result.stdout
+        line = f"session {out['session']}: pid {out['grandchild']} ("
+        assert any(row.startswith(f"  {line}") for row in out["text"].splitlines()), out["text"]
+        # once the run has ended its processes are no longer "now"
+        after = subprocess.run(
+            [sys.executable, "-m", "quotawrap", "status", "--store", store, "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        still = [p["pid"] for row in json.loads(after.stdout) for p in row["unguarded_processes"]]
+        assert out["grandchild"] not in still
 
     def test_strict_stops_it(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """--strict: the unhooked grandchild is killed before it finishes, and the report says it was stopped."""

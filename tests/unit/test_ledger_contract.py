@@ -920,6 +920,12 @@ class TestCluster:
         assert ledger.resolve_run("run-a") == 1
         assert md(ledger) == rc(ledger) == Counters(550, 0)
         assert ledger.run_totals("run-a").models[MODEL].settled_tokens == 550
+        flagged = ledger.reserve(request(20), limits(daily=5000))
+        handed = ledger.reserve(request(30), limits(daily=5000))
+        ledger.settle_many([Settle(flagged.hold_id, "settle", anomaly="total_tokens -1 is implausible")])
+        ledger.release(handed.hold_id, handed_to="task-1")
+        totals = ledger.run_totals("run-a").models[MODEL]
+        assert (totals.calls, totals.anomalous_calls, totals.released_calls) == (4, 1, 0)
 
     def test_concurrency_on_cluster(self, cluster_url: str) -> None:
         """The 8-process hammer against one cap on Cluster: no overspend, counters add up."""

@@ -8,7 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,38 @@ def run_quotawrap(
         cwd=cwd,
     )
     return Wrapped(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _cli_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """This process's environment without quotawrap's own variables (the suite may itself run guarded), plus ``env``."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("QUOTAWRAP_")}, **(env or {})}
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """A quotawrap command (status, report, sync, consume, a wrapped run, ...) as a user types it.
+
+    Never raises on the exit code: judging it is the test's business."""
+    return subprocess.run(
+        [sys.executable, "-m", "quotawrap", *args], env=_cli_env(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def cli_json(*args: str, env: Mapping[str, str] | None = None) -> Any:
+    """The JSON a quotawrap command printed (``status --json``, ``report --format json``, ...), once it succeeded."""
+    result = run_cli(*args, env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def start_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """``run_cli`` in the background, stdout and stderr piped: runs started together, or stopped midway."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "quotawrap", *args],
+        env=_cli_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def child(name: str, *args: str) -> list[str]:

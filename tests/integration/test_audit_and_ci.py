@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -13,15 +12,9 @@ from quotawrap.ledger import open_ledger
 from quotawrap.prices import PriceTable
 from quotawrap.simulator import ArkSimulator
 from quotawrap.usage import Usage
-from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.conftest import child, ledger_rows, run_cli, run_quotawrap
 
 MODEL = "deepseek-v3-1"
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quotawrap", *args], capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 class TestAttribution:
@@ -38,11 +31,11 @@ class TestAttribution:
             )
             assert result.returncode == 0, result.stderr
             billed[team] = sim.billed_total() - before
-        report = _cli("report", "--store", store, "--by", "tag:team", "--format", "json")
+        report = run_cli("report", "--store", store, "--by", "tag:team", "--format", "json")
         rows = {row["key"]: row for row in json.loads(report.stdout)["rows"]}
         assert {team: rows[team]["settled_tokens"] for team in billed} == billed
         assert billed["alpha"] != billed["beta"]
-        users = json.loads(_cli("report", "--store", store, "--by", "tag:user", "--format", "json").stdout)["rows"]
+        users = json.loads(run_cli("report", "--store", store, "--by", "tag:user", "--format", "json").stdout)["rows"]
         assert sum(row["settled_tokens"] for row in users) == sum(billed.values())
 
     def test_sessions_list_runs_with_totals_and_tags(self, sim: ArkSimulator, store: str) -> None:
@@ -53,7 +46,7 @@ class TestAttribution:
             env={"SIM_URL": sim.url},
         )
         assert result.returncode == 0, result.stderr
-        (session,) = json.loads(_cli("sessions", "--store", store, "--json").stdout)
+        (session,) = json.loads(run_cli("sessions", "--store", store, "--json").stdout)
         assert session["tags"]["job"] == "nightly" and "host" in session["tags"]
         assert session["exit_code"] == 0 and "one_call.py" in session["command"]
         assert session["calls"] == 1 and session["settled_tokens"] == sim.billed_total()
@@ -73,8 +66,8 @@ class TestAttribution:
         assert all(line["key_fingerprint"].startswith("sha256:") for line in lines)
         assert "sk-test" not in log.read_text()
         assert oct(log.stat().st_mode & 0o777) == "0o600"
-        from_log = json.loads(_cli("report", "--audit-log", str(log), "--format", "json").stdout)["rows"]
-        from_ledger = json.loads(_cli("report", "--store", store, "--format", "json").stdout)["rows"]
+        from_log = json.loads(run_cli("report", "--audit-log", str(log), "--format", "json").stdout)["rows"]
+        from_ledger = json.loads(run_cli("report", "--store", store, "--format", "json").stdout)["rows"]
         assert from_log == from_ledger
 
 
@@ -160,7 +153,7 @@ class TestCiGate:
     def test_ledger_totals_survive_for_status_after_the_run(self, sim: ArkSimulator, store: str) -> None:
         """After a run, `status` shows today's usage of the model equal to the bill."""
         run_quotawrap(["--store", store, "--base-url", sim.url], child("one_call.py"), env={"SIM_URL": sim.url})
-        rows = json.loads(_cli("status", "--store", store, "--json").stdout)
+        rows = json.loads(run_cli("status", "--store", store, "--json").stdout)
         assert rows[0]["usage"] == sim.billed_total() > 0
         assert open_ledger(store).known_models() == [rows[0]["model"]]
 

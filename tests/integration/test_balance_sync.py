@@ -19,21 +19,11 @@ from quotawrap.ledger import model_day_key, open_ledger
 from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator, PackageSpec
 from quotawrap.sync import BILLING_LEASE, SyncLoop, record_balance, sync_due, sync_once
-from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.conftest import child, ledger_rows, run_cli, run_quotawrap
 
 MODEL = "deepseek-v4-flash"
 DAY_S = 86_400.0
 CREDENTIALS = {"VOLC_ACCESSKEY": "AKtest", "VOLC_SECRETKEY": "SKtest"}
-
-
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quotawrap", *args],
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 @pytest.fixture
@@ -52,7 +42,7 @@ def packaged_sim(sim: ArkSimulator) -> ArkSimulator:
 class TestBillingApi:
     def test_sync_reads_packages_through_the_official_sdk(self, packaged_sim: ArkSimulator, store: str) -> None:
         """`quotawrap sync` pages ListResourcePackages and stores each model's summed balance and packages."""
-        result = _cli(
+        result = run_cli(
             "sync",
             "--store",
             store,
@@ -74,7 +64,7 @@ class TestBillingApi:
     def test_status_explains_limit_and_expiry(self, packaged_sim: ArkSimulator, store: str) -> None:
         """status --json: the snapshot binds below 2M; the package expiring in 5 days gets a daily usage."""
         assert (
-            _cli(
+            run_cli(
                 "sync",
                 "--store",
                 store,
@@ -86,7 +76,7 @@ class TestBillingApi:
             ).returncode
             == 0
         )
-        rows = json.loads(_cli("status", "--store", store, "--json").stdout)
+        rows = json.loads(run_cli("status", "--store", store, "--json").stdout)
         (row,) = [r for r in rows if r["model"] == MODEL]
         assert row["binding"] == "snapshot"
         assert row["effective_limit"] == 1_800_000 - 50_000
@@ -137,7 +127,7 @@ class TestBillingApi:
 class TestManualAndCommand:
     def test_console_reading_sets_the_pool_and_blocks_past_it(self, sim: ArkSimulator, store: str) -> None:
         """--balance MODEL=N (fully settled) makes limit = N + usage − buffer; a call past it gets a 429."""
-        assert _cli("sync", "--store", store, "--balance", f"{MODEL}=50100").returncode == 0
+        assert run_cli("sync", "--store", store, "--balance", f"{MODEL}=50100").returncode == 0
         result = run_quotawrap(
             ["--store", store, "--base-url", sim.url],
             child("one_call.py"),
@@ -325,7 +315,7 @@ class TestCalibrateCommand:
             if minute >= 60 and minute % 7 == 3:  # a billing read every 7 minutes, lagging 14
                 balance = b0 - sum(n for t, n in spent if t <= now["t"] - delay)
                 record_balance(ledger, MODEL, balance, now["t"], quota.QuotaSettings(), source="billing-api")
-        result = _cli("sync", "--store", f"sqlite:///{path}", "--calibrate", "--days", "2")
+        result = run_cli("sync", "--store", f"sqlite:///{path}", "--calibrate", "--days", "2")
         assert result.returncode == 0, result.stderr
         assert f"{MODEL}: billing lag ~14 min (spread 0 tokens)" in result.stdout
 

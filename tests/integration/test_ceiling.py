@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.conftest import child, cli_json, ledger_rows, run_quotawrap
 from tests.redis_server import session_url
 
 
@@ -105,13 +105,7 @@ class TestThinkingHeavyAgent:
         assert all(charged <= reserved for reserved, charged in rows)
         settled = ledger_rows(store, "SELECT reasoning_tokens FROM calls WHERE state = 'settled'")
         reasoning = max(row[0] for row in settled)
-        status = subprocess.run(
-            [sys.executable, "-m", "quotawrap", "status", "--store", store, "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        (row,) = json.loads(status.stdout)
+        (row,) = cli_json("status", "--store", store, "--json")
         assert row["reasoning_p99"] == reasoning  # fewer than 100 calls: the largest
         assert row["output_allowance"] == min(65_536, 4_096 + reasoning)
 

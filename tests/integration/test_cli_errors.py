@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import run_quotawrap
+from tests.conftest import run_cli, run_quotawrap
 from tests.redis_server import free_port, private_server
 
 BAD_OPTIONS = [
@@ -31,12 +31,6 @@ BAD_OPTIONS = [
     ("--store", "redis://127.0.0.1:notaport/0"),
     ("--store", "ftp://somewhere/ledger"),
 ]
-
-
-def quotawrap(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quotawrap", *args], capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 def one_line(stderr: str) -> str:
@@ -69,7 +63,7 @@ class TestOptionsAreCheckedAtStart:
 
     def test_a_password_in_a_bad_store_url_is_not_printed(self) -> None:
         """The error about a bad Redis URL shows the URL with its password hidden."""
-        result = quotawrap("status", "--store", "redis://:hunter2secret@127.0.0.1:port/0")
+        result = run_cli("status", "--store", "redis://:hunter2secret@127.0.0.1:port/0")
         assert result.returncode == 2
         assert "hunter2secret" not in result.stderr and "***" in one_line(result.stderr)
 
@@ -79,7 +73,7 @@ class TestStoreProblemsAreOneLine:
     def test_redis_down_is_exit_4_for_every_subcommand(self, command: str) -> None:
         """A Redis nobody listens on: exit 4 and one line naming the store and what to check."""
         extra = ["--balance", "m=5"] if command == "sync" else []
-        result = quotawrap(command, "--store", f"redis://127.0.0.1:{free_port()}/0", *extra)
+        result = run_cli(command, "--store", f"redis://127.0.0.1:{free_port()}/0", *extra)
         assert result.returncode == 4, result.stderr
         assert "running and reachable" in one_line(result.stderr)
 
@@ -88,7 +82,7 @@ class TestStoreProblemsAreOneLine:
         """A server that wants another password: exit 4, one line, and the password given is not shown."""
         with private_server(appendonly=False) as server:
             redis.Redis(port=server.port).config_set("requirepass", "the-right-one")
-            result = quotawrap(command, "--store", f"redis://:wrong-pass-123@127.0.0.1:{server.port}/0")
+            result = run_cli(command, "--store", f"redis://:wrong-pass-123@127.0.0.1:{server.port}/0")
         assert result.returncode == 4, result.stderr
         line = one_line(result.stderr)
         assert "password" in line and "wrong-pass-123" not in line

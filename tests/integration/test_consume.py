@@ -19,7 +19,7 @@ from quotawrap.ledger import model_day_key, open_ledger
 from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator
 from quotawrap.sync import record_balance
-from tests.conftest import child, run_quotawrap
+from tests.conftest import child, run_cli, run_quotawrap, start_cli
 
 MODEL = "deepseek-v4-flash"
 BALANCE = 900_000
@@ -30,13 +30,7 @@ ENV = {"ARK_API_KEY": "sk-consume-test"}
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quotawrap", *args],
-        env={**os.environ, **ENV, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_cli(*args, env={**ENV, **(env or {})})
 
 
 def _consume_args(sim: ArkSimulator, store: str, *extra: str) -> list[str]:
@@ -111,16 +105,7 @@ class TestAcceptance:
         """Two consume processes started together: one spends the plan, the other nothing."""
         left = _left(spent_day)
         before = spent_day.billed_total()
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "quotawrap", *_consume_args(spent_day, store)],
-                env={**os.environ, **ENV},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(2)
-        ]
+        procs = [start_cli(*_consume_args(spent_day, store), env=ENV) for _ in range(2)]
         outputs = [proc.communicate(timeout=120) for proc in procs]
         assert [proc.returncode for proc in procs] == [0, 0], outputs
         assert sum("already ran" in err for _, err in outputs) == 1
@@ -132,16 +117,7 @@ class TestLeaseAndForce:
     def test_two_forced_runs_at_once_still_stay_inside_the_pool(self, spent_day: ArkSimulator, store: str) -> None:
         """--force skips the lease, not the gate: two forced runs together never pass pool - S."""
         left = _left(spent_day)
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "quotawrap", *_consume_args(spent_day, store, "--force")],
-                env={**os.environ, **ENV},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(2)
-        ]
+        procs = [start_cli(*_consume_args(spent_day, store, "--force"), env=ENV) for _ in range(2)]
         outputs = [proc.communicate(timeout=120) for proc in procs]
         assert [proc.returncode for proc in procs] == [0, 0], outputs
         assert spent_day.billed_total() <= BALANCE - SMALL_BUFFER
@@ -225,13 +201,7 @@ class TestStops:
 
         assert _cli("sync", "--store", store, "--balance", f"{MODEL}={BALANCE}").returncode == 0
         sim.configure(latency_s=60.0)  # every call waits before its first byte; stop() ends the wait
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "quotawrap", *_consume_args(sim, store, "--concurrency", "2")],
-            env={**os.environ, **ENV},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = start_cli(*_consume_args(sim, store, "--concurrency", "2"), env=ENV)
         while sum(sim.requests_by_path().values()) < 2:  # both workers' calls reached the provider
             assert proc.poll() is None
             time.sleep(0.05)
@@ -302,16 +272,7 @@ class TestRedis:
         assert _cli("sync", "--store", redis_url, "--balance", f"{MODEL}={BALANCE}").returncode == 0
         client.set(f"daily_usage:{day}:{MODEL}:ba0383d3", AGENT_TOKENS, ex=48 * 3600)  # then the proxy's users
         left = BALANCE - SMALL_BUFFER - AGENT_TOKENS
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "quotawrap", *_consume_args(sim, redis_url)],
-                env={**os.environ, **ENV},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(2)
-        ]
+        procs = [start_cli(*_consume_args(sim, redis_url), env=ENV) for _ in range(2)]
         outputs = [proc.communicate(timeout=120) for proc in procs]
         assert [proc.returncode for proc in procs] == [0, 0], outputs
         assert sum("already ran" in err for _, err in outputs) == 1

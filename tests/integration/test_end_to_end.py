@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import CHILDREN, child, ledger_rows, run_quotawrap
+from tests.conftest import CHILDREN, child, ledger_rows, run_quotawrap, start_cli
 
 MODEL = "deepseek-v4-flash"
 
@@ -59,15 +59,8 @@ class TestConcurrentCap:
         sim.configure(reply_tokens=400)
         cap = 12_000
         args = ["--store", store, "--base-url", sim.url, "--daily-cap", str(cap), "--usage-wall", str(cap)]
-        env = {**os.environ, "SIM_URL": sim.url}
         procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "quotawrap", *args, "--", *child("swarm.py", "--threads", "8")],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            for _ in range(2)
+            start_cli(*args, "--", *child("swarm.py", "--threads", "8"), env={"SIM_URL": sim.url}) for _ in range(2)
         ]
         for proc in procs:
             _, stderr = proc.communicate(timeout=120)
@@ -82,22 +75,14 @@ class TestConcurrentCap:
 class TestCrashSafety:
     def test_sigkill_mid_stream_leaves_no_open_hold(self, sim: ArkSimulator, store: str) -> None:
         """A child SIGKILLed mid-stream: the wrapper charges its hold; nothing stays held; charge >= bill."""
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quotawrap",
-                "--store",
-                store,
-                "--base-url",
-                sim.url,
-                "--",
-                *child("slow_stream.py"),
-            ],
-            env={**os.environ, "SIM_URL": sim.url, "CHUNK_DELAY": "0.2"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        proc = start_cli(
+            "--store",
+            store,
+            "--base-url",
+            sim.url,
+            "--",
+            *child("slow_stream.py"),
+            env={"SIM_URL": sim.url, "CHUNK_DELAY": "0.2"},
         )
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -250,12 +235,7 @@ class TestResults:
             "print('READY', flush=True)\n"
             "time.sleep(30)\n"
         )
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "quotawrap", "--store", store, "--", sys.executable, str(script)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = start_cli("--store", store, "--", sys.executable, str(script))
         assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from quotawrap.simulator import ArkSimulator, SimConfig, serve
-from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.conftest import child, cli_json, ledger_rows, run_quotawrap
 from tests.redis_server import session_url
 
 
@@ -110,14 +108,7 @@ class TestEveryEndpointUnderACap:
 
 def _report(store: str, *args: str) -> list[dict[str, Any]]:
     """`quotawrap report --format json`'s rows."""
-    out = subprocess.run(
-        [sys.executable, "-m", "quotawrap", "report", "--store", store, "--format", "json", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    rows: list[dict[str, Any]] = json.loads(out)["rows"]
+    rows: list[dict[str, Any]] = cli_json("report", "--store", store, "--format", "json", *args)["rows"]
     return rows
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from quotawrap.simulator import ArkSimulator, SimConfig, serve
-from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.conftest import child, cli_json, ledger_rows, run_quotawrap
 
 OTHER_PYTHON = "/usr/bin/python3"
 STACKS = [
@@ -141,7 +141,6 @@ class TestEveryStack:
 
     def test_without_quotawrap_the_same_calls_overspend(self, sim: ArkSimulator) -> None:
         """Control: unguarded, the 500000-token requests go out and are billed (so the refusals above matter)."""
-        import subprocess
 
         env = {**os.environ, "SIM_URL": sim.url, "MAX_TOKENS": "500000"}
         for stack in ("aiohttp", "urllib", "urllib3"):
@@ -228,13 +227,8 @@ class TestProcessesWithoutTheHook:
         line = f"session {out['session']}: pid {out['grandchild']} ("
         assert any(row.startswith(f"  {line}") for row in out["text"].splitlines()), out["text"]
         # once the run has ended its processes are no longer "now"
-        after = subprocess.run(
-            [sys.executable, "-m", "quotawrap", "status", "--store", store, "--json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        still = [p["pid"] for row in json.loads(after.stdout) for p in row["unguarded_processes"]]
+        after = cli_json("status", "--store", store, "--json")
+        still = [p["pid"] for row in after for p in row["unguarded_processes"]]
         assert out["grandchild"] not in still
 
     def test_strict_stops_it(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:

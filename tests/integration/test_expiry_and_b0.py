@@ -18,6 +18,7 @@ from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator, PackageSpec
 from quotawrap.sync import EXPIRY_LEAD_S, EXPIRY_MARGIN_S, SyncLoop, sync_due, sync_once
 from quotawrap.usage import Usage
+from tests.conftest import run_cli
 
 MODEL = "deepseek-v4-flash"
 DAY_S = 86_400.0
@@ -25,13 +26,7 @@ CREDENTIALS = {"VOLC_ACCESSKEY": "AKtest", "VOLC_SECRETKEY": "SKtest"}
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quotawrap", *args],
-        env={**os.environ, **CREDENTIALS},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli(*args, env=CREDENTIALS)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import ledger_rows, run_quotawrap
+from tests.conftest import cli_json, ledger_rows, run_quotawrap
 from tests.integration.gateway_process import MODEL, chat_body, gateway
 
 JSON = {"content-type": "application/json", "authorization": "Bearer sk-gateway-test"}
@@ -220,13 +220,8 @@ class TestServe:
         assert set(by_user) == {"alice", "bob"}
         assert all(len(prints) == 1 and next(iter(prints)).startswith("sha256:") for prints in by_user.values())
         assert by_user["alice"] != by_user["bob"]
-        report = subprocess.run(
-            [sys.executable, "-m", "quotawrap", "report", "--store", store, "--by", "tag:user", "--format", "json"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        calls = {row["key"]: row["calls"] for row in json.loads(report.stdout)["rows"]}
+        report = cli_json("report", "--store", store, "--by", "tag:user", "--format", "json")
+        calls = {row["key"]: row["calls"] for row in report["rows"]}
         assert calls == {"alice": 2, "bob": 1}
         ledger_bytes = b"".join(
             p.read_bytes() for p in Path(store.removeprefix("sqlite:///")).parent.iterdir() if p.is_file()

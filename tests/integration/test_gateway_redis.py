@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +12,7 @@ import httpx
 import pytest
 
 from quotawrap.simulator import ArkSimulator
+from tests.conftest import cli_json
 from tests.integration.gateway_process import chat_body, gateway
 from tests.redis_server import private_server, session_url
 
@@ -65,13 +63,7 @@ def test_two_gateways_share_one_daily_cap(sim: ArkSimulator, redis_url: str) -> 
     billed = sim.billed_total()
     # every hold is >= 4,096 tokens (the thinking floor): within one hold of the cap is all that fits
     assert cap - 5_000 <= billed <= cap
-    report = subprocess.run(
-        [sys.executable, "-m", "quotawrap", "report", "--store", redis_url, "--by", "session", "--format", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rows = json.loads(report.stdout)["rows"]
+    rows = cli_json("report", "--store", redis_url, "--by", "session", "--format", "json")["rows"]
     assert len(rows) == 2  # one session per gateway, both counted against the one cap
     assert all(row["calls"] + row["blocked_calls"] > 0 for row in rows)  # each gateway took its clients' calls
     assert sum(row["settled_tokens"] for row in rows) == billed

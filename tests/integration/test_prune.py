@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,16 +14,9 @@ from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.quota import beijing_day
 from quotawrap.simulator import ArkSimulator
 from quotawrap.usage import Usage
-from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.conftest import child, ledger_rows, run_cli, run_quotawrap
 
 DAY_S = 86_400
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("QUOTAWRAP_")}
-    return subprocess.run(
-        [sys.executable, "-m", "quotawrap", *args], env=env, capture_output=True, text=True, timeout=120
-    )
 
 
 def _seed_old(store: str, days_ago: tuple[int, ...]) -> None:
@@ -57,7 +48,7 @@ def _seed_old(store: str, days_ago: tuple[int, ...]) -> None:
 
 
 def _report(store: str, by: str) -> Any:
-    result = _cli("report", "--store", store, "--by", by, "--format", "json")
+    result = run_cli("report", "--store", store, "--by", by, "--format", "json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["rows"]
 
@@ -83,18 +74,18 @@ def test_prune_keeps_report_totals_by_day_and_model(sim: ArkSimulator, store: st
     assert len(before["day"]) == 4  # three old days and today
     assert _old_calls(store) == 9
 
-    dry = _cli("prune", "--store", store, "--older-than", "90d", "--dry-run")
+    dry = run_cli("prune", "--store", store, "--older-than", "90d", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.startswith("would prune 9 call(s) on 3 day(s)"), dry.stdout
     assert _old_calls(store) == 9
 
-    pruned = _cli("prune", "--store", store, "--older-than", "90d")
+    pruned = run_cli("prune", "--store", store, "--older-than", "90d")
     assert pruned.returncode == 0, pruned.stderr
     assert pruned.stdout.startswith("pruned 9 call(s) on 3 day(s)"), pruned.stdout
     assert _old_calls(store) == 0
     assert ledger_rows(store, "SELECT COUNT(*) FROM calls")[0][0] == 1  # today's guarded call stays
     assert _reports(store) == before
-    again = _cli("prune", "--store", store, "--older-than", "90d")
+    again = run_cli("prune", "--store", store, "--older-than", "90d")
     assert again.stdout.startswith("nothing to prune"), again.stdout
     assert _reports(store) == before
 
@@ -120,7 +111,7 @@ def test_run_end_prunes_by_retention_once_a_day(sim: ArkSimulator, store: str) -
 def test_bad_duration_is_one_line_and_changes_nothing(store: str, tmp_path: Path) -> None:
     """`--older-than 3w` exits 2 with one line naming the accepted forms, no traceback, nothing pruned."""
     _seed_old(store, (200,))
-    result = _cli("prune", "--store", store, "--older-than", "3w")
+    result = run_cli("prune", "--store", store, "--older-than", "3w")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "90d or 12h" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr

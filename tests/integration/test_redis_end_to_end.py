@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ import redis
 
 from quotawrap import quota
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child
+from tests.conftest import child, start_cli
 from tests.redis_server import RedisServer, private_server, session_url
 
 MODEL = "deepseek-v4-flash"
@@ -35,13 +34,7 @@ def aof_server() -> Iterator[RedisServer]:
 
 
 def _wrapper(args: list[str], command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "quotawrap", *args, "--", *command],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_cli(*args, "--", *command, env=env)
 
 
 class TestRedisFleet:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.conftest import child, ledger_rows, run_cli, run_quotawrap
 
 SECRETS = ["sk-live-abcdef123456", "tok-zzz-987", "hunter2-pass", "opaque-bearer-value-42"]
 SECRET_ARGS = [
@@ -34,16 +33,7 @@ class TestCommandLinesAreRedacted:
         result = run_quotawrap(["--store", store], [sys.executable, "-c", "pass", *SECRET_ARGS])
         assert result.returncode == 0, result.stderr
         ((stored,),) = ledger_rows(store, "SELECT command FROM runs")
-        shown = [
-            subprocess.run(
-                [sys.executable, "-m", "quotawrap", "sessions", "--store", store, *flag],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=True,
-            ).stdout
-            for flag in ([], ["--json"])
-        ]
+        shown = [run_cli("sessions", "--store", store, *flag).stdout for flag in ([], ["--json"])]
         for text in [str(stored), *shown]:
             assert not [secret for secret in SECRETS if secret in text], text
             assert "***" in text
@@ -57,13 +47,7 @@ class TestCommandLinesAreRedacted:
 
         with sqlite3.connect(path) as conn:
             conn.execute("UPDATE runs SET command = ?", (f"python agent.py --api-key {SECRETS[0]}",))
-        out = subprocess.run(
-            [sys.executable, "-m", "quotawrap", "sessions", "--store", store, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
+        out = run_cli("sessions", "--store", store, "--json").stdout
         assert SECRETS[0] not in out and json.loads(out)[0]["command"] == "python agent.py --api-key '***'"
 
 

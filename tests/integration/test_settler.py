@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.conftest import child, ledger_rows, run_quotawrap, start_cli
 
 CALLS = 6
 
@@ -29,22 +28,14 @@ def test_normal_exit_lands_every_queued_settle(sim: ArkSimulator, store: str) ->
 
 def _wrapper_with_queued_settles(sim: ArkSimulator, store: str) -> tuple[subprocess.Popen[str], int]:
     """A running wrapper whose child has made its calls and holds every settle queued: (wrapper, child pid)."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quotawrap",
-            "--store",
-            store,
-            "--base-url",
-            sim.url,
-            "--",
-            *child("queued_settles.py", "wait"),
-        ],
-        env={**os.environ, "SIM_URL": sim.url, "CALLS": str(CALLS)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = start_cli(
+        "--store",
+        store,
+        "--base-url",
+        sim.url,
+        "--",
+        *child("queued_settles.py", "wait"),
+        env={"SIM_URL": sim.url, "CALLS": str(CALLS)},
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, ledger_rows, run_quotawrap
+from tests.conftest import child, cli_json, ledger_rows, run_cli, run_quotawrap
 from tests.redis_server import free_port, session_url
 
 # The parent calls and exits at once; its fork calls after the parent is gone.
@@ -32,14 +32,7 @@ call()
 
 
 def sessions(store: str) -> list[dict[str, object]]:
-    out = subprocess.run(
-        [sys.executable, "-m", "quotawrap", "sessions", "--store", store, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    rows: list[dict[str, object]] = json.loads(out)
+    rows: list[dict[str, object]] = cli_json("sessions", "--store", store, "--json")
     return rows
 
 
@@ -138,12 +131,6 @@ class TestRecordsTellTheTruth:
         assert sim.billed_total() == 0
 
 
-def _cli(*args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "quotawrap", *args], capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-
-
 class TestImplausibleUsageIsNamed:
     """An answer whose usage cannot be true is charged its hold, and every view says why, not just "unresolved"."""
 
@@ -160,12 +147,12 @@ class TestImplausibleUsageIsNamed:
         assert (totals["calls"], totals["unresolved_calls"], totals["anomalous_calls"]) == (1, 1, 1)
         assert "1 call(s) with implausible usage (charged their hold)" in result.stderr
         assert "ended without usage" not in result.stderr  # it had usage: an unbelievable one
-        [row] = json.loads(_cli("report", "--store", store, "--format", "json"))["rows"]
+        [row] = cli_json("report", "--store", store, "--format", "json")["rows"]
         assert (row["calls"], row["anomalous_calls"]) == (1, 1)
-        assert "1 call(s) with implausible usage" in _cli("report", "--store", store)
-        [model] = json.loads(_cli("status", "--store", store, "--json"))
+        assert "1 call(s) with implausible usage" in run_cli("report", "--store", store).stdout
+        [model] = cli_json("status", "--store", store, "--json")
         assert model["anomalous_calls"] == 1
-        assert "today: 1 call(s) with implausible usage" in _cli("status", "--store", store)
+        assert "today: 1 call(s) with implausible usage" in run_cli("status", "--store", store).stdout
 
     def test_on_sqlite(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         self._check(sim, store, tmp_path)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections import Counter
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from . import quota
@@ -155,26 +153,16 @@ def render_status(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def unguarded_now(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def unguarded_now(directory: str | os.PathLike[str], *, max_age_s: float = 86_400.0) -> list[dict[str, Any]]:
     """Processes of live runs that run without quotawrap's hook, as each run's wrapper found them
     (``registry.publish_unguarded``, in the events logs of ``directory``; the command is redacted).
 
     A run's events log goes when its wrapper ends; one a dead wrapper left behind is not a live run."""
+    from .waiting import recent_logs
+
     found: list[dict[str, Any]] = []
-    try:
-        paths = sorted(Path(directory).glob("*.jsonl"))
-    except OSError:
-        return found
-    for path in paths:
-        try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
+    for run_id, events in recent_logs(directory, max_age_s):
+        for event in events:
             if not isinstance(event, dict) or event.get("ev") != "unguarded":
                 continue
             wrapper = event.get("wrapper_pid")
@@ -182,7 +170,7 @@ def unguarded_now(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 break  # every event of a log has the same wrapper
             found.append(
                 {
-                    "session": path.stem,
+                    "session": run_id,
                     "pid": event.get("pid"),
                     "command": str(event.get("command", "")),
                     "reason": str(event.get("reason", "")),

@@ -19,13 +19,14 @@ The children record each wait and each bounded call as a JSON line in the run's 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = [
     "WaitLine",
     "percentile",
     "read_events",
+    "recent_logs",
     "summarize",
     "wait_id",
     "waiting_now",
@@ -215,6 +217,26 @@ def summarize(lines: Iterable[str]) -> RunEvents:
     return EventsTail(None).feed(lines)
 
 
+def recent_logs(directory: str | os.PathLike[str], max_age_s: float) -> Iterator[tuple[str, list[Any]]]:
+    """(run id, its events) of each events log in ``directory`` written to within ``max_age_s``;
+    lines that are not JSON are skipped, and so is a log that cannot be read."""
+    now = time.time()
+    try:
+        paths = sorted(p for p in Path(directory).glob("*.jsonl") if now - p.stat().st_mtime < max_age_s)
+    except OSError:
+        return
+    for path in paths:
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        events = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                events.append(json.loads(line))
+        yield path.stem, events
+
+
 def waiting_now(directory: str | os.PathLike[str], *, max_age_s: float = 86_400.0) -> dict[str, int]:
     """Per model, calls waiting for room right now in any run whose events log is in ``directory``.
 
@@ -223,20 +245,10 @@ def waiting_now(directory: str | os.PathLike[str], *, max_age_s: float = 86_400.
     from .ledger.base import pid_alive
 
     counts: dict[str, int] = {}
-    now = time.time()
-    try:
-        paths = [p for p in Path(directory).glob("*.jsonl") if now - p.stat().st_mtime < max_age_s]
-    except OSError:
-        return counts
-    for path in paths:
+    for _run_id, events in recent_logs(directory, max_age_s):
         open_waits: dict[str, tuple[str, int]] = {}
-        try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
+        for event in events:
             try:
-                event = json.loads(line)
                 if event["ev"] == "wait":
                     open_waits[str(event["id"])] = (str(event["model"]), int(event["pid"]))
                 elif event["ev"] == "waited":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import aiohttp
@@ -13,8 +13,7 @@ import openai
 import pytest
 
 from quotawrap.guard import Guard
-from quotawrap.intercept import aiohttp_adapter, httpx_adapter, set_guard
-from quotawrap.settings import Settings
+from quotawrap.intercept import aiohttp_adapter, httpx_adapter
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import ledger_rows
 
@@ -38,14 +37,6 @@ def patched() -> Iterator[None]:
         aiohttp_adapter.unpatch(aiohttp)
     if not was2:
         httpx_adapter.unpatch(httpx2)
-
-
-@pytest.fixture
-def guard(store: str, sim: ArkSimulator) -> Iterator[Guard]:
-    made = Guard(Settings(store=store, base_url=(sim.url,)))
-    set_guard(made)
-    yield made
-    set_guard(None)
 
 
 def _rows(store: str) -> list[tuple[Any, ...]]:
@@ -82,19 +73,18 @@ def test_releasing_a_stream_early_charges_its_hold(guard: Guard, sim: ArkSimulat
     assert state == "unresolved" and charged > 0
 
 
-def test_raise_for_status_raises_on_a_refusal_with_quotawrap_s_message(store: str, sim: ArkSimulator) -> None:
+def test_raise_for_status_raises_on_a_refusal_with_quotawrap_s_message(
+    make_guard: Callable[..., Guard], sim: ArkSimulator
+) -> None:
     """A session with raise_for_status=True gets ClientResponseError(429) whose message names the limit."""
-    set_guard(Guard(Settings(store=store, base_url=(sim.url,), cap_tokens=10)))
+    make_guard(cap_tokens=10)
 
     async def main() -> None:
         async with aiohttp.ClientSession(raise_for_status=True) as session:
             await session.post(sim.url + "/chat/completions", json=_chat(), headers=HEADERS)
 
-    try:
-        with pytest.raises(aiohttp.ClientResponseError) as caught:
-            asyncio.run(main())
-    finally:
-        set_guard(None)
+    with pytest.raises(aiohttp.ClientResponseError) as caught:
+        asyncio.run(main())
     assert caught.value.status == 429 and "run_cap" in caught.value.message
     assert sim.calls() == 0
 

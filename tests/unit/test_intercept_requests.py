@@ -17,8 +17,7 @@ import pytest
 import requests
 
 from quotawrap.guard import Guard
-from quotawrap.intercept import requests_adapter, set_guard
-from quotawrap.settings import Settings
+from quotawrap.intercept import requests_adapter
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import ledger_rows
 
@@ -51,19 +50,6 @@ def patched() -> Iterator[None]:
     yield
     if not was_patched:
         requests_adapter.unpatch(requests)
-
-
-@pytest.fixture
-def make_guard(store: str, sim: ArkSimulator) -> Iterator[Callable[..., Guard]]:
-    """Install a Guard over the simulator with this test's private ledger."""
-
-    def make(**changes: Any) -> Guard:
-        guard = Guard(Settings(**{"store": store, "base_url": (sim.url,), **changes}))
-        set_guard(guard)
-        return guard
-
-    yield make
-    set_guard(None)
 
 
 def _assert_settled(store: str, sim: ArkSimulator) -> None:

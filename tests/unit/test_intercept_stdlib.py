@@ -16,9 +16,8 @@ import pytest
 import urllib3
 
 from quotawrap.guard import Guard
-from quotawrap.intercept import _scope, netguard, set_guard, stdlib_adapter
+from quotawrap.intercept import _scope, netguard, stdlib_adapter
 from quotawrap.registry import _interpreter_flags, redact_command
-from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import ledger_rows
 
@@ -44,14 +43,6 @@ def patched() -> Iterator[None]:
         stdlib_adapter.unpatch_http_client(http.client)
     if not was3:
         stdlib_adapter.unpatch_urllib3(urllib3)
-
-
-@pytest.fixture
-def guard(store: str, sim: ArkSimulator) -> Iterator[Guard]:
-    made = Guard(Settings(store=store, base_url=(sim.url,)))
-    set_guard(made)
-    yield made
-    set_guard(None)
 
 
 def _post(sim: ArkSimulator, body: bytes) -> http.client.HTTPResponse:
@@ -110,13 +101,12 @@ class TestHttpClientTee:
         ((state, charged),) = _settled(store)
         assert state == "unresolved" and charged > 0
 
-    def test_a_refusal_is_a_real_response_and_nothing_is_sent(self, store: str, sim: ArkSimulator) -> None:
+    def test_a_refusal_is_a_real_response_and_nothing_is_sent(
+        self, make_guard: Callable[..., Guard], sim: ArkSimulator
+    ) -> None:
         """Blocked: getresponse() hands back a 429 with Ark's error shape; the simulator saw nothing."""
-        set_guard(Guard(Settings(store=store, base_url=(sim.url,), cap_tokens=10)))
-        try:
-            response = _post(sim, _body())
-        finally:
-            set_guard(None)
+        make_guard(cap_tokens=10)
+        response = _post(sim, _body())
         assert response.status == 429
         assert response.getheader("x-should-retry") == "false"
         assert "run_cap" in json.loads(response.read())["error"]["message"]

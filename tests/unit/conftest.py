@@ -1,0 +1,32 @@
+"""Fixtures the unit tests of the interception seams share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from quotawrap.guard import Guard
+from quotawrap.intercept import set_guard
+from quotawrap.settings import Settings
+from quotawrap.simulator import ArkSimulator
+
+
+@pytest.fixture
+def make_guard(store: str, sim: ArkSimulator) -> Iterator[Callable[..., Guard]]:
+    """Install a Guard over the simulator with this test's private ledger (and these settings); gone after the test."""
+
+    def make(**changes: Any) -> Guard:
+        guard = Guard(Settings(**{"store": store, "base_url": (sim.url,), **changes}))
+        set_guard(guard)
+        return guard
+
+    yield make
+    set_guard(None)
+
+
+@pytest.fixture
+def guard(make_guard: Callable[..., Guard]) -> Guard:
+    """``make_guard``'s Guard with the default settings."""
+    return make_guard()

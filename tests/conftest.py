@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sqlite3
@@ -11,6 +12,7 @@ import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from hypothesis import settings as hypothesis_settings
 from quotawrap.simulator import ArkSimulator, SimConfig, serve
 
 CHILDREN = Path(__file__).parent / "integration" / "children"
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 # Property tests judge answers, never speed: a loaded CI machine must not fail them by the clock.
 hypothesis_settings.register_profile("quotawrap", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -98,6 +101,16 @@ def start_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Po
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def load_bench(script: str, module_name: str) -> ModuleType:
+    """A bench/ script imported as ``module_name`` (tests run its own core rather than a copy of it)."""
+    spec = importlib.util.spec_from_file_location(module_name, BENCH / script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
 
 
 def child(name: str, *args: str) -> list[str]:

@@ -7,30 +7,15 @@ guard, real ledger and real sync loop on a simulated clock.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from quotawrap import quota
 from quotawrap.simulator import BillRecord, PackageSpec
+from tests.conftest import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "day_simulation.py"
-
-
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("day_simulation", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-day = _load_bench()
+day = load_bench("day_simulation.py", "day_simulation")
 
 
 @pytest.fixture(scope="module")

@@ -3,28 +3,15 @@ batch settlement and grants during the day, and still nothing billed beyond the 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tempfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "day_simulation_stress.py"
+from tests.conftest import load_bench
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("day_simulation_stress", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-stress = _load()
+stress = load_bench("day_simulation_stress.py", "day_simulation_stress")
 
 
 @pytest.fixture(scope="module")

@@ -7,31 +7,19 @@ pool is what was left; the guard must hold the day inside it, then open up once 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tempfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from quotawrap import quota
+from tests.conftest import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "day_simulation.py"
 GRANT_S = 9.5 * 3600
 
 
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("day_simulation_grant", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-day = _load_bench()
+day = load_bench("day_simulation.py", "day_simulation_grant")
 SCENARIO = next(s for s in day.SCENARIOS if "grant 09:30" in s.name)
 
 

@@ -1,4 +1,4 @@
-"""Fixtures the unit tests of the interception seams share."""
+"""What several unit test modules share: a Guard installed over the simulator, a clock moved by hand."""
 
 from __future__ import annotations
 
@@ -30,3 +30,18 @@ def make_guard(store: str, sim: ArkSimulator) -> Iterator[Callable[..., Guard]]:
 def guard(make_guard: Callable[..., Guard]) -> Guard:
     """``make_guard``'s Guard with the default settings."""
     return make_guard()
+
+
+class FakeClock:
+    """A clock tests move by hand (``clock.now += 60``)."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()

@@ -20,6 +20,7 @@ from quotawrap.quota import BEIJING, Limit
 from quotawrap.report import day_range, ledger_rows
 from quotawrap.retention import AUTO_LEASE, auto_prune, cutoff_day, parse_duration
 from quotawrap.usage import Usage
+from tests.unit.conftest import FakeClock
 
 MODELS = ("doubao-seed-1-6-250615", "deepseek-v4-flash")
 GROUPINGS = ("day", "model", "tag:user", "session")
@@ -27,14 +28,6 @@ GROUPINGS = ("day", "model", "tag:user", "session")
 
 def _at(day: str, hour: int = 12) -> float:
     return datetime.fromisoformat(f"{day}T{hour:02d}:00").replace(tzinfo=BEIJING).timestamp()
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _refuse(_snapshot: object) -> list[Limit]:
@@ -45,7 +38,7 @@ def _no_limits(_snapshot: object) -> list[Limit]:
     return []
 
 
-def _seed(ledger: SQLiteLedger, clock: _Clock, days: list[str], *, calls_per_day: int = 6) -> list[str]:
+def _seed(ledger: SQLiteLedger, clock: FakeClock, days: list[str], *, calls_per_day: int = 6) -> list[str]:
     """Calls of every outcome on each day, two models, two users; returns the ids of holds left open."""
     open_holds = []
     for d, day in enumerate(days):
@@ -94,14 +87,14 @@ def _run(run_id: str, started_at: float) -> object:
 
 
 @pytest.fixture
-def seeded(tmp_path: Path) -> tuple[SQLiteLedger, _Clock, list[str]]:
-    clock = _Clock()
+def seeded(tmp_path: Path) -> tuple[SQLiteLedger, FakeClock, list[str]]:
+    clock = FakeClock(0.0)
     ledger = SQLiteLedger(tmp_path / "ledger.sqlite3", clock=clock)
     days = ["2026-01-01", "2026-01-02", "2026-02-10", "2026-05-01"]
     return ledger, clock, _seed(ledger, clock, days)
 
 
-def test_reports_are_the_same_before_and_after_pruning(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+def test_reports_are_the_same_before_and_after_pruning(seeded: tuple[SQLiteLedger, FakeClock, list[str]]) -> None:
     """Every grouping but session gives identical rows after pruning; session totals move to `(pruned)`."""
     ledger, _, _ = seeded
     before = {by: ledger_rows(ledger, by) for by in GROUPINGS}
@@ -121,7 +114,7 @@ def test_reports_are_the_same_before_and_after_pruning(seeded: tuple[SQLiteLedge
     assert all(r.state == "held" for r in ledger.call_records() if r.day < "2026-03-01")
 
 
-def test_report_ranges_over_pruned_days(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+def test_report_ranges_over_pruned_days(seeded: tuple[SQLiteLedger, FakeClock, list[str]]) -> None:
     """A --since/--until report over pruned days counts each whole day in exactly one of two adjacent ranges."""
     ledger, _, _ = seeded
     cut = _at("2026-01-02", 0)
@@ -132,7 +125,7 @@ def test_report_ranges_over_pruned_days(seeded: tuple[SQLiteLedger, _Clock, list
     assert [row["key"] for row in after[0]] == ["2026-01-01"]
 
 
-def test_prune_again_adds_calls_that_finished_since(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+def test_prune_again_adds_calls_that_finished_since(seeded: tuple[SQLiteLedger, FakeClock, list[str]]) -> None:
     """An open hold is never pruned; settled later and pruned again, it adds to its day's aggregate."""
     ledger, _, open_holds = seeded
     ledger.prune("2026-03-01")
@@ -144,7 +137,7 @@ def test_prune_again_adds_calls_that_finished_since(seeded: tuple[SQLiteLedger, 
     assert not [r for r in ledger.call_records() if r.day < "2026-03-01"]
 
 
-def test_dry_run_changes_nothing(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+def test_dry_run_changes_nothing(seeded: tuple[SQLiteLedger, FakeClock, list[str]]) -> None:
     """--dry-run counts what would go and leaves calls, runs and aggregates as they were."""
     ledger, _, _ = seeded
     records = ledger.call_records()
@@ -156,7 +149,7 @@ def test_dry_run_changes_nothing(seeded: tuple[SQLiteLedger, _Clock, list[str]])
     assert (real.calls, real.aggregate_rows, real.series_rows) == (dry.calls, dry.aggregate_rows, dry.series_rows)
 
 
-def test_runs_without_calls_are_pruned_with_their_counters(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+def test_runs_without_calls_are_pruned_with_their_counters(seeded: tuple[SQLiteLedger, FakeClock, list[str]]) -> None:
     """A finished run of a pruned day goes with its run counters, a run that still owns an open hold stays."""
     ledger, _, _ = seeded
     result = ledger.prune("2026-03-01")
@@ -169,7 +162,7 @@ def test_runs_without_calls_are_pruned_with_their_counters(seeded: tuple[SQLiteL
     assert ledger.usage_series(MODELS[0], "2026-05-01") != []
 
 
-def test_concurrent_prunes_count_every_call_once(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+def test_concurrent_prunes_count_every_call_once(seeded: tuple[SQLiteLedger, FakeClock, list[str]]) -> None:
     """Four threads (each its own connection) prune at once: the aggregates hold each call exactly once."""
     ledger, _, _ = seeded
     before = ledger_rows(ledger, "day")
@@ -192,7 +185,7 @@ def test_concurrent_prunes_count_every_call_once(seeded: tuple[SQLiteLedger, _Cl
 def test_version_2_ledger_is_migrated(tmp_path: Path) -> None:
     """A ledger of schema 2 (before aggregates) opens as the current schema with its calls intact and prunes."""
     path = tmp_path / "old.sqlite3"
-    clock = _Clock()
+    clock = FakeClock(0.0)
     ledger = SQLiteLedger(path, clock=clock)
     _seed(ledger, clock, ["2026-01-01"])
     ledger.close()
@@ -222,7 +215,7 @@ def test_version_3_ledger_is_migrated(tmp_path: Path) -> None:
     """A schema 3 ledger (aggregates without anomalies) opens as the current schema, its pruned days intact,
     and records an implausible usage and a hand-over in the new columns."""
     path = tmp_path / "old.sqlite3"
-    clock = _Clock()
+    clock = FakeClock(0.0)
     ledger = SQLiteLedger(path, clock=clock)
     _seed(ledger, clock, ["2026-01-01", "2026-03-01"])
     ledger.prune("2026-02-01")
@@ -243,7 +236,7 @@ def test_version_3_ledger_is_migrated(tmp_path: Path) -> None:
     assert reopened.run_totals("run-x").models["m"].anomalous_calls == 1
 
 
-def test_auto_prune_runs_at_most_once_a_day(seeded: tuple[SQLiteLedger, _Clock, list[str]]) -> None:
+def test_auto_prune_runs_at_most_once_a_day(seeded: tuple[SQLiteLedger, FakeClock, list[str]]) -> None:
     """The automatic bound prunes by the retention setting, then not again within 24 hours, on any process."""
     ledger, _, _ = seeded
     now = _at("2026-05-01", 12)

@@ -30,21 +30,12 @@ from quotawrap.simulator import ArkSimulator, PackageSpec, SimConfig, SimConfigE
 from quotawrap.simulator._billing import BillRecord, list_resource_packages, report_packages
 from quotawrap.simulator._config import apply_headers, apply_patch, format_utc, parse_utc
 from quotawrap.simulator._plan import chat_prompt_tokens, plan_generation
+from tests.unit.conftest import FakeClock
 
 MODEL = "deepseek-v3-2-251201"
 AUTH = {"Authorization": "Bearer test-key"}
 HELLO = [{"role": "user", "content": "hello"}]
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-class FakeClock:
-    """A clock tests move by hand."""
-
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -701,10 +692,6 @@ class TestControlApi:
 
 
 class TestBillingApi:
-    @pytest.fixture
-    def clock(self) -> FakeClock:
-        return FakeClock()
-
     @pytest.fixture
     def billed_sim(self, clock: FakeClock) -> Iterator[ArkSimulator]:
         with ArkSimulator(clock=clock) as running:

@@ -9,25 +9,11 @@ import httpx
 import pytest
 
 from quotawrap.simulator import ArkSimulator, SimConfig
+from tests.unit.conftest import FakeClock
 
 AUTH = {"Authorization": "Bearer sim-key"}
 TASKS = "/contents/generations/tasks"
 VIDEO = "doubao-seedance-1-0-pro-250528"
-
-
-class FakeClock:
-    """A clock tests move by hand."""
-
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture

@@ -33,6 +33,14 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     return run_cli(*args, env={**ENV, **(env or {})})
 
 
+def _two_at_once(*args: str) -> list[str]:
+    """Two `quotawrap ARGS` started together (two hosts, or two timers firing): their stderr, both having exited 0."""
+    procs = [start_cli(*args, env=ENV) for _ in range(2)]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    return [err for _, err in outputs]
+
+
 def _consume_args(sim: ArkSimulator, store: str, *extra: str) -> list[str]:
     return [
         "consume",
@@ -105,10 +113,8 @@ class TestAcceptance:
         """Two consume processes started together: one spends the plan, the other nothing."""
         left = _left(spent_day)
         before = spent_day.billed_total()
-        procs = [start_cli(*_consume_args(spent_day, store), env=ENV) for _ in range(2)]
-        outputs = [proc.communicate(timeout=120) for proc in procs]
-        assert [proc.returncode for proc in procs] == [0, 0], outputs
-        assert sum("already ran" in err for _, err in outputs) == 1
+        errors = _two_at_once(*_consume_args(spent_day, store))
+        assert sum("already ran" in err for err in errors) == 1
         spent = spent_day.billed_total() - before
         assert 0.9 * left <= spent <= left
 
@@ -117,9 +123,7 @@ class TestLeaseAndForce:
     def test_two_forced_runs_at_once_still_stay_inside_the_pool(self, spent_day: ArkSimulator, store: str) -> None:
         """--force skips the lease, not the gate: two forced runs together never pass pool - S."""
         left = _left(spent_day)
-        procs = [start_cli(*_consume_args(spent_day, store, "--force"), env=ENV) for _ in range(2)]
-        outputs = [proc.communicate(timeout=120) for proc in procs]
-        assert [proc.returncode for proc in procs] == [0, 0], outputs
+        _two_at_once(*_consume_args(spent_day, store, "--force"))
         assert spent_day.billed_total() <= BALANCE - SMALL_BUFFER
         assert spent_day.billed_total() >= BALANCE - SMALL_BUFFER - 0.1 * left
 
@@ -272,10 +276,8 @@ class TestRedis:
         assert _cli("sync", "--store", redis_url, "--balance", f"{MODEL}={BALANCE}").returncode == 0
         client.set(f"daily_usage:{day}:{MODEL}:ba0383d3", AGENT_TOKENS, ex=48 * 3600)  # then the proxy's users
         left = BALANCE - SMALL_BUFFER - AGENT_TOKENS
-        procs = [start_cli(*_consume_args(sim, redis_url), env=ENV) for _ in range(2)]
-        outputs = [proc.communicate(timeout=120) for proc in procs]
-        assert [proc.returncode for proc in procs] == [0, 0], outputs
-        assert sum("already ran" in err for _, err in outputs) == 1
+        errors = _two_at_once(*_consume_args(sim, redis_url))
+        assert sum("already ran" in err for err in errors) == 1
         assert 0.9 * left <= sim.billed_total() <= left
         assert int(client.get(f"daily_usage:{day}:{MODEL}:quotawrap") or 0) == sim.billed_total()
 

@@ -99,6 +99,23 @@ class TestVideoTasks:
         (record,) = [r for r in g.ledger.call_records(run_id="r") if r.id == "task-cgt-1"]
         assert (record.state, record.charged, record.charged_cost) == ("settled", 48_600, 729_000)
 
+    def test_an_implausible_task_usage_charges_the_hold_and_says_why(self, tmp_path: Path) -> None:
+        """A succeeded task reporting a usage that cannot be true: charged its whole hold now, the record says
+        why; a later poll with a believable usage corrects it."""
+        g = guard(tmp_path)
+        self.create(g, b'{"id": "cgt-5"}')
+        absurd = {"completion_tokens": 2**63, "total_tokens": 2**63}
+        self.poll(g, {"id": "cgt-5", "status": "succeeded", "model": "doubao-seedance-1-0-pro-250528", "usage": absurd})
+        (record,) = [r for r in g.ledger.call_records(run_id="r") if r.id == "task-cgt-5"]
+        assert (record.state, record.charged) == ("unresolved", record.reserved)
+        assert record.usage_anomaly == f"completion_tokens {2**63} is not a plausible token count"
+        assert g.ledger.run_totals("r").totals.anomalous_calls == 1
+        usage = {"completion_tokens": 1000, "total_tokens": 1000}
+        self.poll(g, {"id": "cgt-5", "status": "succeeded", "model": "doubao-seedance-1-0-pro-250528", "usage": usage})
+        (record,) = [r for r in g.ledger.call_records(run_id="r") if r.id == "task-cgt-5"]
+        assert (record.state, record.charged, record.usage_anomaly) == ("settled", 1000, None)
+        assert g.ledger.run_totals("r").totals.anomalous_calls == 0
+
     def test_status_lists_the_open_task(self, tmp_path: Path) -> None:
         """`quotawrap status` shows each task still held under its model, JSON and text."""
         from quotawrap.status import model_status, render_status

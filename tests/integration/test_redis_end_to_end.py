@@ -37,6 +37,12 @@ def _wrapper(args: list[str], command: list[str], env: dict[str, str]) -> subpro
     return start_cli(*args, "--", *command, env=env)
 
 
+def _capped(redis_url: str, sim: ArkSimulator, cap: int, report: Path) -> list[str]:
+    """A wrapper's options for a run on the Redis ledger whose model-day may settle at most ``cap`` tokens."""
+    limits = ["--daily-cap", str(cap), "--usage-wall", str(cap)]
+    return ["--store", redis_url, "--base-url", sim.url, *limits, "--report-json", str(report)]
+
+
 class TestRedisFleet:
     def test_two_hosts_of_eight_processes_share_one_cap(
         self, sim: ArkSimulator, redis_url: str, tmp_path: Path
@@ -47,18 +53,7 @@ class TestRedisFleet:
         reports = [tmp_path / "a.json", tmp_path / "b.json"]
         procs = [
             _wrapper(
-                [
-                    "--store",
-                    redis_url,
-                    "--base-url",
-                    sim.url,
-                    "--daily-cap",
-                    str(cap),
-                    "--usage-wall",
-                    str(cap),
-                    "--report-json",
-                    str(report),
-                ],
+                _capped(redis_url, sim, cap, report),
                 child("swarm.py", "--processes", "8", "--threads", "4"),
                 {"SIM_URL": sim.url},
             )
@@ -139,18 +134,7 @@ class TestRedisFaults:
         thread.start()
         report = tmp_path / "r.json"
         proc = _wrapper(
-            [
-                "--store",
-                redis_url,
-                "--base-url",
-                sim.url,
-                "--daily-cap",
-                str(cap),
-                "--usage-wall",
-                str(cap),
-                "--report-json",
-                str(report),
-            ],
+            _capped(redis_url, sim, cap, report),
             child("swarm.py", "--threads", "8"),
             {"SIM_URL": sim.url},
         )

@@ -43,9 +43,9 @@ def status_command(as_json: bool, **values: Any) -> None:
     settings = command_settings(values)
     ledger = open_ledger(settings)
     ledger.reclaim_orphans(time.time())
-    events = default_events_log("any").parent
-    rows = model_status(ledger, settings, time.time(), waiting=waiting_now(events))
-    unguarded = unguarded_now(events)
+    waiting = waiting_now(default_events_log("any").parent)
+    rows = model_status(ledger, settings, time.time(), waiting=waiting)
+    unguarded = unguarded_now(default_events_log("any").parent)
     if as_json:
         for row in rows:  # the list of model rows stays the output's shape; like the reset time, same in each
             row["unguarded_processes"] = unguarded

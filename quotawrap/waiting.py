@@ -19,7 +19,6 @@ The children record each wait and each bounded call as a JSON line in the run's 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
@@ -232,8 +231,10 @@ def recent_logs(directory: str | os.PathLike[str], max_age_s: float) -> Iterator
             continue
         events = []
         for line in lines:
-            with contextlib.suppress(ValueError):
+            try:
                 events.append(json.loads(line))
+            except ValueError:
+                continue
         yield path.stem, events
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 from . import quota
 from .allowance import HISTORY_S, model_reasoning
-from .audit import anomalous_line
 from .estimate import MAX_OUTPUT_TOKENS, PREBLOCK_RESERVE_TOKENS
 from .expiry import keep_alive_daily_usage
 from .ledger import Ledger, model_day_key
@@ -105,6 +104,8 @@ def _when(ts: float) -> str:
 
 
 def render_status(rows: list[dict[str, Any]]) -> str:
+    from .audit import anomalous_line
+
     if not rows:
         return "quotawrap: the ledger has no models yet (no guarded call, no balance sync)."
     lines = []

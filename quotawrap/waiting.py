@@ -25,7 +25,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,7 +216,7 @@ def summarize(lines: Iterable[str]) -> RunEvents:
     return EventsTail(None).feed(lines)
 
 
-def recent_logs(directory: str | os.PathLike[str], max_age_s: float) -> Iterator[tuple[str, list[Any]]]:
+def recent_logs(directory: str | os.PathLike[str], max_age_s: float) -> Iterable[tuple[str, list[Any]]]:
     """(run id, its events) of each events log in ``directory`` written to within ``max_age_s``;
     lines that are not JSON are skipped, and so is a log that cannot be read."""
     now = time.time()

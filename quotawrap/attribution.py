@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
@@ -24,6 +22,8 @@ from ._errors import ConfigError
 
 __all__ = [
     "GIT_TIMEOUT_S",
+    "WRAPPER_HOST_TAG",
+    "WRAPPER_PID_TAG",
     "MAX_TAG_VALUE_LENGTH",
     "RunGit",
     "automatic_tags",
@@ -37,6 +37,10 @@ RunGit = Callable[[Sequence[str], str | None, float], str | None]
 
 GIT_TIMEOUT_S: Final = 2.0  # for all git calls together: attribution must never stall a run
 MAX_TAG_VALUE_LENGTH: Final = 256
+# Tags of the run's record only (not of its calls): the wrapper that owns the run, so `status` can
+# tell a run whose wrapper died from one still going.
+WRAPPER_PID_TAG: Final = "wrapper_pid"
+WRAPPER_HOST_TAG: Final = "wrapper_host"
 _KEY: Final = re.compile(r"[A-Za-z0-9_.-]+")
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -93,6 +97,8 @@ def run_git(args: Sequence[str], cwd: str | None, timeout: float) -> str | None:
     """Run one read-only git query; None on any failure (no git, not a repository, timeout)."""
     if timeout <= 0:
         return None
+    import subprocess  # only here: the wrapper's start-up does not wait for it
+
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
     try:
         done = subprocess.run(
@@ -118,7 +124,7 @@ def automatic_tags(
     cwd: str | None = None,
     *,
     run_git: RunGit = run_git,
-    hostname: Callable[[], str] = socket.gethostname,
+    hostname: Callable[[], str] | None = None,
 ) -> dict[str, str]:
     """Tags every run gets without asking: user, host, git branch/commit, CI identifiers.
 
@@ -129,6 +135,10 @@ def automatic_tags(
     env = os.environ if environ is None else environ
     tags: dict[str, str] = {}
     _put(tags, "user", _user(env))
+    if hostname is None:
+        import socket
+
+        hostname = socket.gethostname
     _put(tags, "host", _host(hostname))
     tags.update(_git_tags(cwd, run_git))
     tags.update(_ci_tags(env))

@@ -1,400 +1,51 @@
-"""The ``quotawrap`` command.
+"""The ``quotawrap`` command: ``quotawrap [OPTIONS] -- COMMAND [ARGS...]`` runs COMMAND guarded.
 
-``quotawrap [OPTIONS] -- COMMAND [ARGS...]`` runs COMMAND guarded (the implicit ``run``
-subcommand); the other subcommands inspect and maintain the ledger.
-
-Exit codes: the child's own code (128+N when it died of signal N); 2 usage or configuration
-error; 3 ``--fail-on-block`` and a call was blocked; 4 the ledger could not be opened;
-127 the command was not found.
+A plain run goes straight to :mod:`quotawrap.run` (its arguments read by :mod:`quotawrap.run_args`,
+the way click would); everything else, and any run line that parser declines, goes to the click
+group in :mod:`quotawrap.commands`. Nothing heavy is imported here: every guarded command pays for
+this module's imports before its child starts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shlex
-import socket
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
-import click
+from ._errors import EXIT_USAGE, ConfigError
+from .cli_common import fail
 
-from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, StoreError, exit_code, with_cure
-from .cli_common import command_settings, fail, open_ledger, settings_options
-from .ledger_commands import COMMANDS
-from .settings import OPTIONS, Settings, load_config_file
-
-__all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "EXIT_STORE", "EXIT_USAGE", "cli", "main"]
-
-EXIT_BLOCKED = 3
-EXIT_NOT_FOUND = 127
-
-
-class _DefaultRunGroup(click.Group):
-    """Anything that is not a subcommand name is the implicit ``run``."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help", "--version")):
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
-
-
-@click.group(cls=_DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="quotawrap")
-def cli() -> None:
-    """Guard the LLM spend of a Python program: quotawrap [OPTIONS] -- COMMAND [ARGS...]"""
-
-
-for _command in COMMANDS:  # status, report, sessions, sync, prune: defined beside the modules they drive
-    cli.add_command(_command)
-
-
-@cli.command(
-    "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
-@settings_options()
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def run_command(command: tuple[str, ...], **values: Any) -> None:
-    """Run COMMAND with every guarded LLM call reserved before and reconciled after."""
-    from ._log import warn
-    from .attribution import automatic_tags, merge_tags, parse_tags
-    from .launcher import default_events_log, default_unguarded_log, nested_in, new_run_id, run_child
-    from .ledger import default_store_url, normalize_store_url
-    from .ledger.base import RunRecord
-    from .redact import redact_argv
-    from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
-    from .status import WRAPPER_HOST_TAG, WRAPPER_PID_TAG, no_balance_today
-    from .sync import SyncLoop, sync_source
-    from .waiting import read_events
-
-    settings = command_settings(values)
-    if not 0 <= settings.wait < float("inf"):
-        fail(f"--wait must be seconds >= 0 (0 refuses at once), got {settings.wait}", EXIT_USAGE)
-    if settings.proxy:
-        from .serve import without_hook
-
-        without_hook()
-    try:
-        store = normalize_store_url(settings.store or default_store_url())
-        tags = merge_tags(automatic_tags(), parse_tags(settings.tag))
-    except ConfigError as exc:
-        fail(str(exc), EXIT_USAGE)
-    run_id = settings.run_id or new_run_id()
-    settings = settings.replace(
-        run_id=run_id,
-        store=store,
-        tag=tuple(f"{key}={value}" for key, value in tags.items()),
-    )
-    if settings.fail_open and not settings.unguarded_log:
-        settings = settings.replace(unguarded_log=str(default_unguarded_log(run_id)))
-    own_events_log = not settings.events_log  # ours to delete once the summary has read it
-    if own_events_log:
-        settings = settings.replace(events_log=str(default_events_log(run_id)))
-    from .files import prepare_outputs
-
-    if problem := prepare_outputs(settings):  # every file the run writes, checked before anything starts
-        fail(problem, EXIT_USAGE)
-    ledger = open_ledger(settings)
-    nested = nested_in(settings)
-    try:
-        if not nested:  # a nested wrapper joins the outer run; its record is the outer wrapper's to write
-            # the command says which program spent the money; its --api-key does not belong in the ledger
-            wrapper = {WRAPPER_PID_TAG: str(os.getpid()), WRAPPER_HOST_TAG: socket.gethostname()}
-            record = RunRecord(run_id, time.time(), command=shlex.join(redact_argv(command)), tags={**tags, **wrapper})
-            ledger.start_run(record)
-    except QuotawrapError as exc:
-        if not settings.fail_open:
-            fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)
-        warn(f"{exc}; --fail-open: running, and guarded calls go out UNGUARDED while the store is down")
-    sync_loop = SyncLoop(ledger, settings) if sync_source(settings) else None
-    if sync_loop is not None:
-        if no_balance_today(ledger, settings, time.time()):
-            sync_loop.tick()  # before the child's first call: until today's first sync, only the daily cap applies
-        sync_loop.start()  # its first tick runs at once, beside the child's start
-    if not settings.quiet:
-        from .status import expiry_warnings
-
-        with contextlib.suppress(QuotawrapError):  # a warning must not stop the run
-            for line in expiry_warnings(ledger, settings, time.time()):
-                warn(line)
-    proxy = None
-    child_options: dict[str, Any] = {}
-    if settings.proxy:
-        proxy, proxy_env = _start_proxy(settings, ledger)
-        child_options = {"extra_env": proxy_env, "on_child_exit": proxy.stop}
-    try:
-        result = run_child(settings, command, ledger, **child_options)
-    except FileNotFoundError:
-        fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
-    except QuotawrapError as exc:
-        fail(with_cure(exc), exit_code(exc))
-    finally:
-        if proxy is not None:
-            proxy.stop()
-        if sync_loop is not None:
-            sync_loop.stop()
-    if not nested:
-        with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
-            ledger.end_run(run_id, result.exit_code, time.time())
-    _auto_prune(ledger, settings)
-    report = run_report(
-        result.totals,
-        settings=settings,
-        exit_code=result.exit_code,
-        tags=tags,
-        unguarded=read_unguarded(settings.unguarded_log),
-        store_error=result.store_error,
-        unguarded_processes=[process.as_dict() for process in result.unguarded_processes],
-        connections=result.connections,
-        events=read_events(settings.events_log),
-    )
-    if own_events_log and settings.events_log:
-        with contextlib.suppress(OSError):
-            os.unlink(settings.events_log)
-    if not settings.quiet:
-        if nested:
-            click.echo(f"quotawrap: nested in run {run_id}: the totals below are that whole run's so far", err=True)
-        click.echo(format_summary(report), err=True)
-    try:
-        if settings.report_json:
-            write_json(report, settings.report_json)
-        if os.environ.get("GITHUB_STEP_SUMMARY"):
-            append_step_summary(os.environ["GITHUB_STEP_SUMMARY"], report)
-    except OSError as exc:  # checked at start, so only a disk that filled or changed meanwhile
-        warn(f"cannot write the run's report: {exc}")
-    if settings.fail_on_block and report["totals"]["blocked_calls"]:
-        sys.exit(EXIT_BLOCKED)
-    sys.exit(result.exit_code)
-
-
-def _start_proxy(settings: Settings, ledger: Any) -> tuple[Any, dict[str, str]]:
-    """``--proxy``: the run's gateway, started, and the child's variables pointing at it."""
-    try:
-        from .serve._runner import start_proxy
-    except ImportError as exc:
-        from .serve import MISSING_EXTRA
-
-        fail(f"--proxy: {MISSING_EXTRA} ({exc.name} is not installed)", EXIT_USAGE)
-    try:
-        return start_proxy(settings, ledger)
-    except OSError as exc:
-        fail(f"--proxy: cannot start the gateway on loopback: {exc}", EXIT_USAGE)
-    raise AssertionError("unreachable")
-
-
-_SERVE_OPTIONS = [option.name for option in OPTIONS if option.name not in ("proxy", "report_json", "fail_on_block")]
-
-
-@cli.command("serve")
-@settings_options(_SERVE_OPTIONS)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8790, show_default=True, type=int, help="Port (0: any free port).")
-def serve_command(host: str, port: int, **values: Any) -> None:
-    """Serve a guarded OpenAI/Ark-compatible gateway: calls from any language, one Guard and ledger.
-
-    It forwards to the first --base-url (else Ark), reserving and settling every billed call
-    exactly as the in-process hook does; SIGTERM drains calls in flight, settles them, and exits.
-    """
-    from .serve import without_hook
-
-    without_hook()
-    try:
-        from .serve._command import prepare, serve
-    except ImportError as exc:
-        from .serve import MISSING_EXTRA
-
-        fail(f"serve: {MISSING_EXTRA} ({exc.name} is not installed)", EXIT_USAGE)
-    try:
-        settings = prepare(command_settings(values))
-    except ConfigError as exc:
-        fail(str(exc), EXIT_USAGE)
-    ledger = open_ledger(settings)
-    try:
-        serve(settings, ledger, host=host, port=port, say=click.echo)
-    except StoreError as exc:
-        fail(f"{exc}; the gateway cannot guard without its ledger (pass --fail-open to serve anyway)", EXIT_STORE)
-    except ConfigError as exc:
-        fail(str(exc), EXIT_USAGE)
-    except OSError as exc:
-        fail(f"serve: cannot listen on {host}:{port}: {exc.strerror or exc}", EXIT_USAGE)
-
-
-def _auto_prune(ledger: Any, settings: Settings) -> None:
-    """The ledger's retention bound, at a run's end and at most once a day (``--retention``)."""
-    from ._log import warn
-    from .retention import auto_prune, describe
-
-    try:
-        result = auto_prune(ledger, settings.retention, time.time())
-    except ConfigError as exc:
-        warn(f"--retention: {exc}; nothing was pruned")
-        return
-    except QuotawrapError as exc:  # the run is over and guarded; a prune that failed waits for the next day
-        warn(f"automatic prune failed ({exc}); run `quotawrap prune --older-than {settings.retention}`")
-        return
-    if result is not None and result.calls and not settings.quiet:
-        warn(f"retention {settings.retention}: {describe(result)}")
-
-
-@cli.command("simulate")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=0, type=int, help="Port (0: any free port).")
-@click.option("--latency", "latency_s", type=float, default=None, help="Seconds before the first byte.")
-@click.option("--chunk-delay", "chunk_delay_s", type=float, default=None, help="Seconds between stream chunks.")
-@click.option("--reply-tokens", type=int, default=None, help="Answer tokens per call.")
-@click.option("--reasoning-tokens", type=int, default=None, help="Reasoning tokens per call (0: no thinking).")
-def simulate_command(host: str, port: int, **overrides: Any) -> None:
-    """Serve a local Ark-compatible API (chat, responses, embeddings, billing) for offline runs."""
-    import dataclasses
-
-    from .simulator import SimConfig, run_forever, serve
-
-    config = dataclasses.replace(SimConfig(), **{k: v for k, v in overrides.items() if v is not None})
-    run_forever(serve(host=host, port=port, config=config))
-
-
-@cli.command("demo")
-@click.option("--model", default="deepseek-v4-flash", show_default=True)
-@click.option("--cap-tokens", default=20_000, show_default=True, type=int)
-@click.option("--calls", default=24, show_default=True, type=int, help="Parallel calls the demo agent makes.")
-@settings_options(["store"])
-def demo_command(model: str, cap_tokens: int, calls: int, store: str | None) -> None:
-    """Run examples/agent.py guarded: against Ark when ARK_API_KEY is set, else the bundled simulator."""
-    import subprocess
-    from pathlib import Path
-
-    here = Path(__file__).resolve().parent
-    # a checkout has examples/ beside the package; a wheel carries a copy inside it
-    agent = next(p for p in (here.parent / "examples" / "agent.py", here / "_demo" / "agent.py") if p.is_file())
-    base = [sys.executable, "-m", "quotawrap", "--model", model, "--cap-tokens", str(cap_tokens)]
-    if store:
-        base += ["--store", store]
-    env = {**os.environ, "DEMO_MODEL": model, "DEMO_CALLS": str(calls)}
-    if os.environ.get("ARK_API_KEY"):
-        sys.exit(subprocess.call([*base, "--", sys.executable, str(agent)], env=env))
-    from .simulator import serve
-
-    with serve() as sim:
-        click.echo(f"quotawrap demo: no ARK_API_KEY, using the bundled Ark simulator at {sim.url}", err=True)
-        env.update(ARK_BASE_URL=sim.url, ARK_API_KEY="simulated")
-        code = subprocess.call([*base, "--base-url", sim.url, "--", sys.executable, str(agent)], env=env)
-        click.echo(f"quotawrap demo: the simulator billed {sim.billed_total():,} tokens", err=True)
-    sys.exit(code)
-
-
-_CONSUME_OPTIONS = [
-    "store",
-    "model",
-    "base_url",
-    "daily_cap",
-    "small_buffer",
-    "balance_lag",
-    "balance_cmd",
-    "billing_endpoint",
-    "package_match",
-    "hold_ttl",
-    "report_json",
-    "quiet",
-]
-
-
-@cli.command("consume")
-@settings_options(_CONSUME_OPTIONS)
-@click.option("--dry-run", is_flag=True, help="Print each model's plan and spend nothing.")
-@click.option("--force", is_flag=True, help="Run even if consume already ran today (the day's lease is taken).")
-@click.option("--at", "at", default=None, metavar="HH:MM", help="Wait until this Beijing time first.")
-@click.option("--max-tokens-per-call", default=16_384, show_default=True, type=click.IntRange(256))
-@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64), help="Calls at once.")
-@click.option(
-    "--stop-before",
-    default=10.0,
-    show_default=True,
-    type=click.FloatRange(0),
-    help="Minutes before Beijing midnight to stop.",
-)
-@click.option(
-    "--max-errors", default=5, show_default=True, type=click.IntRange(1), help="Stop after this many errors in a row."
-)
-def consume_command(
-    dry_run: bool,
-    force: bool,
-    at: str | None,
-    max_tokens_per_call: int,
-    concurrency: int,
-    stop_before: float,
-    max_errors: int,
-    **values: Any,
-) -> None:
-    """Spend what is left of today's free collection through guarded calls (the seed's 23:20 task)."""
-    from . import quota
-    from ._log import warn
-    from .consume import DEFAULT_BASE_URL, ConsumeOptions, consume_models, execute, make_plans
-    from .consume_plan import parse_at, render_plan, seconds_until
-    from .sync import sync_once, sync_source
-
-    settings = command_settings(values)
-    api_key = os.environ.get("ARK_API_KEY", "")
-    if not api_key and not dry_run:
-        fail("consume calls Ark itself: set ARK_API_KEY", EXIT_USAGE)
-    base_url = settings.base_url[0] if settings.base_url else os.environ.get("ARK_BASE_URL") or DEFAULT_BASE_URL
-    try:
-        wait = seconds_until(time.time(), *parse_at(at)) if at else 0.0
-    except ValueError as exc:
-        fail(str(exc), EXIT_USAGE)
-
-    def say(line: str) -> None:
-        if not settings.quiet:
-            click.echo(f"quotawrap consume: {line}", err=True)
-
-    if wait > 0 and not dry_run:
-        say(f"waiting until {at} Beijing time ({wait / 60:,.0f} min)")
-        try:
-            time.sleep(wait)
-        except KeyboardInterrupt:
-            fail("consume interrupted while waiting for --at; nothing spent", 130)
-    ledger = open_ledger(settings)
-    now = time.time()
-    day = quota.beijing_day(now)
-    if sync_source(settings):
-        try:
-            sync_once(ledger, settings, now)
-        except QuotawrapError as exc:
-            warn(f"balance sync failed ({exc}); planning on the stored snapshot")
-    models = consume_models(ledger, settings, day)
-    if not models:
-        fail("no model to consume: pass --model, or sync a balance today (`quotawrap sync`)", EXIT_USAGE)
-    if dry_run:
-        for plan in make_plans(ledger, settings, models, now):
-            click.echo(render_plan(plan))
-        return
-    options = ConsumeOptions(
-        api_key=api_key,
-        base_url=base_url,
-        max_tokens_per_call=max_tokens_per_call,
-        concurrency=concurrency,
-        stop_before_s=stop_before * 60,
-        max_errors=max_errors,
-        force=force,
-    )
-    try:
-        code = execute(ledger, settings, options, models, say=say, shout=lambda line: click.echo(line, err=True))
-    except QuotawrapError as exc:
-        fail(str(exc), EXIT_STORE)
-    sys.exit(code)
+__all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from .settings import load_config_file
+
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
         config = load_config_file()
-        default_map = {
-            name: config for name in ("run", "serve", "status", "sync", "report", "sessions", "consume", "prune")
-        }
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
+    from .run_args import parse_run_args
+
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="quotawrap", default_map=default_map)
-    except QuotawrapError as exc:  # any subcommand: one line naming the cure, never a traceback
-        fail(with_cure(exc), exit_code(exc))
+        parsed = parse_run_args(args, os.environ, config)
+    except ConfigError as exc:  # a repeatable option's variable: command_settings' words
+        fail(str(exc), EXIT_USAGE)
+    if parsed is not None:
+        from .cli_common import settings_from_values
+        from .run import run_guarded
+
+        run_guarded(settings_from_values(parsed.values), parsed.command)
+    from .commands import click_main
+
+    click_main(args, config)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "cli":  # the click group, for the docs and the tests that drive it
+        from .commands import cli
+
+        return cli
+    raise AttributeError(name)

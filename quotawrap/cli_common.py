@@ -1,29 +1,29 @@
 """What every ``quotawrap`` subcommand shares: its flags from the one option table, its settings,
 the one-line failure, and the ledger it opens.
 
-Lives apart from :mod:`quotawrap.cli` so the subcommands defined in other modules
-(:mod:`quotawrap.ledger_commands`) use it without importing the command group back.
+Lives apart from :mod:`quotawrap.commands` so the subcommands defined in other modules
+(:mod:`quotawrap.ledger_commands`) use it without importing the command group back. click is
+imported only by the helpers that build or read click's commands: a plain guarded run never loads it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-import click
-
 from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
 from .settings import OPTIONS, Option, Settings, env_name, parse_value
 
-__all__ = ["REDIS_SCHEMES", "command_settings", "fail", "open_ledger", "settings_options"]
+__all__ = ["REDIS_SCHEMES", "command_settings", "fail", "open_ledger", "settings_from_values", "settings_options"]
 
 F = Callable[..., Any]
 
 
 def _click_option(option: Option) -> Callable[[F], F]:
+    import click
+
     flag = option.cli_flag
     common: dict[str, Any] = {"envvar": env_name(option.name), "help": option.help, "show_envvar": True}
     if option.type is bool:
@@ -49,6 +49,8 @@ def settings_options(names: Sequence[str] | None = None) -> Callable[[F], F]:
 
 def command_settings(values: dict[str, Any]) -> Settings:
     """Settings from click's values; a repeatable option not given as a flag comes from its variable."""
+    import click
+
     ctx = click.get_current_context(silent=True)
     for option in OPTIONS:
         if not option.multiple or option.name not in values:
@@ -61,6 +63,11 @@ def command_settings(values: dict[str, Any]) -> Settings:
                     values[option.name] = parse_value(option, raw)
                 except ConfigError as exc:
                     fail(str(exc), EXIT_USAGE)
+    return settings_from_values(values)
+
+
+def settings_from_values(values: dict[str, Any]) -> Settings:
+    """Settings from typed option values; a broken rule is the one-line usage error (exit 2)."""
     try:
         return Settings.from_values(values)
     except ConfigError as exc:  # every option's rule, checked before anything starts
@@ -70,7 +77,11 @@ def command_settings(values: dict[str, Any]) -> Settings:
 def fail(message: str, code: int) -> NoReturn:
     from .redact import redact_text  # store errors quote their URL; its password stays out of the terminal
 
-    click.echo(f"quotawrap: {redact_text(message)}", err=True)
+    try:
+        sys.stderr.write(f"quotawrap: {redact_text(message)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # no terminal to tell: the exit code still says it
     sys.exit(code)
 
 
@@ -81,9 +92,15 @@ def open_ledger(settings: Settings) -> Any:
     from .ledger import default_store_url, normalize_store_url, open_ledger
 
     url = settings.store or default_store_url()
-    if url.startswith(REDIS_SCHEMES) and importlib.util.find_spec("redis") is None:
+    if url.startswith(REDIS_SCHEMES) and _missing("redis"):
         fail("the Redis store needs the redis package: pip install 'quotawrap[redis]'", EXIT_STORE)
     try:
         return open_ledger(normalize_store_url(url))
     except QuotawrapError as exc:
         fail(f"{with_cure(exc)}; the ledger was left untouched", exit_code(exc))
+
+
+def _missing(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is None

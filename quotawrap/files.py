@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -71,7 +70,7 @@ def write_private(path: str | os.PathLike[str], data: bytes) -> None:
     if target.is_symlink():
         raise OSError(f"{target} is a symbolic link; quotawrap does not write through links")
     private_dir(target.parent)
-    tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+    tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")  # secrets.token_hex's bytes, unimported
     fd = _open_private(tmp, os.O_EXCL)
     try:
         _write_all(fd, data)

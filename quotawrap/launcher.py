@@ -10,7 +10,6 @@ import contextlib
 import functools
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -67,7 +66,7 @@ def default_events_log(run_id: str) -> Path:
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()  # secrets.token_hex(3), without its imports
 
 
 def child_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -112,8 +111,21 @@ def _become_subreaper() -> bool:
         return False
 
 
+def _has_children() -> bool:
+    """Whether this process has any child left, without reaping one (no /proc walk when it has none)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except (OSError, AttributeError):  # no waitid here: walk /proc to tell
+        return True
+    return True
+
+
 def _left_behind(child: int) -> list[int]:
     """Our children other than the child: what it forked and left running (reparented to us)."""
+    if not _has_children():  # the usual end: the child was reaped and left nothing behind
+        return []
     me, found = os.getpid(), []
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
@@ -223,11 +235,14 @@ def run_child(
     *,
     extra_env: Mapping[str, str] | None = None,
     on_child_exit: Callable[[], None] | None = None,
+    while_running: Callable[[], None] | None = None,
 ) -> ChildResult:
     """Start the child, forward signals, wait; then charge open holds and total the run.
 
     ``on_child_exit`` runs before the books close (``--proxy`` stops its gateway there, so the
     calls it still had in flight settle before the run's open holds are charged).
+    ``while_running`` runs on a thread once the child has started: work the run's end needs,
+    done while the wrapper would only wait.
     """
     assert settings.run_id, "the CLI assigns a run id"
     executable = shutil.which(command[0])
@@ -239,7 +254,7 @@ def run_child(
             warn(f"the command runs Python with {flag}: the hook may not load there, so its calls may NOT be guarded")
     run_dir = RunDir()
     try:
-        return _run(settings, executable, command, ledger, run_dir, watch_tree, extra_env, on_child_exit)
+        return _run(settings, executable, command, ledger, run_dir, watch_tree, extra_env, on_child_exit, while_running)
     finally:
         run_dir.remove()
 
@@ -253,6 +268,7 @@ def _run(
     watch_tree: bool,
     extra_env: Mapping[str, str] | None,
     on_child_exit: Callable[[], None] | None,
+    while_running: Callable[[], None] | None,
 ) -> ChildResult:
     assert settings.run_id
     nested = nested_in(settings)
@@ -284,7 +300,7 @@ def _run(
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     stop = threading.Event()
-    reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop), daemon=True)
+    reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop, while_running), daemon=True)
     reclaimer.start()
     # --quiet: no live view (nor summary); stopped after resolve_run so its final lines show the charge
     # a nested wrapper shares the outer one's terminal: one live line is enough
@@ -331,12 +347,18 @@ def _run(
     return ChildResult(_exit_code(returncode), totals, resolved, unguarded_processes=unguarded, connections=connections)
 
 
-def _reclaim_loop(ledger: Ledger, stop: threading.Event) -> None:
+def _reclaim_loop(ledger: Ledger, stop: threading.Event, first_of_all: Callable[[], None] | None = None) -> None:
     """Charge holds of processes that died (a SIGKILLed grandchild, a crashed run before) while the run goes on.
 
     The first pass runs at once, beside the child's start rather than before it: until it ends,
     a dead process's hold can only refuse a call for want of room, never let one overspend.
+    ``first_of_all`` (the run's ``while_running``) comes before it: a short child's end waits for neither.
     """
+    if first_of_all is not None:
+        try:
+            first_of_all()
+        except Exception as exc:  # only a head start: the run's end redoes whatever it needs
+            warn(f"could not prepare the run's end: {exc!r}")
     first = True
     while first or not stop.wait(_RECLAIM_EVERY_S):
         first = False

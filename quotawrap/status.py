@@ -10,6 +10,7 @@ from typing import Any
 
 from . import quota
 from .allowance import HISTORY_S, model_reasoning
+from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
 from .estimate import MAX_OUTPUT_TOKENS, PREBLOCK_RESERVE_TOKENS
 from .expiry import keep_alive_daily_usage
 from .ledger import Ledger, model_day_key
@@ -211,11 +212,6 @@ def expiry_warnings(ledger: Ledger, settings: Settings, now: float) -> list[str]
                 " or run `quotawrap consume`"
             )
     return lines
-
-
-# Run-record tags the wrapper adds, so `sessions` can tell a run still going from one whose wrapper died.
-WRAPPER_PID_TAG = "wrapper_pid"
-WRAPPER_HOST_TAG = "wrapper_host"
 
 
 def session_state(run: RunRecord, host: str | None = None) -> str:

@@ -1,0 +1,259 @@
+"""A guarded run, from checked settings to the child's exit code: ``quotawrap [OPTIONS] -- COMMAND``.
+
+Both ways in end here: :mod:`quotawrap.cli`'s own parse of a plain run, and click's ``run``
+subcommand. Every import is made where it is first needed, and the work that need not come
+before the child (reclaiming dead holds, loading what the summary and the end of the run use)
+runs while it runs: the wrapper's start-up is paid by every guarded command.
+
+Exit codes: the child's own code (128+N when it died of signal N); 2 usage or configuration
+error; 3 ``--fail-on-block`` and a call was blocked; 4 the ledger could not be opened;
+127 the command was not found.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
+from ._log import warn
+from .cli_common import fail, open_ledger
+from .settings import Settings
+
+__all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "run_guarded"]
+
+EXIT_BLOCKED = 3
+EXIT_NOT_FOUND = 127
+
+
+class _Beside:
+    """``func()`` on a thread from now on, its result collected later: git's answers for the run's tags
+    come while the wrapper imports and opens its ledger (the two git processes run on another core)."""
+
+    def __init__(self, func: Callable[[], Any]) -> None:
+        import threading
+
+        self._func = func
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="quotawrap-beside", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = self._func()
+        except BaseException as exc:  # handed to the caller of result()
+            self._error = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def run_guarded(settings: Settings, command: Sequence[str]) -> NoReturn:
+    """Run ``command`` with every guarded LLM call reserved before and reconciled after; exit with its code."""
+    from .attribution import automatic_tags, merge_tags, parse_tags
+    from .ledger import default_store_url, normalize_store_url
+
+    if not 0 <= settings.wait < float("inf"):
+        fail(f"--wait must be seconds >= 0 (0 refuses at once), got {settings.wait}", EXIT_USAGE)
+    if settings.proxy:
+        from .serve import without_hook
+
+        without_hook()
+    automatic = _Beside(automatic_tags)
+    try:
+        store = normalize_store_url(settings.store or default_store_url())
+        explicit = parse_tags(settings.tag)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+    from .launcher import default_events_log, default_unguarded_log, nested_in, new_run_id
+
+    run_id = settings.run_id or new_run_id()
+    settings = settings.replace(run_id=run_id, store=store)
+    if settings.fail_open and not settings.unguarded_log:
+        settings = settings.replace(unguarded_log=str(default_unguarded_log(run_id)))
+    own_events_log = not settings.events_log  # ours to delete once the summary has read it
+    if own_events_log:
+        settings = settings.replace(events_log=str(default_events_log(run_id)))
+    from .files import prepare_outputs
+
+    if problem := prepare_outputs(settings):  # every file the run writes, checked before anything starts
+        fail(problem, EXIT_USAGE)
+    ledger = open_ledger(settings)
+    tags = merge_tags(automatic.result(), explicit)
+    settings = settings.replace(tag=tuple(f"{key}={value}" for key, value in tags.items()))
+    nested = nested_in(settings)
+    _start_run(ledger, settings, command, tags, nested=nested)
+    sync_loop = _start_sync(ledger, settings)
+    if not settings.quiet:
+        _expiry_warnings(ledger, settings)
+    result = _run_child(settings, command, ledger, sync_loop)
+    if not nested:
+        try:
+            ledger.end_run(run_id, result.exit_code, time.time())
+        except QuotawrapError:
+            pass  # already reported by run_child when the store is down
+    _auto_prune(ledger, settings)
+    _finish(settings, result, tags, own_events_log=own_events_log, nested=nested)
+
+
+def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: dict[str, str], *, nested: bool) -> None:
+    """The run's record, written before the child can make a guarded call."""
+    if nested:  # a nested wrapper joins the outer run; its record is the outer wrapper's to write
+        return
+    import shlex
+    import socket
+
+    from .ledger.base import RunRecord
+    from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
+    from .redact import redact_argv
+
+    # the command says which program spent the money; its --api-key does not belong in the ledger
+    wrapper = {WRAPPER_PID_TAG: str(os.getpid()), WRAPPER_HOST_TAG: socket.gethostname()}
+    assert settings.run_id
+    record = RunRecord(settings.run_id, time.time(), command=shlex.join(redact_argv(command)), tags={**tags, **wrapper})
+    try:
+        ledger.start_run(record)
+    except QuotawrapError as exc:
+        if not settings.fail_open:
+            fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)
+        warn(f"{exc}; --fail-open: running, and guarded calls go out UNGUARDED while the store is down")
+
+
+def _start_sync(ledger: Any, settings: Settings) -> Any:
+    """The balance sync loop when a source is configured (None otherwise)."""
+    from .sync import SyncLoop, sync_source
+
+    if not sync_source(settings):
+        return None
+    from .status import no_balance_today
+
+    sync_loop = SyncLoop(ledger, settings)
+    if no_balance_today(ledger, settings, time.time()):
+        sync_loop.tick()  # before the child's first call: until today's first sync, only the daily cap applies
+    sync_loop.start()  # its first tick runs at once, beside the child's start
+    return sync_loop
+
+
+def _expiry_warnings(ledger: Any, settings: Settings) -> None:
+    from .status import expiry_warnings
+
+    try:
+        for line in expiry_warnings(ledger, settings, time.time()):
+            warn(line)
+    except QuotawrapError:
+        pass  # a warning must not stop the run
+
+
+def _run_child(settings: Settings, command: Sequence[str], ledger: Any, sync_loop: Any) -> Any:
+    from .launcher import run_child
+
+    proxy = None
+    child_options: dict[str, Any] = {}
+    if settings.proxy:
+        proxy, proxy_env = _start_proxy(settings, ledger)
+        child_options = {"extra_env": proxy_env, "on_child_exit": proxy.stop}
+    try:
+        return run_child(settings, command, ledger, while_running=_prepare_end, **child_options)
+    except FileNotFoundError:
+        fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
+    except QuotawrapError as exc:
+        fail(with_cure(exc), exit_code(exc))
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        if sync_loop is not None:
+            sync_loop.stop()
+
+
+def _prepare_end() -> None:
+    """What the run's end imports, loaded while the child runs (the wrapper only waits meanwhile)."""
+    import quotawrap.report
+    import quotawrap.retention
+    import quotawrap.waiting  # noqa: F401
+
+
+def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events_log: bool, nested: bool) -> NoReturn:
+    """The summary, the run's report files, and the exit code."""
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if settings.quiet and not (settings.report_json or step_summary or settings.fail_on_block):
+        _remove_events_log(settings, own_events_log)  # nobody reads the report: it is not built
+        sys.exit(result.exit_code)
+    from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
+    from .waiting import read_events
+
+    report = run_report(
+        result.totals,
+        settings=settings,
+        exit_code=result.exit_code,
+        tags=tags,
+        unguarded=read_unguarded(settings.unguarded_log),
+        store_error=result.store_error,
+        unguarded_processes=[process.as_dict() for process in result.unguarded_processes],
+        connections=result.connections,
+        events=read_events(settings.events_log),
+    )
+    _remove_events_log(settings, own_events_log)
+    if not settings.quiet:
+        if nested:
+            _say(f"quotawrap: nested in run {settings.run_id}: the totals below are that whole run's so far")
+        _say(format_summary(report))
+    try:
+        if settings.report_json:
+            write_json(report, settings.report_json)
+        if step_summary:
+            append_step_summary(step_summary, report)
+    except OSError as exc:  # checked at start, so only a disk that filled or changed meanwhile
+        warn(f"cannot write the run's report: {exc}")
+    if settings.fail_on_block and report["totals"]["blocked_calls"]:
+        sys.exit(EXIT_BLOCKED)
+    sys.exit(result.exit_code)
+
+
+def _remove_events_log(settings: Settings, own_events_log: bool) -> None:
+    if own_events_log and settings.events_log:
+        try:
+            os.unlink(settings.events_log)
+        except OSError:
+            pass
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def _start_proxy(settings: Settings, ledger: Any) -> tuple[Any, dict[str, str]]:
+    """``--proxy``: the run's gateway, started, and the child's variables pointing at it."""
+    try:
+        from .serve._runner import start_proxy
+    except ImportError as exc:
+        from .serve import MISSING_EXTRA
+
+        fail(f"--proxy: {MISSING_EXTRA} ({exc.name} is not installed)", EXIT_USAGE)
+    try:
+        return start_proxy(settings, ledger)
+    except OSError as exc:
+        fail(f"--proxy: cannot start the gateway on loopback: {exc}", EXIT_USAGE)
+
+
+def _auto_prune(ledger: Any, settings: Settings) -> None:
+    """The ledger's retention bound, at a run's end and at most once a day (``--retention``)."""
+    from .retention import auto_prune, describe
+
+    try:
+        result = auto_prune(ledger, settings.retention, time.time())
+    except ConfigError as exc:
+        warn(f"--retention: {exc}; nothing was pruned")
+        return
+    except QuotawrapError as exc:  # the run is over and guarded; a prune that failed waits for the next day
+        warn(f"automatic prune failed ({exc}); run `quotawrap prune --older-than {settings.retention}`")
+        return
+    if result is not None and result.calls and not settings.quiet:
+        warn(f"retention {settings.retention}: {describe(result)}")

@@ -22,9 +22,9 @@ from ._errors import ConfigError
 
 __all__ = [
     "GIT_TIMEOUT_S",
+    "MAX_TAG_VALUE_LENGTH",
     "WRAPPER_HOST_TAG",
     "WRAPPER_PID_TAG",
-    "MAX_TAG_VALUE_LENGTH",
     "RunGit",
     "automatic_tags",
     "merge_tags",

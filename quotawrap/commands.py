@@ -241,7 +241,8 @@ def consume_command(
 
 def click_main(args: Sequence[str], config: dict[str, Any]) -> None:
     """Every command but the plain run (``quotawrap --help``, ``status``, a run click must parse)."""
-    default_map = {name: config for name in ("run", "serve", "status", "sync", "report", "sessions", "consume", "prune")}
+    names = ("run", "serve", "status", "sync", "report", "sessions", "consume", "prune")
+    default_map = {name: config for name in names}
     try:
         cli.main(args=list(args), prog_name="quotawrap", default_map=default_map)
     except QuotawrapError as exc:  # any subcommand: one line naming the cure, never a traceback

@@ -300,8 +300,11 @@ def _run(
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
     stop = threading.Event()
-    reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop, while_running), daemon=True)
+    reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop), daemon=True)
     reclaimer.start()
+    beside = threading.Thread(target=_beside_child, args=(while_running,), daemon=True)
+    if while_running is not None:
+        beside.start()
     # --quiet: no live view (nor summary); stopped after resolve_run so its final lines show the charge
     # a nested wrapper shares the outer one's terminal: one live line is enough
     view: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
@@ -321,6 +324,8 @@ def _run(
                 _wait_left_behind(process.pid, settings.linger)
         finally:
             stop.set()
+            if beside.is_alive():
+                beside.join()  # what it says belongs to the run's start, before its end
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if on_child_exit is not None:
@@ -347,18 +352,20 @@ def _run(
     return ChildResult(_exit_code(returncode), totals, resolved, unguarded_processes=unguarded, connections=connections)
 
 
-def _reclaim_loop(ledger: Ledger, stop: threading.Event, first_of_all: Callable[[], None] | None = None) -> None:
+def _beside_child(work: Callable[[], None] | None) -> None:
+    try:
+        if work is not None:
+            work()
+    except Exception as exc:  # a head start only: the run's end redoes whatever it needs
+        warn(f"could not prepare the run's end: {exc!r}")
+
+
+def _reclaim_loop(ledger: Ledger, stop: threading.Event) -> None:
     """Charge holds of processes that died (a SIGKILLed grandchild, a crashed run before) while the run goes on.
 
     The first pass runs at once, beside the child's start rather than before it: until it ends,
     a dead process's hold can only refuse a call for want of room, never let one overspend.
-    ``first_of_all`` (the run's ``while_running``) comes before it: a short child's end waits for neither.
     """
-    if first_of_all is not None:
-        try:
-            first_of_all()
-        except Exception as exc:  # only a head start: the run's end redoes whatever it needs
-            warn(f"could not prepare the run's end: {exc!r}")
     first = True
     while first or not stop.wait(_RECLAIM_EVERY_S):
         first = False

@@ -12,6 +12,7 @@ error; 3 ``--fail-on-block`` and a call was blocked; 4 the ledger could not be o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -91,14 +92,10 @@ def run_guarded(settings: Settings, command: Sequence[str]) -> NoReturn:
     nested = nested_in(settings)
     _start_run(ledger, settings, command, tags, nested=nested)
     sync_loop = _start_sync(ledger, settings)
-    if not settings.quiet:
-        _expiry_warnings(ledger, settings)
     result = _run_child(settings, command, ledger, sync_loop)
     if not nested:
-        try:
+        with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
             ledger.end_run(run_id, result.exit_code, time.time())
-        except QuotawrapError:
-            pass  # already reported by run_child when the store is down
     _auto_prune(ledger, settings)
     _finish(settings, result, tags, own_events_log=own_events_log, nested=nested)
 
@@ -110,8 +107,8 @@ def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: di
     import shlex
     import socket
 
-    from .ledger.base import RunRecord
     from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
+    from .ledger.base import RunRecord
     from .redact import redact_argv
 
     # the command says which program spent the money; its --api-key does not belong in the ledger
@@ -144,11 +141,9 @@ def _start_sync(ledger: Any, settings: Settings) -> Any:
 def _expiry_warnings(ledger: Any, settings: Settings) -> None:
     from .status import expiry_warnings
 
-    try:
+    with contextlib.suppress(QuotawrapError):  # a warning must not stop the run
         for line in expiry_warnings(ledger, settings, time.time()):
             warn(line)
-    except QuotawrapError:
-        pass  # a warning must not stop the run
 
 
 def _run_child(settings: Settings, command: Sequence[str], ledger: Any, sync_loop: Any) -> Any:
@@ -160,7 +155,9 @@ def _run_child(settings: Settings, command: Sequence[str], ledger: Any, sync_loo
         proxy, proxy_env = _start_proxy(settings, ledger)
         child_options = {"extra_env": proxy_env, "on_child_exit": proxy.stop}
     try:
-        return run_child(settings, command, ledger, while_running=_prepare_end, **child_options)
+        return run_child(
+            settings, command, ledger, while_running=lambda: _beside_child(ledger, settings), **child_options
+        )
     except FileNotFoundError:
         fail(f"command not found: {command[0]}", EXIT_NOT_FOUND)
     except QuotawrapError as exc:
@@ -172,11 +169,16 @@ def _run_child(settings: Settings, command: Sequence[str], ledger: Any, sync_loo
             sync_loop.stop()
 
 
-def _prepare_end() -> None:
-    """What the run's end imports, loaded while the child runs (the wrapper only waits meanwhile)."""
-    import quotawrap.report
-    import quotawrap.retention
-    import quotawrap.waiting  # noqa: F401
+def _beside_child(ledger: Any, settings: Settings) -> None:
+    """Work that need not delay the child, done on a thread as it starts (the wrapper only waits meanwhile).
+
+    The warnings of packages about to expire (reading them loads the status module and the price
+    table), and the modules the summary needs.
+    """
+    if settings.quiet:
+        return
+    _expiry_warnings(ledger, settings)
+    import quotawrap.report  # noqa: F401
 
 
 def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events_log: bool, nested: bool) -> NoReturn:
@@ -218,10 +220,8 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
 
 def _remove_events_log(settings: Settings, own_events_log: bool) -> None:
     if own_events_log and settings.events_log:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(settings.events_log)
-        except OSError:
-            pass
 
 
 def _say(text: str) -> None:

@@ -79,9 +79,7 @@ def _convert(option: Option, raw: str) -> Any:
     return raw
 
 
-def parse_run_args(
-    args: Sequence[str], environ: Mapping[str, str], config: Mapping[str, Any]
-) -> RunArgs | None:
+def parse_run_args(args: Sequence[str], environ: Mapping[str, str], config: Mapping[str, Any]) -> RunArgs | None:
     """A plain run's values and command, or None: click is to parse ``args``.
 
     Raises the :class:`ConfigError` of a repeatable option's malformed variable, as

@@ -243,7 +243,7 @@ def captured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[S
         monkeypatch.delenv(name, raising=False)
     seen: list[Settings] = []
 
-    def fake_run_child(settings: Settings, command: Any, ledger: Any) -> launcher.ChildResult:
+    def fake_run_child(settings: Settings, command: Any, ledger: Any, **_options: Any) -> launcher.ChildResult:
         seen.append(settings)
         return launcher.ChildResult(0, RunTotals(settings.run_id or "", {}), 0)
 

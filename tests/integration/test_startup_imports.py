@@ -1,0 +1,86 @@
+"""What the wrapper has imported when its child starts: nothing a plain run does not need.
+
+No timing: the real CLI runs a real child, and an audit hook (``subprocess.Popen``,
+``os.posix_spawn``, ``os.exec``, ``os.fork``) records ``sys.modules`` at the moment the child is
+launched. An eager ``import click`` (or the price table, the tokenizers, the status and report
+modules) on the way to the child fails it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+_DRIVER = """
+import json, sys
+MARK, OUT, ARGS = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+def hook(event, args):
+    if event in ("subprocess.Popen", "os.posix_spawn", "os.exec") and MARK in repr(args):
+        with open(OUT, "w") as handle:
+            json.dump(sorted(sys.modules), handle)
+sys.addaudithook(hook)
+from quotawrap.cli import main
+main(ARGS)
+"""
+
+# Loaded later (the summary, a call's estimate) or never by a plain run: not before the child starts.
+NOT_BEFORE_THE_CHILD = (
+    "click",
+    "quotawrap.commands",
+    "quotawrap.ledger_commands",
+    "quotawrap.prices",
+    "quotawrap.endpoint_prices",
+    "quotawrap.estimate",
+    "quotawrap.tokens",
+    "quotawrap.status",
+    "quotawrap.report",
+    "quotawrap.guard",
+    "quotawrap.guarded_call",
+    "quotawrap.settler",
+    "quotawrap.intercept.httpx_adapter",
+    "quotawrap.intercept.requests_adapter",
+    "quotawrap.intercept.aiohttp_adapter",
+    "quotawrap.intercept.stdlib_adapter",
+    "tokenizers",
+    "tiktoken",
+    "httpx",
+    "secrets",
+)
+
+
+def _modules_at_child_start(tmp_path: Path, options: list[str]) -> set[str]:
+    mark = f"started-by-the-test-{tmp_path.name}"
+    out = tmp_path / "modules.json"
+    args = [*options, "--store", f"sqlite:///{tmp_path / 'l.sqlite3'}", "--", sys.executable, "-c", f"# {mark}"]
+    result = subprocess.run(
+        [sys.executable, "-c", _DRIVER, mark, str(out), json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert out.exists(), "the child was never launched"
+    return set(json.loads(out.read_text()))
+
+
+@pytest.mark.parametrize("options", [["--quiet"], []], ids=["quiet", "with-summary"])
+def test_the_wrapper_starts_its_child_without_loading_what_it_does_not_need(tmp_path: Path, options: list[str]) -> None:
+    loaded = _modules_at_child_start(tmp_path, options)
+    assert "quotawrap.run" in loaded and "quotawrap.ledger.sqlite" in loaded  # the hook saw the real start
+    early = sorted(
+        name for name in loaded if any(name == bad or name.startswith(f"{bad}.") for bad in NOT_BEFORE_THE_CHILD)
+    )
+    assert not early, f"imported before the child starts: {early}"
+
+
+def test_a_subcommand_still_goes_through_click(tmp_path: Path) -> None:
+    """The click group is still there for everything but the plain run."""
+    result = subprocess.run(
+        [sys.executable, "-m", "quotawrap", "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert result.returncode == 0 and "Usage: quotawrap" in result.stdout

@@ -6,6 +6,7 @@ answers, its settings and command (or its one-line error) equal what click's pat
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -113,10 +114,8 @@ def _click(args: Sequence[str], config: dict[str, Any], monkeypatch: pytest.Monk
         raise SystemExit(0)
 
     monkeypatch.setattr(run_module, "run_guarded", capture)
-    try:
+    with contextlib.suppress(SystemExit):  # click's own usage errors, and the capture's exit
         click_main(list(args), config)
-    except SystemExit:
-        pass
     return ("run", seen[0]) if seen else ("exit", None)
 
 

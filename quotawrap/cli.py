@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from .cli_common import settings_from_values
         from .run import run_guarded
 
-        run_guarded(settings_from_values(parsed.values), parsed.command)
+        run_guarded(settings_from_values(parsed.values), parsed.command, ends_process=argv is None)
     from .commands import click_main
 
     click_main(args, config)

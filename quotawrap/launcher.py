@@ -45,6 +45,7 @@ HOOK_DIR = Path(__file__).resolve().parent.parent / "sitecustomize_hook"
 PACKAGE_HOME = Path(quotawrap.__file__).resolve().parent.parent
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _RECLAIM_EVERY_S = 10.0
+_RECLAIMER_JOIN_S = 0.5
 _PR_SET_CHILD_SUBREAPER = 36
 # Set by a wrapper for its child: a quotawrap started below with the same run id joins that run
 # instead of opening (and later overwriting and closing) it a second time.
@@ -326,6 +327,9 @@ def _run(
             stop.set()
             if beside.is_alive():
                 beside.join()  # what it says belongs to the run's start, before its end
+            # Ended threads release their ledger connections, so the wrapper's own close at exit is the
+            # last and folds the SQLite WAL back into the file; one stuck in a pass is not waited for.
+            reclaimer.join(timeout=_RECLAIMER_JOIN_S)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if on_child_exit is not None:

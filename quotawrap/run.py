@@ -56,8 +56,11 @@ class _Beside:
         return self._result
 
 
-def run_guarded(settings: Settings, command: Sequence[str]) -> NoReturn:
-    """Run ``command`` with every guarded LLM call reserved before and reconciled after; exit with its code."""
+def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: bool = False) -> NoReturn:
+    """Run ``command`` with every guarded LLM call reserved before and reconciled after; exit with its code.
+
+    ``ends_process``: this interpreter exits with the run (the console script, not a test calling in).
+    """
     from .attribution import automatic_tags, merge_tags, parse_tags
     from .ledger import default_store_url, normalize_store_url
 
@@ -92,12 +95,29 @@ def run_guarded(settings: Settings, command: Sequence[str]) -> NoReturn:
     nested = nested_in(settings)
     _start_run(ledger, settings, command, tags, nested=nested)
     sync_loop = _start_sync(ledger, settings)
+    if ends_process:
+        _freeze_what_start_up_made()
     result = _run_child(settings, command, ledger, sync_loop)
     if not nested:
         with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
             ledger.end_run(run_id, result.exit_code, time.time())
     _auto_prune(ledger, settings)
+    with contextlib.suppress(Exception):  # the books are closed: nothing is left to lose
+        ledger.close()
     _finish(settings, result, tags, own_events_log=own_events_log, nested=nested)
+
+
+def _freeze_what_start_up_made() -> None:
+    """Take the objects of every module loaded so far out of the garbage collector's sight.
+
+    The interpreter's exit collects garbage over every object it holds, nearly all of them module
+    objects that were never garbage. What the run makes from here on is collected as ever (a thread's
+    ledger connection is closed so, the last close folding the WAL into the file); the wrapper's own
+    connection, made before, is closed by the run's end.
+    """
+    import gc
+
+    gc.freeze()
 
 
 def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: dict[str, str], *, nested: bool) -> None:

@@ -84,3 +84,31 @@ def test_a_subcommand_still_goes_through_click(tmp_path: Path) -> None:
         [sys.executable, "-m", "quotawrap", "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert result.returncode == 0 and "Usage: quotawrap" in result.stdout
+
+
+@pytest.mark.parametrize("options", [["--quiet"], []], ids=["quiet", "with-summary"])
+def test_the_run_leaves_its_ledger_whole_in_one_file(tmp_path: Path, options: list[str]) -> None:
+    """The wrapper's connections are all closed by its exit (the garbage collector spared at exit must
+    not keep one open): the last close folds the WAL back, so the ledger file alone holds the run."""
+    ledger = tmp_path / "l.sqlite3"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "quotawrap",
+            *options,
+            "--store",
+            f"sqlite:///{ledger}",
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert ledger.exists()
+    assert not ledger.with_name("l.sqlite3-wal").exists(), "a connection outlived the run"

@@ -159,9 +159,11 @@ def _start_sync(ledger: Any, settings: Settings) -> Any:
 
 
 def _expiry_warnings(ledger: Any, settings: Settings) -> None:
-    from .status import expiry_warnings
-
     with contextlib.suppress(QuotawrapError):  # a warning must not stop the run
+        if not ledger.known_models():
+            return  # no package can expire: the status module (and the price table) stay unloaded
+        from .status import expiry_warnings
+
         for line in expiry_warnings(ledger, settings, time.time()):
             warn(line)
 

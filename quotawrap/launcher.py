@@ -45,7 +45,7 @@ HOOK_DIR = Path(__file__).resolve().parent.parent / "sitecustomize_hook"
 PACKAGE_HOME = Path(quotawrap.__file__).resolve().parent.parent
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _RECLAIM_EVERY_S = 10.0
-_RECLAIMER_JOIN_S = 0.5
+_RECLAIMER_JOIN_S = 0.1  # its connection only: an unjoined one leaves the WAL beside the file, no harm
 _PR_SET_CHILD_SUBREAPER = 36
 # Set by a wrapper for its child: a quotawrap started below with the same run id joins that run
 # instead of opening (and later overwriting and closing) it a second time.

@@ -19,6 +19,9 @@ alike. Reported: median and p90 in milliseconds, and the ratio to the plain inte
 * ``plain httpx``   ``python -c "import httpx"``;
 * ``hooked httpx``  the same, hooked: the lazy patch (guard, ledger and usage modules) is paid here.
 
+``--baseline PATH`` adds ``before quiet`` and ``before pass``: the same two commands with another
+checkout's quotawrap (``git worktree add /tmp/base main``), in the same rounds.
+
 Then the ``-X importtime`` top offenders of the wrapper itself, of the hooked ``pass`` child, and of
 the lazy patch.
 
@@ -104,19 +107,30 @@ def wrapper_argv(store: str, *options: str) -> tuple[str, ...]:
     return (*head, *options, "--store", store, "--", PYTHON, "-c", "pass")
 
 
-def wrapper_env() -> dict[str, str]:
+def wrapper_env(repo: Path = REPO_ROOT) -> dict[str, str]:
     env = clean_env()
-    env["PYTHONPATH"] = str(REPO_ROOT)  # the checkout's quotawrap, installed or not
+    env["PYTHONPATH"] = str(repo)  # the checkout's quotawrap, installed or not
     return env
 
 
-def variants(store: str) -> list[Variant]:
+def variants(store: str, baseline: Path | None = None) -> list[Variant]:
+    """The variants; with ``baseline`` (another checkout, e.g. ``git worktree add /tmp/base main``) its
+    wrapper too, in the same rounds, so a before/after ratio does not depend on the machine's load."""
     plain, hooked, wrapper = clean_env(), hooked_env(), wrapper_env()
-    return [
+    chosen = [
         Variant("plain pass", (PYTHON, "-c", "pass"), plain),
         Variant("hooked pass", (PYTHON, "-c", "pass"), hooked),
         Variant("wrapper quiet", wrapper_argv(store, "--quiet"), wrapper),
         Variant("wrapper pass", wrapper_argv(store), wrapper),
+    ]
+    if baseline is not None:
+        before = wrapper_env(baseline)
+        chosen += [
+            Variant("before quiet", wrapper_argv(store + ".before", "--quiet"), before),
+            Variant("before pass", wrapper_argv(store + ".before"), before),
+        ]
+    return [
+        *chosen,
         Variant("plain httpx", (PYTHON, "-c", "import httpx"), plain),
         Variant("hooked httpx", (PYTHON, "-c", "import httpx"), hooked),
     ]
@@ -166,6 +180,8 @@ def report(samples: Mapping[str, list[float]]) -> bool:
         "hooked pass": "plain pass",
         "wrapper quiet": "plain pass",
         "wrapper pass": "plain pass",
+        "before quiet": "plain pass",
+        "before pass": "plain pass",
         "plain httpx": "plain httpx",
         "hooked httpx": "plain httpx",
     }
@@ -201,6 +217,12 @@ def report(samples: Mapping[str, list[float]]) -> bool:
             f" {med[name] / med['plain pass']:.2f}x; the wrapper's own start and end"
             f" {med[name] - med['hooked pass']:+.1f} ms over a hooked child)"
         )
+    for name in ("quiet", "pass"):
+        if f"before {name}" in med:
+            before, after = med[f"before {name}"], med[f"wrapper {name}"]
+            print(
+                f"wrapper {name} against the baseline checkout: {before:.1f} -> {after:.1f} ms ({after / before:.2f}x)"
+            )
     return met
 
 
@@ -289,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--importtime-runs", type=int, default=7, help="runs per -X importtime median")
     parser.add_argument("--top", type=int, default=15, help="offenders to list")
     parser.add_argument("--no-pyc", action="store_true", help="write no bytecode (see the module doc)")
+    parser.add_argument("--baseline", type=Path, help="another checkout whose wrapper is timed alongside")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="quotawrap-bench-") as tmp:
@@ -297,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         use_bytecode_cache(None if args.no_pyc else str(pycache))
         check_hook_loads()
         store = f"sqlite:///{Path(tmp) / 'ledger.sqlite3'}"
-        chosen = variants(store)
+        chosen = variants(store, args.baseline)
         print(f"Child start-up — {machine_line()}")
         print(f"python: {PYTHON}; {args.runs} runs per variant, interleaved and rotated; warmup {args.warmup}")
         print(f"bytecode cache: {bytecode_text(args.no_pyc)}")

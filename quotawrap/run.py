@@ -70,6 +70,11 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
         from .serve import without_hook
 
         without_hook()
+    # Imported here, not on the thread: the run needs them anyway, and imports made on two threads
+    # at once contend for the import lock (and garble `-X importtime`).
+    import socket  # noqa: F401
+    import subprocess  # noqa: F401
+
     automatic = _Beside(automatic_tags)
     try:
         store = normalize_store_url(settings.store or default_store_url())

@@ -27,6 +27,7 @@ __all__ = [
     "ARK_HOST",
     "TASKS_SUFFIX",
     "Route",
+    "Router",
     "classify",
     "model_matches",
     "parse_json_body",
@@ -101,6 +102,29 @@ def route(method: str, url: str, base_urls: Sequence[str] = (), allow_paths: Seq
     if path.endswith(_FREE_POST_SUFFIXES) or path_allowed(path, allow_paths):
         return None
     return Route("refuse", path or "/")
+
+
+class Router:
+    """:func:`route` for fixed settings, remembered per (method, URL): a guarded call asks twice
+    (``Guard.wants`` before its body is read, then the admission), and an agent calls few URLs."""
+
+    _KEPT = 256
+
+    def __init__(self, base_urls: Sequence[str], allow_paths: Sequence[str]) -> None:
+        self._base_urls, self._allow_paths = tuple(base_urls), tuple(allow_paths)
+        self._seen: dict[tuple[str, str], Route | None] = {}
+
+    def __call__(self, method: str, url: str) -> Route | None:
+        key = (method, url)
+        try:
+            return self._seen[key]
+        except KeyError:
+            pass
+        found = route(method, url, self._base_urls, self._allow_paths)  # raises on a URL it cannot read
+        if len(self._seen) >= self._KEPT:
+            self._seen.clear()
+        self._seen[key] = found
+        return found
 
 
 def path_allowed(path: str, patterns: Sequence[str]) -> bool:

@@ -23,7 +23,6 @@ Failure policy (documented in README "Failure modes"):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -45,6 +44,7 @@ from .guard_books import GuardBooks
 from .guarded_call import CallContext, GuardedCall
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .ledger.base import Decision, Settle, run_cost_key, run_key
+from .redact import key_fingerprint
 from .settings import Settings
 from .synthetic import SyntheticResponse, blocked_response
 from .tokens import TokenizerUnavailable, utf8_bound
@@ -63,14 +63,6 @@ _SNAPSHOT_TTL_S = 1.0
 # (a settle in this process wakes it at once); the others check whether they are head yet.
 _BACKOFF_MIN_S, _BACKOFF_MAX_S, _LINE_POLL_S = 0.005, 0.25, 0.05
 _CHEAP_SHARE = 0.01  # of the smallest token cap: inputs bounded below it never load a tokenizer
-
-
-def _key_fingerprint(headers: Mapping[str, str]) -> str | None:
-    auth = headers.get("authorization") or headers.get("Authorization")
-    if not auth:
-        return None
-    secret = auth.split(" ", 1)[-1].strip().encode()
-    return "sha256:" + hashlib.sha256(secret).hexdigest()[:16]
 
 
 class Guard(GuardBooks):
@@ -113,6 +105,7 @@ class Guard(GuardBooks):
         self.retries = refusals.RetryMemory()
         self.contexts = ContextSizes()
         self._redirects = refusals.RedirectMemory(clock)
+        self._router = endpoints.Router(settings.base_url, settings.allow_path)
         self._settler: Settler | None = None
         if background_settle:
             from .settler import Settler
@@ -211,7 +204,7 @@ class Guard(GuardBooks):
 
     def route(self, method: str, url: str) -> endpoints.Route | None:
         """How a request is treated (see :func:`endpoints.route`); a redirected call's next hop too."""
-        found = endpoints.route(method, url, self.settings.base_url, self.settings.allow_path)
+        found = self._router(method, url)
         return found if found is not None else self._redirects.route_for(method, url)
 
     def wants(self, method: str, url: str) -> bool:
@@ -289,10 +282,12 @@ class Guard(GuardBooks):
             return _unreadable("quotawrap cannot guard a request without a 'model' string.")
         if not endpoints.model_matches(model, self.settings.model):
             return None
-        key = refusals.fingerprint(method, url, body, refusals.caller())
-        remembered = self._recall_refusal(key)
-        if remembered is not None:
-            return remembered
+        key = None  # hashing the body costs more than the rest of the admission's bookkeeping: only with refusals
+        if self.retries:
+            key = refusals.fingerprint(method, url, body, refusals.caller())
+            remembered = self._recall_refusal(key)
+            if remembered is not None:
+                return remembered
         try:
             call = yield from self._reserve(found, url, headers, request, model)
         except PolicyRefused as exc:  # a rule, not an outage: asking again gets the same answer, so never fail-open
@@ -309,6 +304,7 @@ class Guard(GuardBooks):
             message = f"quotawrap failed to guard this call ({type(exc).__name__}: {exc}), so it refuses it."
             return _refuse(503, "QuotawrapCannotGuard", "ServiceUnavailable", message)
         if call.blocked is not None and call.blocked.status in (403, 429):
+            key = key or refusals.fingerprint(method, url, body, refusals.caller())
             self.retries.remember(key, call.blocked, self._clock())
         call.url = url
         call.route = found
@@ -458,7 +454,7 @@ class Guard(GuardBooks):
             # a video task's hold is handed over to the task once created (see tasks.py)
             expires_at=now + self.settings.hold_ttl,
             enforce=enforce,
-            key_fingerprint=_key_fingerprint(headers),
+            key_fingerprint=key_fingerprint(headers),
             tags=self.tags,
             reserve_cost=self.reserve_cost(model, plan.estimate, rule),
         )

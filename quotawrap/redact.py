@@ -7,12 +7,13 @@ An argument is hidden when its name looks secret (``--api-key X``, ``--api-key=X
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-__all__ = ["HIDDEN", "redact_argv", "redact_command_line", "redact_text", "redact_url"]
+__all__ = ["HIDDEN", "key_fingerprint", "redact_argv", "redact_command_line", "redact_text", "redact_url"]
 
 HIDDEN = "***"
 
@@ -109,3 +110,12 @@ def redact_command_line(line: str) -> str:
         return shlex.join(redact_argv(shlex.split(line)))
     except ValueError:
         return redact_text(line)
+
+
+def key_fingerprint(headers: Mapping[str, str]) -> str | None:
+    """Which API key made a call, without the key: a short hash of the Authorization header's secret."""
+    auth = headers.get("authorization") or headers.get("Authorization")
+    if not auth:
+        return None
+    secret = auth.split(" ", 1)[-1].strip().encode()
+    return "sha256:" + hashlib.sha256(secret).hexdigest()[:16]

@@ -95,6 +95,10 @@ class RetryMemory:
         self._entries: OrderedDict[str, _Refusal] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __bool__(self) -> bool:
+        """Whether any refusal is remembered (stale ones included): else no request needs its fingerprint."""
+        return bool(self._entries)
+
     def remember(self, key: str, answer: object, now: float) -> None:
         with self._lock:
             self._entries[key] = _Refusal(now, answer)

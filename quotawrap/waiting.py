@@ -94,14 +94,22 @@ class EventLog:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._warned = False
+        self._made_dir = False  # a bounded call writes one line: mkdir once, not per call
 
     def write(self, event: dict[str, Any]) -> None:
         if not self.path:
             return
         try:
             target = Path(self.path)
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+            try:
+                if not self._made_dir:
+                    raise FileNotFoundError
+                fd = os.open(target, flags, 0o600)
+            except FileNotFoundError:  # first write, or the directory was removed since
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self._made_dir = True
+                fd = os.open(target, flags, 0o600)
             try:
                 os.write(fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
             finally:

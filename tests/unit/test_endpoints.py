@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from quotawrap.endpoints import (
     Route,
+    Router,
     classify,
     model_matches,
     parse_json_body,
@@ -355,3 +356,28 @@ class TestRoute:
         """A billed endpoint stays guarded whatever --allow-path says."""
         found = route("POST", self.ARK + "/chat/completions", allow_paths=["*"])
         assert found is not None and found.action == "guard"
+
+
+class TestRouter:
+    BASE = "http://127.0.0.1:8000/api/v3"
+
+    def test_answers_as_route_and_remembers_per_url(self) -> None:
+        """The guard asks twice per call (wants, admission): the second answer is the one remembered."""
+        router = Router((self.BASE,), ("/free",))
+        for method, url in (
+            ("POST", self.BASE + "/chat/completions"),
+            ("POST", self.BASE + "/free"),
+            ("POST", self.BASE + "/unknown"),
+            ("GET", self.BASE + "/contents/generations/tasks/cgt-1"),
+            ("POST", "https://example.com/v1/chat/completions"),
+        ):
+            first = router(method, url)
+            assert first == route(method, url, (self.BASE,), ("/free",))
+            assert router(method, url) is first
+
+    def test_an_unreadable_url_raises_every_time(self) -> None:
+        router = Router((self.BASE,), ())
+        for _ in range(2):
+            with pytest.raises(ValueError):
+                router("POST", "http://[::1/api/v3/chat/completions")
+

@@ -360,3 +360,32 @@ class TestNoApiKeyStored:
         assert call is not None and call.blocked is None
         with sqlite3.connect(tmp_path / "ledger.sqlite3") as conn:
             assert conn.execute("SELECT key_fingerprint FROM calls").fetchall() == [(None,)]
+
+
+class TestThreadsOfOneProcess:
+    def test_a_thread_waits_for_another_threads_transaction_without_the_busy_handler(self, tmp_path: Path) -> None:
+        """Threads of one process queue on an in-process lock, woken at the other's commit: the reserve
+        below would fail at once with "database is locked" if it met SQLite's busy handler (timeout 0
+        here), and with the busy handler's default it would sleep a whole millisecond and more."""
+        import threading
+
+        ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+        inside, results = threading.Event(), []
+
+        def hold_the_write_lock() -> None:
+            with ledger._write("test"):
+                inside.set()
+                time.sleep(0.2)  # the other thread asks meanwhile
+
+        def reserve_without_busy_handler() -> None:
+            ledger._conn().execute("PRAGMA busy_timeout=0")
+            inside.wait()
+            results.append(ledger.reserve(_hold(), _no_limits).held)
+
+        threads = [threading.Thread(target=hold_the_write_lock), threading.Thread(target=reserve_without_busy_handler)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert results == [True]
+        ledger.close()

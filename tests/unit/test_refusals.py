@@ -29,6 +29,13 @@ class TestFingerprint:
 
 
 class TestRetryMemory:
+    def test_empty_until_a_refusal_is_remembered(self) -> None:
+        """The guard fingerprints a request (a hash of its body) only when some refusal is remembered."""
+        memory = RetryMemory(window_s=10)
+        assert not memory
+        memory.remember("k", "answer", now=100.0)
+        assert memory
+
     def test_a_retry_within_the_window_gets_the_same_answer_and_a_count(self) -> None:
         """The first retry is retry 1, the next retry 2; the process total counts both."""
         memory = RetryMemory(window_s=10)

@@ -94,6 +94,17 @@ class TestEvents:
         assert tail.poll().bounded_calls == 2
         assert oct(path.stat().st_mode & 0o777) == "0o600"
 
+    def test_directory_made_once_and_again_if_removed(self, tmp_path: Path) -> None:
+        """A bounded call writes a line each: the directory is made on the first, and again if it went."""
+        path = tmp_path / "events" / "run.jsonl"
+        log = EventLog(str(path))
+        log.write({"ev": "bound", "model": "m"})
+        path.unlink()
+        path.parent.rmdir()
+        log.write({"ev": "bound", "model": "m"})
+        assert read_events(path).bounded_calls == 1
+        assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+
     def test_missing_log(self, tmp_path: Path) -> None:
         """No log (nothing waited, or no run): no events, no error."""
         assert read_events(tmp_path / "absent.jsonl").waits == []

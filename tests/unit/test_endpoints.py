@@ -380,4 +380,3 @@ class TestRouter:
         for _ in range(2):
             with pytest.raises(ValueError):
                 router("POST", "http://[::1/api/v3/chat/completions")
-

@@ -10,8 +10,10 @@ SQLite ledger and with Redis (a private ``redis-server`` on a free loopback port
 The runs are interleaved and rotated per round, so drift on a shared machine hits them alike; caps
 are raised out of the way so no call is refused. Prints the median per call of every cell, the median
 added per call against plain and a verdict: at most 0.25 ms (SQLite) and 0.40 ms (Redis).
-The load average is printed before and after: on a loaded machine both sides slow down and the
-difference grows, so compare figures measured at a similar load.
+CPU µs/call is the agent process's own CPU over its timed calls, every thread (a guarded child's
+settler included): steadier than wall time on a shared machine. The load average is printed before
+and after: on a loaded machine both sides slow down and the difference grows, so compare figures
+measured at a similar load; ``--compare before=DIR`` runs another checkout's guard in the same rounds.
 """
 
 from __future__ import annotations
@@ -55,11 +57,12 @@ MODEL = sys.argv[5]
 for _ in range(warmup):
     once()
 times = []
+cpu_start = time.process_time_ns()  # this process's CPU, every thread (a guarded child's settler too)
 for _ in range(calls):
     start = time.perf_counter_ns()
     once()
     times.append(time.perf_counter_ns() - start)
-print(json.dumps(times))
+print(json.dumps({"times": times, "cpu_ns": time.process_time_ns() - cpu_start}))
 """
 
 
@@ -101,13 +104,15 @@ def redis_store() -> Iterator[str | None]:
 
 def run_agent(
     argv_prefix: Sequence[str], code: Path, agent: Path, sim_url: str, calls: int, warmup: int, stream: bool
-) -> list[int]:
+) -> tuple[list[int], int]:
+    """The agent's per-call nanoseconds and its CPU nanoseconds per call (all its threads)."""
     argv = [*argv_prefix, sys.executable, str(agent), sim_url, str(calls), str(warmup), "1" if stream else "0", MODEL]
     env = {**os.environ, "PYTHONPATH": str(code)}  # which quotawrap checkout the wrapper and its child import
     done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=code, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:3])}...: exit {done.returncode}: {done.stderr[-2000:]}")
-    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return list(result["times"]), int(result["cpu_ns"]) // calls
 
 
 def guarded_prefix(store: str, sim_url: str) -> list[str]:
@@ -162,20 +167,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = list(prefixes)
         samples: dict[tuple[str, bool], list[int]] = {(n, s): [] for n in names for s in modes}
         per_round: dict[tuple[str, bool], list[float]] = {(n, s): [] for n in names for s in modes}
+        cpu_per_call: dict[tuple[str, bool], list[float]] = {(n, s): [] for n in names for s in modes}
         for round_index in range(args.rounds):
             order = names[round_index % len(names) :] + names[: round_index % len(names)]
             for stream in modes:
                 for name in order:
                     prefix, code = prefixes[name]
-                    times = run_agent(prefix, code, agent, sim_url, args.calls, args.warmup, stream)
+                    times, cpu = run_agent(prefix, code, agent, sim_url, args.calls, args.warmup, stream)
                     samples[(name, stream)] += times
+                    cpu_per_call[(name, stream)].append(cpu / 1e3)
                     per_round[(name, stream)].append(statistics.median(times) / 1e6)
             print(f"  round {round_index + 1}/{args.rounds} done, load {load_average()}", flush=True)
     load_after = load_average()
     print()
     for suffix, code in checkouts.items():
         print(f"code{suffix or ' (this checkout)'}: {code}")
-    print(f"{'ledger':<16} {'streamed':<9} {'median ms':>10} {'p90 ms':>8} {'+median ms':>11} {'ratio':>6}  verdict")
+    print(
+        f"{'ledger':<16} {'streamed':<9} {'median ms':>10} {'p90 ms':>8} {'+median ms':>11} {'ratio':>6}"
+        f" {'CPU µs/call':>12} {'+CPU':>6}  verdict"
+    )
     verdicts = []
     for stream in modes:
         base = statistics.median(samples[("plain", stream)]) / 1e6
@@ -197,7 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             added_text = "" if name == "plain" else f"{added:+.3f}"
             ratio = "" if name == "plain" else f"{median / base:.2f}x"
             streamed = "yes" if stream else "no"
-            print(f"{name:<16} {streamed:<9} {median:>10.3f} {p90:>8.3f} {added_text:>11} {ratio:>6}  {verdict}")
+            cpu = statistics.median(cpu_per_call[(name, stream)])
+            cpu_base = statistics.median(cpu_per_call[("plain", stream)])
+            cpu_added = "" if name == "plain" else f"{cpu - cpu_base:+.0f}"
+            print(
+                f"{name:<16} {streamed:<9} {median:>10.3f} {p90:>8.3f} {added_text:>11} {ratio:>6}"
+                f" {cpu:>12.0f} {cpu_added:>6}  {verdict}"
+            )
     print()
     print(f"load average before: {load_before}; after: {load_after}")
     print(f"verdict: {'PASS' if all(verdicts) else 'FAIL'} ({sum(verdicts)} of {len(verdicts)} cells within target)")

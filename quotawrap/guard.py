@@ -106,11 +106,11 @@ class Guard(GuardBooks):
         self.contexts = ContextSizes()
         self._redirects = refusals.RedirectMemory(clock)
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
-        self._settler: Settler | None = None
+        self.settler: Settler | None = None
         if background_settle:
             from .settler import Settler
 
-            self._settler = Settler(lambda: self.ledger)
+            self.settler = Settler(lambda: self.ledger)
         self._line = WaitLine()
         self._events = EventLog(settings.events_log)
         self._allowances = AllowanceBook(lambda: self.ledger, clock=clock)
@@ -136,8 +136,8 @@ class Guard(GuardBooks):
 
     def land(self, settle: Settle, landed: Callable[[], None] | None) -> None:
         """Settle or release one hold: queued for the settler, or at once. Never raises."""
-        if self._settler is not None:
-            self._settler.submit(settle, landed)
+        if self.settler is not None:
+            self.settler.submit(settle, landed)
             return
         try:
             self.ledger.settle_many((settle,))
@@ -150,7 +150,7 @@ class Guard(GuardBooks):
 
     def flush(self, timeout: float = -1) -> bool:
         """Land every settle queued so far (the wrapper's resolve, tests). False on timeout."""
-        return self._settler.flush(timeout) if self._settler is not None else True
+        return self.settler.flush(timeout) if self.settler is not None else True
 
     # -- limits -----------------------------------------------------------------------------
 

@@ -180,3 +180,48 @@ def test_a_batch_the_store_refuses_stays_queued_and_lands_exactly_later() -> Non
             assert rc(ledger) == Counters(120, 0)
         finally:
             ledger.close()
+
+
+def test_a_guarded_childs_call_reads_its_usage_on_the_settlers_thread(tmp_path: Path) -> None:
+    """The caller's finish() only queues: the answer's usage is read and priced when the settle is worked
+    out on the settler's thread; until then the hold counts whole; then it lands exactly, audit included."""
+    import json
+
+    import quotawrap.guarded_call as guarded_call
+    from quotawrap.guard import Guard
+    from quotawrap.settings import Settings
+
+    audit = tmp_path / "audit.jsonl"
+    settings = Settings(
+        store=f"sqlite:///{tmp_path / 'ledger.sqlite3'}",
+        base_url=("http://testserver/api/v3",),
+        run_id="run-d",
+        audit_log=str(audit),
+    )
+    guard = Guard(settings, background_settle=True)
+    assert guard.settler is not None
+    readers: list[str] = []
+    real_usage_from_body = guarded_call.usage_from_body
+
+    def spy(body: bytes) -> object:
+        readers.append(threading.current_thread().name)
+        return real_usage_from_body(body)
+
+    body = json.dumps({"model": "doubao-seed-1-6-250615", "messages": [{"role": "user", "content": "hi"}]})
+    answer = json.dumps({"usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(guarded_call, "usage_from_body", spy)
+        with guard.settler._lock:  # test-only: nothing lands while this is held
+            call = guard.begin("POST", "http://testserver/api/v3/chat/completions", {}, body.encode())
+            assert call is not None and call.blocked is None
+            call.response_started(200, {"content-type": "application/json"})
+            call.feed(answer)
+            call.finish()
+            assert readers == []  # not on the caller's path
+            totals = guard.ledger.run_totals("run-d").totals
+            assert totals.settled_tokens == 0 and totals.reserved_open_tokens > 0
+        assert guard.flush(timeout=10)
+    assert len(readers) == 1
+    assert guard.ledger.run_totals("run-d").totals.settled_tokens == 5
+    assert [json.loads(line)["state"] for line in audit.read_text().splitlines()] == ["settled"]
+    guard.ledger.close()

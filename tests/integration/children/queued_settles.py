@@ -18,9 +18,9 @@ import openai
 from quotawrap.intercept import get_guard
 
 guard = get_guard()
-assert guard is not None and guard._settler is not None, "a guarded child settles in the background"
+assert guard is not None and guard.settler is not None, "a guarded child settles in the background"
 # Test-only: holding the settler's landing lock keeps every settle queued (the thread waits on it).
-paused = guard._settler._lock
+paused = guard.settler._lock
 paused.acquire()
 atexit.register(paused.release)
 
@@ -30,6 +30,6 @@ for _ in range(calls):
     sdk.chat.completions.create(
         model="deepseek-v4-flash", messages=[{"role": "user", "content": "hello"}], max_tokens=100
     )
-print(f"QUEUED {os.getpid()} {guard._settler.pending}", flush=True)
+print(f"QUEUED {os.getpid()} {guard.settler.pending}", flush=True)
 if sys.argv[1:] == ["wait"]:
     time.sleep(120)

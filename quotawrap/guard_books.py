@@ -62,10 +62,22 @@ class GuardBooks:
         return self._prices
 
     def reserve_cost(self, model: str, estimate: Estimate, rule: CostRule | None = None) -> int:
-        """Micro-CNY a hold may cost at worst (per image, plugin fees, batch discount: ``rule``)."""
-        if rule is not None:
-            return int(rule.reserve(self.prices, model, estimate))
-        return int(self.prices.reserve_cost(model, estimate.input_tokens, estimate.output_allowance))
+        """Micro-CNY a hold may cost at worst (per image, plugin fees, batch discount: ``rule``).
+
+        Pure in its arguments for one price table, and an agent's calls repeat them: remembered.
+        """
+        costs = self.__dict__.setdefault("_reserve_costs", {})
+        key = (model, estimate, rule, id(self.prices))
+        cost: int | None = costs.get(key)
+        if cost is None:
+            if rule is not None:
+                cost = int(rule.reserve(self.prices, model, estimate))
+            else:
+                cost = int(self.prices.reserve_cost(model, estimate.input_tokens, estimate.output_allowance))
+            if len(costs) >= 256:
+                costs.clear()
+            costs[key] = cost
+        return cost
 
     def actual_cost(self, model: str, usage: Usage, rule: CostRule | None = None) -> int:
         if rule is not None:

@@ -172,8 +172,9 @@ class GuardedCall:
     def response_started(self, status: int, headers: Mapping[str, str], *, decoded: bool = False) -> None:
         """``decoded``: the adapter hands the tee already-decompressed bytes (requests does)."""
         self._status = status
-        location = headers.get("location") or headers.get("Location")
-        if status in _REDIRECTS and location and self._guard is not None and self.route is not None:
+        # only a redirect's Location is read: each header lookup costs a case-insensitive search
+        location = (headers.get("location") or headers.get("Location")) if status in _REDIRECTS else None
+        if location and self._guard is not None and self.route is not None:
             # The hop bills nothing; the client may re-send the call there, which must be guarded too.
             self._redirected = True
             self._guard.note_redirect(self.url, location, self.route)

@@ -25,6 +25,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,35 +90,46 @@ class WaitLine:
 
 
 class EventLog:
-    """Appends the run's events (``wait``/``waited``/``bound``) as JSON lines; never raises."""
+    """Appends the run's events (``wait``/``waited``/``bound``) as JSON lines; never raises.
+
+    The file stays open between lines: a bounded call writes one, and opening the file anew
+    cost more than the rest of the line's work, on every such call.
+    """
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._warned = False
-        self._made_dir = False  # a bounded call writes one line: mkdir once, not per call
+        self._fd: int | None = None
+        self._closer: weakref.finalize[[int], EventLog] | None = None
+        self._open_lock = threading.Lock()
 
     def write(self, event: dict[str, Any]) -> None:
         if not self.path:
             return
+        line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
         try:
-            target = Path(self.path)
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-            try:
-                if not self._made_dir:
-                    raise FileNotFoundError
-                fd = os.open(target, flags, 0o600)
-            except FileNotFoundError:  # first write, or the directory was removed since
-                target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                self._made_dir = True
-                fd = os.open(target, flags, 0o600)
-            try:
-                os.write(fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
-            finally:
-                os.close(fd)
+            fd = self._fd
+            if fd is None or os.fstat(fd).st_nlink == 0:  # the first line, or the file was removed since
+                fd = self._reopen(fd)
+            os.write(fd, line)
         except OSError as exc:
             if not self._warned:
                 self._warned = True
                 warn(f"cannot record waits and bounds in {self.path}: {exc}")
+
+    def _reopen(self, seen: int | None) -> int:
+        assert self.path is not None
+        with self._open_lock:
+            if self._fd is not None and self._fd != seen:  # another thread reopened it meanwhile
+                return self._fd
+            if self._closer is not None:
+                self._closer()  # closes the old descriptor, once: never a number since reused
+                self._fd = self._closer = None
+            target = Path(self.path)
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            self._fd, self._closer = fd, weakref.finalize(self, os.close, fd)
+            return fd
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

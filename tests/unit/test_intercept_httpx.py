@@ -395,6 +395,26 @@ class TestStreams:
         assert not any('"choices":[]' in line for line in lines)
         assert [(row[0], row[2]) for row in _rows(store)] == [("settled", 12)]
 
+    def test_rewritten_body_goes_out_with_its_length_and_the_callers_request_is_left_as_it_was(
+        self, backend: Backend, make_guard: Callable[..., Guard], store: str
+    ) -> None:
+        """The request sent is a copy with the new body (its content-length too); the caller's is untouched."""
+        make_guard()
+        backend.reply(_ark_chat(backend.module))
+        with backend.client() as client:
+            request = client.build_request("POST", CHAT, json=_chat_body(stream=True), headers={"x-caller": "kept"})
+            original = request.read()
+            response = client.send(request, stream=True)
+            response.read()
+            response.close()
+        headers, sent = backend.sent[0]
+        assert json.loads(sent)["stream_options"] == {"include_usage": True}
+        assert headers["content-length"] == str(len(sent)) and headers["x-caller"] == "kept"
+        assert headers["accept-encoding"] == "identity"
+        assert request.read() == original and request.headers["content-length"] == str(len(original))
+        assert "accept-encoding" not in request.headers or request.headers["accept-encoding"] != "identity"
+        assert [(row[0], row[2]) for row in _rows(store)] == [("settled", 12)]
+
     def test_async_injected_usage_is_hidden(
         self, backend: Backend, make_guard: Callable[..., Guard], store: str
     ) -> None:

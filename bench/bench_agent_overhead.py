@@ -198,7 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if name != "plain":
                 pairs = zip(per_round[(name, stream)], per_round[("plain", stream)], strict=True)
                 rounds_added = [guarded - plain for guarded, plain in pairs]
-                spread = f" (per round {min(rounds_added):+.3f} to {max(rounds_added):+.3f})"
+                spread = (
+                    f" (per round {min(rounds_added):+.3f} to {max(rounds_added):+.3f},"
+                    f" median {statistics.median(rounds_added):+.3f})"
+                )
                 target = TARGET_MS[name.split("@")[0]]
                 ok = added <= target
                 verdict = f"{'PASS' if ok else 'FAIL'} (target <= {target:.2f} ms){spread}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quotawrap.admission import Plan, plan_output
 from quotawrap.estimate import (
@@ -118,6 +120,13 @@ class TestLearnedAllowance:
     def test_few_calls_take_the_largest(self) -> None:
         """Under 100 calls the p99 is the largest seen."""
         assert learned_allowance([5_000, 30_000, 9_000], floor=4_096) == 30_000
+
+    @given(st.lists(st.integers(min_value=0, max_value=200_000), min_size=1, max_size=1_500))
+    def test_the_nearest_rank_p99_of_any_history(self, outputs: list[int]) -> None:
+        """Picked without sorting the whole history (a heap of its top 1%): the sorted list's p99 exactly."""
+        ordered = sorted(outputs)
+        p99 = ordered[max(1, -(-99 * len(ordered) // 100)) - 1]  # nearest rank: ceil(0.99 n)
+        assert learned_allowance(outputs, floor=0, ceiling=10**9) == p99
 
     def test_ceiling(self) -> None:
         """Never above what Ark accepts as max_completion_tokens."""

@@ -158,10 +158,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         agent.write_text(AGENT)
         prefixes: dict[str, tuple[list[str], Path]] = {"plain": ([], REPO_ROOT)}
         for store in stores:
-            url = f"sqlite:///{Path(tmp) / 'ledger.sqlite3'}" if store == "sqlite" else redis_url
-            if url is None:
+            if store == "redis" and redis_url is None:
                 raise SystemExit("bench_agent_overhead: Redis needs redis-server on PATH or REDIS_URL")
-            for suffix, code in checkouts.items():
+            # A ledger per checkout: another version may keep another schema, and refuses this one's.
+            for index, (suffix, code) in enumerate(checkouts.items()):
+                if store == "sqlite":
+                    url = f"sqlite:///{Path(tmp) / f'ledger{index}.sqlite3'}"
+                else:
+                    assert redis_url is not None
+                    url = f"{redis_url.rsplit('/', 1)[0]}/{index}"  # its own database on the same server
                 prefixes[store + suffix] = (guarded_prefix(url, sim_url), code)
         os.environ["XDG_STATE_HOME"] = str(Path(tmp) / "state")  # the wrapper's events and logs stay here
         names = list(prefixes)

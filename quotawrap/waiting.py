@@ -93,14 +93,17 @@ class EventLog:
     """Appends the run's events (``wait``/``waited``/``bound``) as JSON lines; never raises.
 
     The file stays open between lines: a bounded call writes one, and opening the file anew
-    cost more than the rest of the line's work, on every such call.
+    cost more than the rest of the line's work, on every such call. Before each line the
+    descriptor is checked to be still this file's (a program may close every descriptor and
+    reuse the number): if not, or the file was removed, it is opened again.
     """
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._warned = False
         self._fd: int | None = None
-        self._closer: weakref.finalize[[int], EventLog] | None = None
+        self._ident = (0, 0)  # (st_dev, st_ino) of the file self._fd was opened on
+        self._closer: weakref.finalize[[int, tuple[int, int]], EventLog] | None = None
         self._open_lock = threading.Lock()
 
     def write(self, event: dict[str, Any]) -> None:
@@ -109,7 +112,7 @@ class EventLog:
         line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
         try:
             fd = self._fd
-            if fd is None or os.fstat(fd).st_nlink == 0:  # the first line, or the file was removed since
+            if fd is None or _opened_on(fd) != self._ident:  # the first line, or no longer our file
                 fd = self._reopen(fd)
             os.write(fd, line)
         except OSError as exc:
@@ -123,13 +126,33 @@ class EventLog:
             if self._fd is not None and self._fd != seen:  # another thread reopened it meanwhile
                 return self._fd
             if self._closer is not None:
-                self._closer()  # closes the old descriptor, once: never a number since reused
+                self._closer()  # closes the old descriptor if it is still ours, once
                 self._fd = self._closer = None
             target = Path(self.path)
             target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            self._fd, self._closer = fd, weakref.finalize(self, os.close, fd)
+            stat = os.fstat(fd)
+            self._fd, self._ident = fd, (stat.st_dev, stat.st_ino)
+            self._closer = weakref.finalize(self, _close_if_ours, fd, self._ident)
             return fd
+
+
+def _opened_on(fd: int) -> tuple[int, int] | None:
+    """The file a descriptor is open on, None when it is closed or that file was removed."""
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino) if stat.st_nlink > 0 else None
+
+
+def _close_if_ours(fd: int, ident: tuple[int, int]) -> None:
+    try:
+        stat = os.fstat(fd)
+    except OSError:
+        return  # closed already
+    if (stat.st_dev, stat.st_ino) == ident:
+        os.close(fd)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -105,6 +105,28 @@ class TestEvents:
         assert read_events(path).bounded_calls == 1
         assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
 
+    def test_a_descriptor_the_program_closed_and_reused_is_left_to_it(self, tmp_path: Path) -> None:
+        """The log keeps its file open; a program that closes every descriptor and opens its own file
+        on the same number must find that file untouched, and still open after the log is gone."""
+        import gc
+
+        path = tmp_path / "events.jsonl"
+        log = EventLog(str(path))
+        log.write({"ev": "bound", "model": "m"})
+        fd = log._fd
+        assert fd is not None
+        other = os.open(tmp_path / "program.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+        os.dup2(other, fd)  # the program's file now has the log's number
+        os.close(other)
+        log.write({"ev": "bound", "model": "m"})
+        assert read_events(path).bounded_calls == 2
+        assert (tmp_path / "program.txt").read_bytes() == b""
+        del log
+        gc.collect()
+        os.write(fd, b"still open")
+        os.close(fd)
+        assert (tmp_path / "program.txt").read_bytes() == b"still open"
+
     def test_missing_log(self, tmp_path: Path) -> None:
         """No log (nothing waited, or no run): no events, no error."""
         assert read_events(tmp_path / "absent.jsonl").waits == []

@@ -38,6 +38,7 @@ from .base import (
 from .holds import Deltas, Event, clamp, step
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
 from .sqlite_file import (
+    LOCK_WAIT_S,
     MIGRATIONS,
     OPEN_BUSY_MS,
     SCHEMA_VERSION,
@@ -49,6 +50,7 @@ from .sqlite_file import (
     refuse_foreign,
     refuse_symlink,
     retry_locked,
+    write_lock,
 )
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
@@ -56,40 +58,25 @@ __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 FILE_CHECK_S = 1.0  # how often an open ledger checks that its file is still the one it opened
 
 
-# Threads of one process writing one file queue on this lock, woken the moment the writer commits,
-# rather than on SQLite's busy handler, which sleeps 1 ms and more once it finds the file locked: a
-# guarded call's reserve meeting its own settler's batch waited a whole millisecond for ~50 µs of work.
-_WRITE_LOCKS: dict[str, threading.RLock] = {}
-
-
-def _write_lock(path: str) -> threading.RLock:
-    lock = _WRITE_LOCKS.get(path)
-    if lock is None:
-        lock = _WRITE_LOCKS.setdefault(path, threading.RLock())
-    return lock
-
-
-if hasattr(os, "register_at_fork"):  # a lock another thread held at fork() would never be released
-    os.register_at_fork(after_in_child=_WRITE_LOCKS.clear)
-
-
 class _Transaction:
     """``with ledger._write(action) as conn``: one BEGIN IMMEDIATE ... COMMIT (ROLLBACK on any error),
     database errors raised as StoreError. A class, not a generator: every guarded call takes two."""
 
-    __slots__ = ("_action", "_conn", "_ledger", "_lock")
+    __slots__ = ("_action", "_conn", "_ledger", "_lock", "_locked")
 
     def __init__(self, ledger: SQLiteLedger, action: str) -> None:
         self._ledger, self._action = ledger, action
-        self._lock = _write_lock(str(ledger.path))
+        self._lock = write_lock(str(ledger.path))
 
     def __enter__(self) -> sqlite3.Connection:
-        self._lock.acquire()
+        # Bounded as SQLite's busy timeout is: past it, ask SQLite as before rather than wait on.
+        self._locked = self._lock.acquire(timeout=LOCK_WAIT_S)
         try:
             self._conn = self._ledger._conn()
             self._conn.execute("BEGIN IMMEDIATE")
         except BaseException as exc:
-            self._lock.release()
+            if self._locked:
+                self._lock.release()
             if isinstance(exc, sqlite3.DatabaseError):
                 raise self._ledger._error(self._action, exc) from exc
             raise
@@ -101,7 +88,8 @@ class _Transaction:
         except sqlite3.DatabaseError as error:
             raise self._ledger._error(self._action, error) from (exc or error)
         finally:
-            self._lock.release()
+            if self._locked:
+                self._lock.release()
         if isinstance(exc, sqlite3.DatabaseError):
             raise self._ledger._error(self._action, exc) from exc
 

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from .._errors import StoreCorrupt, StoreError
 
 __all__ = [
+    "LOCK_WAIT_S",
     "MIGRATIONS",
     "OPEN_BUSY_MS",
     "SCHEMA_VERSION",
@@ -25,6 +27,7 @@ __all__ = [
     "refuse_foreign",
     "refuse_symlink",
     "retry_locked",
+    "write_lock",
 ]
 
 SCHEMA_VERSION = "4"
@@ -249,3 +252,22 @@ def check(path: Path, opened: tuple[int, int], url: str) -> None:
         raise StoreCorrupt("the ledger file was replaced while in use; the new one was left untouched", store=url)
     if st.st_size == 0:
         raise StoreCorrupt("the ledger file was truncated to nothing while in use; it was left untouched", store=url)
+
+
+# Threads of one process writing one file queue on this lock, woken the moment the writer commits,
+# rather than on SQLite's busy handler, which sleeps 1 ms and more once it finds the file locked: a
+# guarded call's reserve meeting its own settler's batch waited a whole millisecond for ~50 µs of work.
+_WRITE_LOCKS: dict[str, threading.RLock] = {}
+LOCK_WAIT_S = 60.0  # as long as the connections' busy_timeout: past it, SQLite's handler decides
+
+
+def write_lock(path: str) -> threading.RLock:
+    """The lock this process's writers of the ledger at ``path`` take around each write transaction."""
+    lock = _WRITE_LOCKS.get(path)
+    if lock is None:
+        lock = _WRITE_LOCKS.setdefault(path, threading.RLock())
+    return lock
+
+
+if hasattr(os, "register_at_fork"):  # a lock another thread held at fork() would never be released
+    os.register_at_fork(after_in_child=_WRITE_LOCKS.clear)

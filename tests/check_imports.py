@@ -29,6 +29,7 @@ PURE: frozenset[str] = frozenset(
         "quotawrap.media",
         "quotawrap.ledger.holds",
         "quotawrap.ledger.scopes",
+        "quotawrap.ledger.lines",
     }
 )
 # What a pure module may lean on besides other pure modules: the exception classes, and the

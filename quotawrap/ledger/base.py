@@ -75,6 +75,11 @@ class HoldRequest:
     key_fingerprint: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     hold_id: str = field(default_factory=new_hold_id)
+    # The waiting lines (ledger/lines.py): the call's place (None: it never waits), its ticket once
+    # it has one, and whether it may still wait (False once its deadline passed).
+    waiter: str | None = None
+    ticket: int | None = None
+    can_wait: bool = False
 
 
 class Settle(NamedTuple):
@@ -94,6 +99,9 @@ class Decision:
     verdict: Verdict
     held: bool  # True when a hold was taken (allowed, or --watch)
     counters: Mapping[str, Counters]  # the counters the verdict was computed on
+    queued: int = 0  # waiters ahead of it in its lines (it joined them): nothing held, no row written
+    waiting: bool = False  # at the head of its lines, waiting for holds in flight: nothing held, no row
+    ticket: int | None = None  # its place in every line, once it joined one
 
 
 @dataclass
@@ -261,6 +269,14 @@ class Ledger(Protocol):
 
     def resolve_run(self, run_id: str) -> int:
         """Charge every hold the run left open (as unresolved). Returns how many."""
+        ...
+
+    def leave_line(self, request: HoldRequest) -> None:
+        """Take ``request.waiter`` out of the lines of its run and model-day (it gave up). Idempotent."""
+        ...
+
+    def waiting(self, now: float) -> dict[str, int]:
+        """Per model, the calls waiting for room in the ledger's lines right now (every run and host)."""
         ...
 
     def reclaim_orphans(self, now: float) -> int:

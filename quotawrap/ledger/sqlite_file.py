@@ -30,7 +30,7 @@ __all__ = [
     "write_lock",
 ]
 
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"
 
 _AGGREGATES_TABLE = """CREATE TABLE IF NOT EXISTS call_aggregates (
     day TEXT NOT NULL, model TEXT NOT NULL, tags TEXT NOT NULL,
@@ -44,6 +44,13 @@ _AGGREGATES_TABLE = """CREATE TABLE IF NOT EXISTS call_aggregates (
 )"""  # what `prune` keeps of the calls of a day it deletes (ledger/retention.py)
 _AGGREGATES_V3 = _AGGREGATES_TABLE.format("")  # as schema 3 created it (migration "2")
 _AGGREGATES = _AGGREGATES_TABLE.format("\n    anomalous_calls INTEGER NOT NULL DEFAULT 0,")
+
+# The waiting lines (ledger/lines.py): one row per waiter per line ("run:<run>" or "md:<day>:<model>",
+# the counter key), ordered by ticket; "until" is the waiter's lease. The ticket sequence is meta's "ticket".
+_WAITERS = """CREATE TABLE IF NOT EXISTS waiters (
+    line TEXT NOT NULL, waiter TEXT NOT NULL, ticket INTEGER NOT NULL, until REAL NOT NULL, model TEXT NOT NULL,
+    PRIMARY KEY (line, waiter)
+)"""
 
 _SCHEMA = (
     """
@@ -102,6 +109,8 @@ CREATE TABLE IF NOT EXISTS usage_series (
 """
     + _AGGREGATES
     + ";\n"
+    + _WAITERS
+    + ";\n"
 )
 
 
@@ -120,6 +129,7 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
         "ALTER TABLE call_aggregates ADD COLUMN anomalous_calls INTEGER NOT NULL DEFAULT 0",
         "UPDATE meta SET value = '4' WHERE key = 'schema'",
     ),
+    "4": (_WAITERS, "UPDATE meta SET value = '5' WHERE key = 'schema'"),
 }
 
 

@@ -197,7 +197,7 @@ def test_version_2_ledger_is_migrated(tmp_path: Path) -> None:
     conn.close()
     reopened = SQLiteLedger(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == SCHEMA_VERSION == "4"
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == SCHEMA_VERSION == "5"
     conn.close()
     before = ledger_rows(reopened, "model")
     assert reopened.prune("2026-02-01").calls == 5

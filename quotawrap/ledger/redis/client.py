@@ -27,7 +27,16 @@ _T = TypeVar("_T")
 Arg = str | int | float
 
 # scripts that start with the shared library lua/lib.lua
-_WITH_LIB = ("reserve_one", "run_gate", "md_reserve", "run_apply", "transition_one", "transition_many", "md_transition")
+_WITH_LIB = (
+    "reserve_one",
+    "run_gate",
+    "md_reserve",
+    "run_apply",
+    "transition_one",
+    "transition_many",
+    "md_transition",
+    "line_leave",
+)
 SCRIPTS = (*_WITH_LIB, "lease", "unlease")
 
 
@@ -247,6 +256,9 @@ class Client:
 
     def delete(self, key: str) -> None:
         self._redis.delete(key)
+
+    def incr(self, key: str) -> int:
+        return int(self._redis.incr(key))
 
     def exists(self, key: str) -> bool:
         return bool(self._redis.exists(key))

@@ -78,6 +78,11 @@ class Keys:
     def md_sync(self, day: str, model: str) -> str:
         return f"{self.model_day(day, model)}:sync"
 
+    def md_line(self, day: str, model: str) -> tuple[str, str]:
+        """The model-day's waiting line: (sorted set of waiters by ticket, hash of their leases)."""
+        line = f"{self.model_day(day, model)}:line"
+        return line, f"{line}:lease"
+
     def hold(self, day: str, model: str, hold_id: str) -> str:
         return f"{self.model_day(day, model)}:h:{hold_id}"
 
@@ -95,6 +100,11 @@ class Keys:
     def run_model_days(self, run_id: str) -> str:
         return f"{self._run(run_id)}:mds"
 
+    def run_line(self, run_id: str) -> tuple[str, str]:
+        """The run's waiting line: (sorted set of waiters by ticket, hash of their leases)."""
+        line = f"{self._run(run_id)}:line"
+        return line, f"{line}:lease"
+
     def run_info(self, run_id: str) -> str:
         return f"{self._run(run_id)}:info"
 
@@ -102,6 +112,10 @@ class Keys:
 
     def meta(self) -> str:
         return f"{self._prefix}:meta"
+
+    def tickets(self) -> str:
+        """The ledger-wide sequence every waiter takes its ticket from."""
+        return f"{self._prefix}:tickets"
 
     def active(self) -> str:
         return f"{self._prefix}:active"
@@ -162,7 +176,7 @@ class Keys:
         keys = self._cache.get(cache_key)
         if keys is not None:
             return keys
-        if script == "reserve_one":  # KEYS[3..14]
+        if script == "reserve_one":  # KEYS[3..19]
             keys = (
                 self.meta(),
                 self.snapshot(model),
@@ -175,6 +189,9 @@ class Keys:
                 self.md_pids(day, model),
                 self.md_run_totals(day, model, run_id),
                 self.md_audit(day, model),
+                *self.run_line(run_id),
+                *self.md_line(day, model),
+                self.tickets(),
             )
         else:  # transition_one's KEYS[2..10]; md_transition's are the first six
             keys = (
@@ -198,7 +215,7 @@ class Keys:
         return [*own, *self._shared("reserve_one", day, model, run_id), *foreign]
 
     def run_gate(self, run_id: str) -> list[str]:
-        return [self.run_counters(run_id), self.run_holds(run_id), self.run_model_days(run_id)]
+        return [self.run_counters(run_id), self.run_holds(run_id), self.run_model_days(run_id), *self.run_line(run_id)]
 
     def md_reserve(self, day: str, model: str, run_id: str, hold_id: str) -> list[str]:
         return [
@@ -208,6 +225,7 @@ class Keys:
             self.hold(day, model, hold_id),
             self.md_run_totals(day, model, run_id),
             self.md_audit(day, model),
+            *self.md_line(day, model),
         ]
 
     def run_apply(self, run_id: str) -> list[str]:

@@ -19,6 +19,7 @@ the key schema. The shape of the design:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import socket
 import time
@@ -29,7 +30,7 @@ from functools import partial
 
 from ... import quota
 from ..._errors import ConfigError, StoreError
-from ...quota import BEIJING, Counters, Limit, Snapshot, Verdict
+from ...quota import BEIJING, Counters, Limit, Snapshot
 from ...usage import Usage
 from ..base import (
     Decision,
@@ -45,6 +46,7 @@ from . import records
 from .client import Arg, Client, as_int, as_text
 from .history import RedisHistory
 from .keys import Keys, expire_at
+from .lines import NO_LINE, LineReply, count_waiting, line_args
 from .litellm import THEIR_SNAPSHOT_TTL_S, ForeignUsage, pick_snapshot, with_our_lag
 from .options import DAY_S, RedisOptions, redact, split_url
 from .records import Location
@@ -211,6 +213,7 @@ class RedisLedger(RedisHistory):
             "blocked_ttl": BLOCKED_MARK_TTL_S,
             "reserve_cost": clamp(int(request.reserve_cost)),
             "limits": _limit_args(ordered),
+            **line_args(request),
         }
         return json.dumps(fields, separators=(",", ":"))
 
@@ -227,12 +230,13 @@ class RedisLedger(RedisHistory):
         md: Counters,
         run: Sequence[int],
         held: bool,
+        line: LineReply = NO_LINE,
     ) -> Decision:
         if held:
             self._locations[request.hold_id] = Location(request.day, request.model, request.run_id)
-        result = Verdict(True) if blocking == 0 else Verdict(False, ordered[blocking - 1])
         tokens, cost = Counters(run[0], run[1]), Counters(run[2], run[3])
-        return Decision(request.hold_id, result, held, {"run": tokens, "model_day": md, "run_cost": cost})
+        counters = {"run": tokens, "model_day": md, "run_cost": cost}
+        return line.decision(request, ordered, blocking, counters, held)
 
     def _reserve_one(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         """Single node: one script checks every limit and takes the hold in both slots."""
@@ -257,7 +261,8 @@ class RedisLedger(RedisHistory):
             self._foreign.seen(model, day, int(result[6]))  # the usage series adds it to our own settled
             md = Counters(int(result[1]), int(result[2]))
             run = [int(result[4]), int(result[5]), int(result[7]), int(result[8])]
-            return self._decision(request, ordered, code, md, run, bool(int(result[3])))
+            line = LineReply(int(result[9]), int(result[10]), as_text(result[11]) or "", int(result[12]))
+            return self._decision(request, ordered, code, md, run, bool(int(result[3])), line)
         raise StoreError("the balance snapshot kept changing while reserving; try again", store=self._store)
 
     def _reserve_cluster(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
@@ -271,6 +276,10 @@ class RedisLedger(RedisHistory):
         client, day, model, run_id, hold_id = self._client, request.day, request.model, request.run_id, request.hold_id
         expires = expire_at(day, request.expires_at)
         client.retrying("read", lambda: self._check_meta(day))
+        if request.can_wait and request.waiter is not None and request.ticket is None:
+            # a script may touch one slot only, so a waiter's ticket is drawn before its first reserve
+            ticket = client.retrying("reserve", lambda: client.incr(self._keys.tickets()))
+            request = dataclasses.replace(request, ticket=int(ticket))
         _, snapshot = self._snapshot_for_reserve(model, fresh=True)
         ordered = quota.ordered(limits_for(snapshot))
         foreign = client.retrying("read", lambda: self._foreign.total(model, day))
@@ -279,10 +288,11 @@ class RedisLedger(RedisHistory):
         client.retrying("reserve", lambda: client.set(self._keys.location(hold_id), location, exat=expires))
         self._touch_active(day, model)
         gate = client.retrying("reserve", lambda: client.script("run_gate", self._keys.run_gate(run_id), [args]))
-        run, taken = [int(v) for v in gate[:4]], int(gate[4])
+        run, taken, ahead_run = [int(v) for v in gate[:4]], int(gate[4]), int(gate[5])
         md_keys = self._keys.md_reserve(day, model, run_id, hold_id)
+        md_args: list[Arg] = [*run, foreign, args, ahead_run]
         try:
-            result = client.retrying("reserve", lambda: client.script("md_reserve", md_keys, [*run, foreign, args]))
+            result = client.retrying("reserve", lambda: client.script("md_reserve", md_keys, md_args))
         except StoreError:
             if taken:
                 with contextlib.suppress(StoreError):
@@ -293,8 +303,27 @@ class RedisLedger(RedisHistory):
             if taken:
                 self._run_apply(run_id, hold_id, "gone", 0, 0)
             client.retrying("reserve", lambda: client.delete(self._keys.location(hold_id)))
+        elif request.waiter is not None and request.ticket is not None:  # admitted: out of the run's line too
+            self._leave(self._keys.run_line(run_id), request.waiter)
         md = Counters(int(result[1]), int(result[2]))
-        return self._decision(request, ordered, int(result[0]), md, run, held)
+        line = LineReply(ahead_run, int(result[4]), as_text(result[5]) or "", request.ticket or 0)
+        return self._decision(request, ordered, int(result[0]), md, run, held, line)
+
+    def _leave(self, keys: Sequence[str], waiter: str) -> None:
+        self._client.retrying("leave", lambda: self._client.script("line_leave", keys, [waiter]))
+
+    def leave_line(self, request: HoldRequest) -> None:
+        if request.waiter is None:
+            return
+        run_line, md_line = self._keys.run_line(request.run_id), self._keys.md_line(request.day, request.model)
+        if self._redis().cluster:
+            self._leave(run_line, request.waiter)
+            self._leave(md_line, request.waiter)
+        else:
+            self._leave([*run_line, *md_line], request.waiter)
+
+    def waiting(self, now: float) -> dict[str, int]:
+        return count_waiting(self._redis(), self._keys)
 
     def _run_apply(self, run_id: str, hold_id: str, target: str, charged: int, charged_cost: int) -> None:
         args: list[Arg] = [hold_id, target, charged, charged_cost, self.options.run_ttl_s]

@@ -2,9 +2,10 @@
 --
 -- Keys are passed to the functions, never read from KEYS here, so the same code runs as one
 -- script (single node: every slot at once) or as one script per slot (Cluster).
--- Two rules are mirrored from Python and must stay equal to it (tests/unit/test_ledger_lua.py
--- runs both on generated cases): blocking() is quota.verdict, hold_step()/hold_follow() are
--- ledger/holds.py. Stored field names are listed in docs/redis.md ("Glossary").
+-- Three rules are mirrored from Python and must stay equal to it (tests/unit/test_ledger_lua.py
+-- runs both on generated cases): blocking() is quota.verdict (and, on counters with nothing in
+-- flight, quota.never_fits), hold_step()/hold_follow() are ledger/holds.py, line_ahead(),
+-- line_crowded() and line_decide() are ledger/lines.py. Stored field names are listed in docs/redis.md ("Glossary").
 
 local function num(v)
   if not v then return 0 end
@@ -52,6 +53,131 @@ local function blocking(limits, run_only, run, md_settled, md_in_flight, reserve
     end
   end
   return 0
+end
+
+-- quota.never_fits: blocking() on the counters with nothing in flight (what settles first cannot help)
+local function never_blocking(limits, run_only, run, md_settled, reserve, reserve_cost)
+  return blocking(limits, run_only, {run[1], 0, run[3], 0}, md_settled, 0, reserve, reserve_cost)
+end
+
+-- lines.ahead: how many live waiters stand ahead of a call in one line.
+-- entries: {{ticket, waiter, until}, ...}; waiter and ticket are false when the call has none.
+local function line_ahead(entries, waiter, ticket, now)
+  local count = 0
+  for _, e in ipairs(entries) do
+    if e[3] > now and e[2] ~= waiter then
+      if not ticket or not waiter or e[1] < ticket or (e[1] == ticket and e[2] < waiter) then
+        count = count + 1
+      end
+    end
+  end
+  return count
+end
+
+-- lines.crowded: whether a hold limit of the run line, of the model-day line, does not fit now
+local function line_crowded(limits, run, md_settled, md_in_flight, reserve, reserve_cost)
+  local crowd_run, crowd_md = false, false
+  for _, limit in ipairs(limits) do
+    if limit[2] == 'hold' then
+      local scope = limit[1]
+      local settled, in_flight, amount = 0, 0, reserve
+      if scope == 'run' then
+        settled, in_flight = run[1], run[2]
+      elseif scope == 'run_cost' then
+        settled, in_flight, amount = run[3], run[4], reserve_cost
+      elseif scope == 'model_day' then
+        settled, in_flight = md_settled, md_in_flight
+      end
+      if settled + in_flight + amount > limit[3] then
+        if scope == 'model_day' then crowd_md = true else crowd_run = true end
+      end
+    end
+  end
+  return crowd_run, crowd_md
+end
+
+-- lines.decide: take | refuse | queued | wait | line_refused, then whether the call joins the run
+-- line, the model-day line.
+local function line_decide(ahead_run, ahead_md, allowed, never, crowd_run, crowd_md, can_wait, enforce)
+  if not enforce then return 'take', false, false end
+  if ahead_run > 0 or ahead_md > 0 then
+    if can_wait then return 'queued', ahead_run > 0, ahead_md > 0 end
+    return 'line_refused', false, false
+  end
+  if allowed then return 'take', false, false end
+  if can_wait and not never then return 'wait', crowd_run, crowd_md end
+  return 'refuse', false, false
+end
+
+-- A line is a sorted set (score: ticket, member: waiter) and a hash of leases (waiter -> until, in
+-- the server's clock). Read as line_ahead's entries; places whose lease ran out are dropped.
+local function line_read(line, leases, now)
+  local flat = redis.call('ZRANGE', line, 0, -1, 'WITHSCORES')
+  local entries = {}
+  if #flat == 0 then return entries end
+  local waiters = {}
+  for i = 1, #flat, 2 do waiters[#waiters + 1] = flat[i] end
+  local untils = redis.call('HMGET', leases, unpack(waiters))
+  for i, w in ipairs(waiters) do
+    local until_ = tonumber(untils[i]) or 0
+    if until_ <= now then
+      redis.call('ZREM', line, w)
+      redis.call('HDEL', leases, w)
+    end
+    entries[i] = {tonumber(flat[2 * i]), w, until_}
+  end
+  return entries
+end
+
+-- The server's clock in seconds: every lease of a line is written and read on its own node.
+local function server_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- The call's waiter id and ticket from its reserve_args (false when it has none); a ticket it
+-- already holds in one of the lines read wins over none.
+local function line_self(a, now, ...)
+  local waiter, ticket = false, false
+  if a.waiter ~= '' then waiter = a.waiter end
+  if a.ticket > 0 then ticket = a.ticket end
+  if waiter and not ticket then
+    for _, entries in ipairs({...}) do
+      for _, e in ipairs(entries) do
+        if e[2] == waiter and e[3] > now and not ticket then ticket = e[1] end
+      end
+    end
+  end
+  return waiter, ticket
+end
+
+-- Renew the call's lease where it has a place, and take a place in the line when join is set.
+local function line_stay(line, leases, waiter, ticket, until_, join, ttl)
+  if join then
+    redis.call('ZADD', line, 'NX', int(ticket), waiter)
+  elseif not redis.call('ZSCORE', line, waiter) then
+    return
+  end
+  redis.call('HSET', leases, waiter, until_)
+  redis.call('EXPIRE', line, ttl)
+  redis.call('EXPIRE', leases, ttl)
+end
+
+local function line_leave(line, leases, waiter)
+  redis.call('ZREM', line, waiter)
+  redis.call('HDEL', leases, waiter)
+end
+
+-- The lines' answer for a call (lines.decide on the ledger's counters, foreign usage included in
+-- md_settled); ahead_run, ahead_md: line_ahead of each line (on Cluster the run gate's, passed on).
+-- Returns line_decide's three answers, then blocking()'s.
+local function line_answer(a, run, md_settled, md_in_flight, ahead_run, ahead_md)
+  local refused = blocking(a.limits, false, run, md_settled, md_in_flight, a.reserve, a.reserve_cost)
+  local never = never_blocking(a.limits, false, run, md_settled, a.reserve, a.reserve_cost) ~= 0
+  local crowd_run, crowd_md = line_crowded(a.limits, run, md_settled, md_in_flight, a.reserve, a.reserve_cost)
+  local outcome, join_run, join_md = line_decide(ahead_run, ahead_md, refused == 0, never, crowd_run, crowd_md,
+    a.can_wait == '1' and a.waiter ~= '', a.enforce == '1')
+  return outcome, join_run, join_md, refused
 end
 
 -- holds.MAX_CHARGE and holds.clamp: an amount within 0..2^53-1, so no counter wraps or goes negative
@@ -173,8 +299,9 @@ end
 
 -- Check every limit and take the model-day's share of the hold.
 -- k: counters open pids hold run_totals audit. run: the run counters the gate saw; foreign: the
--- LiteLLM limiter's usage of this model-day. Returns {blocking, settled seen, in flight seen, held}.
-local function md_reserve(k, a, run, foreign)
+-- LiteLLM limiter's usage of this model-day; line_refused: refuse it for the waiting line (blocking -1).
+-- Returns {blocking, settled seen, in flight seen, held}.
+local function md_reserve(k, a, run, foreign, line_refused)
   local md_settled, md_in_flight = counters(k.counters)
   md_settled = md_settled + foreign
   local prior = redis.call('HMGET', k.hold, 'state', 'blocking', 'reserved')
@@ -183,9 +310,11 @@ local function md_reserve(k, a, run, foreign)
     return {tonumber(prior[2]), md_settled, md_in_flight - held * num(prior[3]), held}
   end
   local refused_by = blocking(a.limits, false, run, md_settled, md_in_flight, a.reserve, a.reserve_cost)
+  if line_refused then refused_by = -1 end
   local held = (refused_by == 0 or a.enforce == '0')
   local blocked_by, would_block = '', 0
-  if refused_by ~= 0 then blocked_by, would_block = a.limits[refused_by][4], 1 end
+  if refused_by > 0 then blocked_by, would_block = a.limits[refused_by][4], 1 end
+  if refused_by < 0 then blocked_by, would_block = 'waiting_line', 1 end
   if held then
     redis.call('HINCRBY', k.counters, 'in_flight', int(a.reserve))
     redis.call('HSET', k.hold, 'state', 'held', 'run', a.run, 'reserved', int(a.reserve), 'charged', 0,

@@ -1,12 +1,14 @@
--- reserve_one.lua (single node): check every limit and take the hold in the run and model-day slots at once.
+-- reserve_one.lua (single node): check the waiting lines and every limit, and take the hold in the run and
+-- model-day slots at once.
 -- KEYS: 1 hold  2 hold location  3 meta  4 our snapshot  5 their balance_at_sync  6 their usage_at_sync
 --       7 run counters  8 run holds  9 run model-days
 --       10 md counters  11 md open  12 md pids  13 md run totals  14 md audit
---       15.. the LiteLLM limiter's daily_usage keys of this model-day
+--       15 run line  16 run line leases  17 md line  18 md line leases  19 the ticket sequence
+--       20.. the LiteLLM limiter's daily_usage keys of this model-day
 -- ARGV: 1 epoch  2 snapshot fingerprint  3 the call (reserve_args JSON)
 -- Returns {blocking, md settled, md in flight, held, run settled, run in flight, foreign, run cost settled,
--- run cost in flight}; {-1} the snapshot changed since it was read; {-2} the store lost its data;
--- {-3, at} the day is marked lost.
+-- run cost in flight, waiters ahead in the run line, in the md line, the lines' outcome, ticket};
+-- {-1} the snapshot changed since it was read; {-2} the store lost its data; {-3, at} the day is marked lost.
 local a = reserve_args(3)
 local meta = redis.call('HMGET', KEYS[3], 'epoch', 'lost:' .. a.day)
 if meta[1] ~= ARGV[1] then return {-2} end
@@ -15,14 +17,40 @@ local theirs = redis.call('MGET', KEYS[5], KEYS[6])
 local fingerprint = (redis.call('HGET', KEYS[4], 'synced_at') or '') .. '|' .. (theirs[1] or '') .. '|'
   .. (theirs[2] or '')
 if fingerprint ~= ARGV[2] then return {-1} end
+local foreign = sum_keys(20)
+local outcome, ahead_run, ahead_md, waiter, ticket = '', 0, 0, false, false
+if a.enforce == '1' then
+  local now = server_now()
+  local run_entries, md_entries = line_read(KEYS[15], KEYS[16], now), line_read(KEYS[17], KEYS[18], now)
+  waiter, ticket = line_self(a, now, run_entries, md_entries)
+  ahead_run, ahead_md = line_ahead(run_entries, waiter, ticket, now), line_ahead(md_entries, waiter, ticket, now)
+  if ahead_run + ahead_md > 0 or a.can_wait == '1' then  -- else the lines cannot change the limits' answer
+    local run = run_counters(KEYS[7])
+    local md_settled, md_in_flight = counters(KEYS[10])
+    local join_run, join_md, refused
+    outcome, join_run, join_md, refused = line_answer(a, run, md_settled + foreign, md_in_flight, ahead_run,
+      ahead_md)
+    if outcome == 'queued' or outcome == 'wait' then
+      if not ticket then ticket = redis.call('INCR', KEYS[19]) end
+      local until_ = now + a.lease
+      line_stay(KEYS[15], KEYS[16], waiter, ticket, until_, join_run, a.line_ttl)
+      line_stay(KEYS[17], KEYS[18], waiter, ticket, until_, join_md, a.line_ttl)
+      return {refused, md_settled + foreign, md_in_flight, 0, run[1], run[2], foreign, run[3], run[4], ahead_run, ahead_md,
+        outcome, ticket}
+    end
+  end
+end
 local run, taken = run_gate(KEYS[7], KEYS[8], KEYS[9], a)
 local k = {counters = KEYS[10], open = KEYS[11], pids = KEYS[12], hold = KEYS[1], run_totals = KEYS[13],
   audit = KEYS[14]}
-local foreign = sum_keys(15)
-local r = md_reserve(k, a, run, foreign)
+local r = md_reserve(k, a, run, foreign, outcome == 'line_refused')
 if r[4] == 1 then
   redis.call('SET', KEYS[2], a.day .. '\t' .. a.model .. '\t' .. a.run, 'EXAT', a.expire_at)
+  if waiter and ticket then
+    line_leave(KEYS[15], KEYS[16], waiter)
+    line_leave(KEYS[17], KEYS[18], waiter)
+  end
 elseif taken == 1 then
   run_apply(KEYS[7], KEYS[8], a.hold_id, 'gone', 0, 0, a.run_ttl)
 end
-return {r[1], r[2], r[3], r[4], run[1], run[2], foreign, run[3], run[4]}
+return {r[1], r[2], r[3], r[4], run[1], run[2], foreign, run[3], run[4], ahead_run, ahead_md, outcome, ticket or 0}

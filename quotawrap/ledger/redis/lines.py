@@ -1,0 +1,82 @@
+"""The Redis ledger's waiting lines (ledger/lines.py): what the reserve scripts are told and answer about them.
+
+A line is a sorted set of waiters by ticket plus a hash of their leases, in its scope's slot (the run's
+``{qw:run:<run>}:line``, the model-day's ``{qw:md:<day>:<model>}:line``); tickets come from ``qw:tickets``.
+The scripts check and change the lines in the same step as the limits (lua/lib.lua ``line_*``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from ...quota import Counters, Limit, Verdict
+from ..base import Decision, HoldRequest
+from ..lines import LEASE_S, LineName, line_limit
+from .client import Client
+from .keys import Keys
+from .records import parse_model_day_member
+
+__all__ = ["NO_LINE", "LineReply", "count_waiting", "line_args"]
+
+LINE_TTL_S = 86_400  # a line nobody joined for a day is dropped (a live one is renewed by every poll)
+
+
+def line_args(request: HoldRequest) -> dict[str, object]:
+    """The reserve_args fields of the call's place in line ("" and 0: none)."""
+    return {
+        "waiter": request.waiter or "",
+        "ticket": request.ticket or 0,
+        "can_wait": "1" if request.can_wait and request.waiter else "0",
+        "lease": LEASE_S,
+        "line_ttl": LINE_TTL_S,
+    }
+
+
+class LineReply(NamedTuple):
+    """What a reserve script says of the lines: waiters ahead in each, its outcome, the call's ticket (0: none)."""
+
+    ahead_run: int
+    ahead_md: int
+    outcome: str  # "" when the lines were not consulted, else a lines.Outcome
+    ticket: int
+
+    def decision(
+        self,
+        request: HoldRequest,
+        ordered: Sequence[Limit],
+        blocking: int,
+        counters: Mapping[str, Counters],
+        held: bool,
+    ) -> Decision:
+        ticket = self.ticket or request.ticket
+        if blocking < 0:  # refused by the line itself: it could not wait and others wait ahead
+            line: LineName = "model_day" if self.ahead_md else "run"
+            limit = line_limit(line, self.ahead_md or self.ahead_run)
+            return Decision(request.hold_id, Verdict(False, limit), False, counters, ticket=ticket)
+        result = Verdict(True) if blocking == 0 else Verdict(False, ordered[blocking - 1])
+        if self.outcome in ("queued", "wait"):
+            ahead = max(self.ahead_run, self.ahead_md)
+            return Decision(request.hold_id, result, False, counters, ahead, not ahead, ticket)
+        return Decision(request.hold_id, result, held, counters, ticket=ticket)
+
+
+NO_LINE = LineReply(0, 0, "", 0)
+
+
+def count_waiting(client: Client, keys: Keys) -> dict[str, int]:
+    """Per model, the live waiters of the model-day lines of the active model-days (today's and yesterday's)."""
+    now = time.time()
+    counts: dict[str, int] = {}
+
+    def read() -> None:
+        for member in client.zrangebyscore(keys.active(), str(now - 2 * 86_400), "+inf"):
+            day, model = parse_model_day_member(member)
+            leases = client.hgetall(keys.md_line(day, model)[1])
+            live = sum(1 for until in leases.values() if float(until or 0) > now)
+            if live:
+                counts[model] = counts.get(model, 0) + live
+
+    client.retrying("read", read)
+    return counts

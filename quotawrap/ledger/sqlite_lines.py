@@ -1,0 +1,81 @@
+"""The SQLite ledger's waiting lines (ledger/lines.py): a call's place, read and changed inside the reserve's
+``BEGIN IMMEDIATE`` transaction, so the lines and the counters are checked in one atomic step."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from ..quota import Verdict
+from .base import HoldRequest
+from .lines import LEASE_S, Entry, LineName, ahead, line_limit
+from .scopes import model_day_key, run_key
+
+__all__ = ["Place", "count_waiting", "leave"]
+
+_LINE = "SELECT ticket, waiter, until FROM waiters WHERE line = ?"
+
+
+class Place:
+    """A call's place in the lines of its run and model-day, inside the reserve's transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, request: HoldRequest, now: float) -> None:
+        lines: dict[LineName, str] = {
+            "run": run_key(request.run_id),
+            "model_day": model_day_key(request.model, request.day),
+        }
+        self._conn, self._request, self._lines, self._now = conn, request, lines, now
+        self.ticket = request.ticket
+        self.aheads: dict[LineName, int] = {"run": 0, "model_day": 0}
+        if not request.enforce:
+            return
+        read = {name: [Entry(*row) for row in conn.execute(_LINE, (line,)).fetchall()] for name, line in lines.items()}
+        for entries in read.values():
+            for entry in entries:
+                if entry.waiter == request.waiter and entry.until > now and self.ticket is None:
+                    self.ticket = entry.ticket
+        for name, entries in read.items():
+            self.aheads[name] = ahead(entries, request.waiter, self.ticket, now)
+            if any(entry.until <= now for entry in entries):  # a dead waiter's place: dropped
+                conn.execute("DELETE FROM waiters WHERE line = ? AND until <= ?", (lines[name], now))
+
+    def join(self, names: tuple[LineName, ...]) -> int:
+        """Join ``names`` and renew the lease in every line of the call; returns its ticket."""
+        request, conn = self._request, self._conn
+        if self.ticket is None:
+            conn.execute(
+                "INSERT INTO meta VALUES ('ticket', '1') ON CONFLICT (key)"
+                " DO UPDATE SET value = CAST(value AS INTEGER) + 1"
+            )
+            self.ticket = int(conn.execute("SELECT value FROM meta WHERE key = 'ticket'").fetchone()[0])
+        until = self._now + LEASE_S
+        conn.execute(
+            "UPDATE waiters SET until = ? WHERE waiter = ? AND line IN (?, ?)",
+            (until, request.waiter, *self._lines.values()),
+        )
+        for name in names:
+            conn.execute(
+                "INSERT OR IGNORE INTO waiters VALUES (?, ?, ?, ?, ?)",
+                (self._lines[name], request.waiter, self.ticket, until, request.model),
+            )
+        return self.ticket
+
+    def refusal(self) -> Verdict:
+        """The verdict of a call that cannot wait and finds others waiting ahead of it."""
+        line: LineName = "model_day" if self.aheads["model_day"] else "run"
+        return Verdict(False, line_limit(line, self.aheads[line]))
+
+    def leave(self) -> None:
+        if self._request.waiter is not None and self.ticket is not None:
+            leave(self._conn, self._request.waiter, tuple(self._lines.values()))
+
+
+def leave(conn: sqlite3.Connection, waiter: str, lines: tuple[str, ...]) -> None:
+    conn.execute(f"DELETE FROM waiters WHERE waiter = ? AND line IN ({','.join('?' * len(lines))})", (waiter, *lines))
+
+
+def count_waiting(conn: sqlite3.Connection, now: float) -> dict[str, int]:
+    """Per model, the live waiters of every line (a waiter in two lines counts once)."""
+    rows = conn.execute(
+        "SELECT model, COUNT(DISTINCT waiter) FROM waiters WHERE until > ? GROUP BY model", (now,)
+    ).fetchall()
+    return {model: count for model, count in rows}

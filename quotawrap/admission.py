@@ -62,13 +62,6 @@ class Room:
     def seen(self, counters: Mapping[str, quota.Counters]) -> None:
         self._known[self._where] = dict(counters)
 
-    def looks_full(self, hold: HoldRequest) -> bool:
-        """By the counters last seen (no read), the call must wait for holds in flight to settle."""
-        known = self._known.get(self._where)
-        if known is None:
-            return False
-        return only_in_flight_in_the_way(Fresh(self.limits_for(self._snapshot()), known), hold)
-
     def token_space(self) -> int | None:
         """Tokens one call may reserve at most once everything in flight settled (from counters last seen)."""
         known = self._known.get(self._where)

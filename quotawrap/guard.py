@@ -35,21 +35,22 @@ from typing import Any
 from . import endpoints, quota, refusals
 from ._errors import PolicyRefused, StoreError
 from ._log import warn
-from .admission import Plan, Room, Wait, only_in_flight_in_the_way, plan_output
+from .admission import Plan, Room, Wait, plan_output
 from .allowance import AllowanceBook
 from .contexts import ContextCreated, ContextSizes
 from .endpoint_prices import CostRule
-from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unbounded_thinking, usage_bound
+from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unbounded_thinking
 from .guard_books import GuardBooks
 from .guarded_call import CallContext, GuardedCall
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .ledger.base import Decision, Settle, run_cost_key, run_key
 from .redact import key_fingerprint
+from .reserving import Call, reserve_steps
 from .settings import Settings
 from .synthetic import SyntheticResponse, blocked_response
 from .tokens import TokenizerUnavailable, utf8_bound
 from .usage import Usage, UsageBound
-from .waiting import EventLog, WaitLine
+from .waiting import EventLog, RoomSignal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,9 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["Guard"]
 
 _SNAPSHOT_TTL_S = 1.0
-# Waiting for room: the head of this process's line re-asks the ledger with a doubling backoff
-# (a settle in this process wakes it at once); the others check whether they are head yet.
-_BACKOFF_MIN_S, _BACKOFF_MAX_S, _LINE_POLL_S = 0.005, 0.25, 0.05
 _CHEAP_SHARE = 0.01  # of the smallest token cap: inputs bounded below it never load a tokenizer
 
 
@@ -111,7 +109,7 @@ class Guard(GuardBooks):
             from .settler import Settler
 
             self.settler = Settler(lambda: self.ledger)
-        self._line = WaitLine()
+        self._room_signal = RoomSignal()
         self._events = EventLog(settings.events_log)
         self._allowances = AllowanceBook(lambda: self.ledger, clock=clock)
         self._known: dict[tuple[str, str], dict[str, quota.Counters]] = {}  # last counters seen per (model, day)
@@ -223,7 +221,7 @@ class Guard(GuardBooks):
         try:
             delay = next(steps)
             while True:
-                self._line.nap(delay)
+                self._room_signal.nap(delay)
                 delay = next(steps)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
@@ -343,7 +341,6 @@ class Guard(GuardBooks):
             "model_day": model_day_key(model, day),
             "run_cost": run_cost_key(self._run_id),
         }
-        line_key = keys["model_day"] + "|" + keys["run"]
         room = Room(
             self.ledger,
             lambda snapshot: self.limits_for(snapshot, day),
@@ -352,77 +349,17 @@ class Guard(GuardBooks):
             (model, day),
             keys,
         )
-        wait_s = self.settings.wait if enforce and 0 < self.settings.wait < float("inf") else 0.0
-        deadline = time.monotonic() + wait_s
-        waits = wait_s > 0
-        ticket: int | None = None
-        wait: Wait | None = None
-        backoff = _BACKOFF_MIN_S
-        superseded = 0  # refused attempts this call left in the ledger before its final answer
-        outcome = "abandoned"
-        try:
-            while True:
-                try:  # nothing may raise once the hold is taken: whatever can, is computed here
-                    plan = self._plan(kind, url, request, model, room, estimate)
-                    answer_bound = usage_bound(kind, plan.body, plan.estimate)
-                except (ValueError, RecursionError) as exc:
-                    outcome = "refused"
-                    return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
-                hold = self._hold(model, day, found.endpoint or kind, headers, plan, now, enforce, rule)
-                overdue = time.monotonic() >= deadline
-                # Others of this process wait already (queue behind them), or the counters last seen say
-                # there is no room: wait without asking, as every refused reserve is a row in the ledger.
-                if ticket is None and waits and (self._line.busy(line_key) or room.looks_full(hold)):
-                    ticket = self._line.join(line_key)
-                    wait = Wait(self._events, model, self._clock)
-                if ticket is not None and not overdue:
-                    if not self._line.is_head(line_key, ticket):
-                        yield _LINE_POLL_S
-                        continue
-                    # The head looks before it asks: every refused reserve is a row in the ledger's records.
-                    if only_in_flight_in_the_way(room.read(), hold):
-                        yield backoff
-                        backoff = min(backoff * 2, _BACKOFF_MAX_S)
-                        continue
-                try:
-                    decision = self.ledger.reserve(hold, room.limits_for)
-                except StoreError:  # the hold may have landed before the link broke: never sent, give it back
-                    self.land(Settle(hold.hold_id, "release"), None)
-                    raise
-                room.seen(decision.counters)
-                if decision.held:
-                    outcome = "admitted"
-                    return self._admitted(
-                        found, kind, request, model, day, plan, hold, decision, now, rule, answer_bound
-                    )
-                limits = room.limits_for(self.snapshot(model))
-                never = quota.never_fits(limits, decision.counters, hold.reserve, reserve_cost=hold.reserve_cost)
-                if never is not None and plan.bound is not None:
-                    refit = self._plan(kind, url, request, model, room, estimate).bound  # raised above if it can
-                    if refit is not None and refit < plan.bound:
-                        superseded += 1
-                        self._audit_refusal(model, day, plan, hold, decision)
-                        continue  # the bound was fitted to counters since outgrown: fit it to these, ask again
-                if never is not None or overdue or not waits:
-                    outcome = "refused"
-                    return self._refused(model, day, plan, hold, decision, wait, refusal_status)
-                if wait is None:
-                    wait = Wait(self._events, model, self._clock)
-                superseded += 1
-                self._audit_refusal(model, day, plan, hold, decision)  # the audit log mirrors the ledger's rows
-                if ticket is None:
-                    ticket = self._line.join(line_key)
-                yield backoff
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
-        finally:
-            if ticket is not None:
-                self._line.leave(line_key, ticket)
-            if wait is not None:
-                wait.done(outcome, superseded)
-            elif superseded:
-                self._events.write({"ev": "superseded", "model": model, "n": superseded})
+        call = Call(found, kind, url, headers, request, model, day, now, enforce, estimate, rule, refusal_status)
+        return (yield from reserve_steps(self, call, room))
 
-    def _plan(self, kind: Kind, url: str, request: dict[str, Any], model: str, room: Room, estimate: Estimate) -> Plan:
+    @property
+    def events(self) -> EventLog:
+        return self._events
+
+    def unreadable(self, model: str, exc: BaseException) -> GuardedCall:
+        return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
+
+    def plan(self, kind: Kind, url: str, request: dict[str, Any], model: str, room: Room, estimate: Estimate) -> Plan:
         """Bound the call's whole output when it may think without a bound (bots too: their API takes the chat
         body), unless --no-bound or --watch, and what it then reserves."""
         if kind not in ("chat", "responses") or not unbounded_thinking(kind, request):
@@ -432,61 +369,44 @@ class Guard(GuardBooks):
         reasoning = self._allowances.reasoning(model) if boundable else None
         return plan_output(kind, request, estimate, self._estimate_settings, boundable, reasoning, room.token_space)
 
-    def _hold(
-        self,
-        model: str,
-        day: str,
-        endpoint: str,
-        headers: Mapping[str, str],
-        plan: Plan,
-        now: float,
-        enforce: bool,
-        rule: CostRule,
-    ) -> HoldRequest:
+    def hold(self, call: Call, plan: Plan, *, waiter: str | None, ticket: int | None, can_wait: bool) -> HoldRequest:
         return HoldRequest(
             run_id=self._run_id,
-            model=model,
-            day=day,
+            model=call.model,
+            day=call.day,
             reserve=plan.estimate.total,
-            endpoint=endpoint,
+            endpoint=call.found.endpoint or call.kind,
             pid=os.getpid(),
             host=self._host,
             # a video task's hold is handed over to the task once created (see tasks.py)
-            expires_at=now + self.settings.hold_ttl,
-            enforce=enforce,
-            key_fingerprint=key_fingerprint(headers),
+            expires_at=call.now + self.settings.hold_ttl,
+            enforce=call.enforce,
+            key_fingerprint=key_fingerprint(call.headers),
             tags=self.tags,
-            reserve_cost=self.reserve_cost(model, plan.estimate, rule),
+            reserve_cost=self.reserve_cost(call.model, plan.estimate, call.rule),
+            waiter=waiter,
+            ticket=ticket,
+            can_wait=can_wait,
         )
 
-    def _audit_refusal(self, model: str, day: str, plan: Plan, hold: HoldRequest, decision: Decision) -> None:
+    def audit_refusal(self, plan: Plan, hold: HoldRequest, decision: Decision) -> None:
         self.audit(CallContext.of_hold(hold, decision, self._clock(), plan.bound), "blocked", None, 0, 0.0)
 
-    def _refused(
-        self, model: str, day: str, plan: Plan, hold: HoldRequest, decision: Decision, waited: Wait | None, status: int
+    def refused(
+        self, call: Call, plan: Plan, hold: HoldRequest, decision: Decision, waited: Wait | None
     ) -> GuardedCall:
-        self._audit_refusal(model, day, plan, hold, decision)
+        self.audit_refusal(plan, hold, decision)
         response = blocked_response(
-            model, decision.verdict, decision.counters, hold.reserve, hold.reserve_cost, status=status
+            call.model, decision.verdict, decision.counters, hold.reserve, hold.reserve_cost, status=call.refusal_status
         )
         if waited is not None and waited.seconds() >= 0.001:
             response = response.with_note(f" (refused after waiting {waited.seconds():.1f}s for room; --wait)")
         return GuardedCall.refused(response)
 
-    def _admitted(
-        self,
-        found: endpoints.Route,
-        kind: Kind,
-        request: dict[str, Any],
-        model: str,
-        day: str,
-        plan: Plan,
-        hold: HoldRequest,
-        decision: Decision,
-        now: float,
-        rule: CostRule,
-        answer_bound: UsageBound,
+    def admitted(
+        self, call: Call, plan: Plan, hold: HoldRequest, decision: Decision, answer_bound: UsageBound
     ) -> GuardedCall:
+        found, kind, request, model, now, rule = call.found, call.kind, call.request, call.model, call.now, call.rule
         body = plan.body
         hide = False
         new_body: bytes | None = None
@@ -505,7 +425,7 @@ class Guard(GuardBooks):
         if plan.bound is not None:
             self._events.write({"ev": "bound", "model": model, "bound": plan.bound, "pid": os.getpid()})
         context = CallContext.of_hold(hold, decision, now, plan.bound)
-        call = GuardedCall(
+        guarded = GuardedCall(
             self.ledger,
             decision.hold_id,
             model,
@@ -515,20 +435,20 @@ class Guard(GuardBooks):
             context=context,
             bound=answer_bound,
         )
-        call.cost_rule = rule
+        guarded.cost_rule = rule
         if found.endpoint == "video_task":
             from .tasks import TaskCreated
 
-            call.followup = TaskCreated(self, context)
+            guarded.followup = TaskCreated(self, context)
         elif found.endpoint == "context":
-            call.followup = ContextCreated(self.contexts)
-        return call
+            guarded.followup = ContextCreated(self.contexts)
+        return guarded
 
     # -- learning and waking ---------------------------------------------------------------------
 
     def settled(self, context: CallContext, usage: Usage | None) -> None:
         """A call of this process settled or was released: wake this process's waiters, learn its reasoning."""
-        self._line.room_freed()
+        self._room_signal.room_freed()
         if usage is not None and context.endpoint != "embeddings":
             self._allowances.observe(
                 context.model, usage.reasoning_tokens, usage.completion_tokens, context.output_bound

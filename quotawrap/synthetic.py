@@ -71,7 +71,9 @@ def block_message(model: str, verdict: quota.Verdict, counters: Mapping[str, quo
     used = counters.get(limit.scope, quota.Counters())
     hint = _RAISE_HINTS.get(limit.name, "see `quotawrap status`")
     fmt = format_cny if limit.scope == "run_cost" else _fmt
-    if limit.kind == "wall":
+    if limit.name == "waiting_line":  # ledger/lines.py: refused by the line, not by a cap
+        what = f"call to {model} cannot wait (--wait) and other calls wait for room before it"
+    elif limit.kind == "wall":
         numbers = f"settled {fmt(used.settled)} >= {fmt(limit.cap)}"
         what = f"model {model} is evicted for today ({limit.name}: {numbers})"
     else:

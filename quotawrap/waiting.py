@@ -1,17 +1,9 @@
-"""Waiting for room: the in-process first-come-first-served line, and the run's record of waits and bounds.
+"""Waiting for room: the process's wake-up on settles, and the run's record of waits and bounds.
 
-A call that does not fit only because of holds in flight waits instead of being refused (issue 9).
-The ledger decides every admission atomically; what this module adds is *order*:
-
-* **Within one process** the calls waiting for the same room form a line (:class:`WaitLine`):
-  only its head asks the ledger, a newcomer queues behind anyone already waiting (it never
-  overtakes), and a settle in this process wakes the head at once.
-* **Across processes and hosts** there is no line: each process's head retries the atomic
-  reserve with a short backoff, and whichever asks first once room appears gets it. That is
-  fair on average, not first come first served; a small call may pass a large one that waits
-  for more room than is free. A line kept in the ledger itself (a ticket counter per limit,
-  admission only for the lowest ticket) would give strict order across processes, runs and hosts
-  and wake waiters by notification instead of polling; it needs a ledger change.
+A call that does not fit only because of holds in flight waits instead of being refused (issue 9),
+first come, first served across threads, processes, runs and hosts: the order is kept in the ledger
+itself (ledger/lines.py has the rule, reserving.py the wait). What this module adds is the wake-up of
+this process's head waiters when one of its calls settles (:class:`RoomSignal`), and the record:
 
 The children record each wait and each bounded call as a JSON line in the run's events log
 (``QUOTAWRAP_EVENTS_LOG``), which the wrapper reads for the live view, the summary and ``status``.
@@ -19,7 +11,6 @@ The children record each wait and each bounded call as a JSON line in the run's 
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -34,10 +25,11 @@ from typing import Any
 from ._log import warn
 
 __all__ = [
+    "QUEUED_POLL_S",
     "EventLog",
     "EventsTail",
+    "RoomSignal",
     "RunEvents",
-    "WaitLine",
     "percentile",
     "read_events",
     "recent_logs",
@@ -47,40 +39,22 @@ __all__ = [
 ]
 
 
-class WaitLine:
-    """First come, first served among the threads (and event loops) of one process, per room key."""
+# A pause this long or longer is a queued call's (reserving.py): a settle in this process does not end it
+# early, as it cannot move a call that is not at the head of its line (only the head polls fast).
+QUEUED_POLL_S = 0.3
+
+
+class RoomSignal:
+    """Wakes this process's waiting calls when one of its calls settles (room may have freed)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._lines: dict[str, list[int]] = {}
-        self._tickets = itertools.count(1)
-
-    def busy(self, key: str) -> bool:
-        with self._cond:
-            return bool(self._lines.get(key))
-
-    def join(self, key: str) -> int:
-        with self._cond:
-            ticket = next(self._tickets)
-            self._lines.setdefault(key, []).append(ticket)
-            return ticket
-
-    def is_head(self, key: str, ticket: int) -> bool:
-        with self._cond:
-            line = self._lines.get(key)
-            return line is not None and bool(line) and line[0] == ticket
-
-    def leave(self, key: str, ticket: int) -> None:
-        with self._cond:
-            line = self._lines.get(key, [])
-            if ticket in line:
-                line.remove(ticket)
-            if not line:
-                self._lines.pop(key, None)
-            self._cond.notify_all()
 
     def nap(self, seconds: float) -> None:
-        """Sleep up to ``seconds``; a settle or a departure in this process ends it early."""
+        """Sleep ``seconds``; a settle in this process ends a head's pause (shorter than QUEUED_POLL_S) early."""
+        if seconds >= QUEUED_POLL_S:
+            time.sleep(seconds)
+            return
         with self._cond:
             self._cond.wait(seconds)
 

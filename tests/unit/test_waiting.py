@@ -4,55 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 from quotawrap.ledger.base import ModelTotals, RunTotals
 from quotawrap.live import wait_line
 from quotawrap.report import format_summary, run_report
 from quotawrap.settings import Settings
-from quotawrap.waiting import EventLog, EventsTail, WaitLine, percentile, read_events, summarize, waiting_now
+from quotawrap.waiting import EventLog, EventsTail, percentile, read_events, summarize, waiting_now
 
 
 def _lines(*events: dict) -> list[str]:
     return [json.dumps(event) for event in events]
-
-
-class TestWaitLine:
-    def test_first_come_first_served(self) -> None:
-        """The head is the earliest ticket; leaving hands the head to the next."""
-        line = WaitLine()
-        first, second = line.join("k"), line.join("k")
-        assert line.is_head("k", first) and not line.is_head("k", second)
-        line.leave("k", first)
-        assert line.is_head("k", second)
-        line.leave("k", second)
-        assert not line.busy("k")
-
-    def test_keys_are_separate_lines(self) -> None:
-        """Calls waiting for different room do not queue behind each other."""
-        line = WaitLine()
-        line.join("a")
-        assert line.is_head("b", line.join("b"))
-
-    def test_threads_are_served_in_arrival_order(self) -> None:
-        """Eight threads that join in order become head in that order."""
-        line = WaitLine()
-        tickets = [line.join("k") for _ in range(8)]
-        served: list[int] = []
-
-        def wait_turn(ticket: int) -> None:
-            while not line.is_head("k", ticket):
-                line.nap(0.01)
-            served.append(ticket)
-            line.leave("k", ticket)
-
-        threads = [threading.Thread(target=wait_turn, args=(t,)) for t in reversed(tickets)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert served == tickets
 
 
 class TestEvents:

@@ -1,0 +1,143 @@
+"""The reserve of one call, and its wait for room in the ledger's line (issue 9), as steps the guard drives.
+
+Each step yields the pause (seconds) before the next: ``Guard.begin`` sleeps it, ``Guard.abegin`` and the
+gateway await it, so an event loop is never blocked. Order is the ledger's (ledger/lines.py): a call
+that must wait holds a place in the lines of its run and model-day, by a ticket fixed at its first wait,
+across threads, processes, runs and hosts.
+
+* The head of its lines (the ledger answered *waiting*) polls fast, with a doubling backoff from
+  5 ms to 250 ms, and a settle in this process wakes it at once. It looks at the counters before it
+  asks (a read takes no lock), but asks at least every ``LEASE_S / 5`` to keep its place.
+* A call queued behind others (the ledger answered *queued*) polls slower the further back it
+  stands (0.1 s per waiter ahead, at most 1 s): it only keeps its place until it is at the head.
+* Whatever ends the wait (admitted, refused, deadline, an error, a cancelled task) leaves the
+  lines in ``finally``; a process that dies leaves them when its lease runs out.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import endpoints, quota
+from ._errors import StoreError
+from ._log import warn
+from .admission import Room, Wait, only_in_flight_in_the_way
+from .endpoint_prices import CostRule
+from .estimate import Estimate, Kind, usage_bound
+from .guarded_call import GuardedCall
+from .ledger import HoldRequest
+from .ledger.base import Settle
+from .ledger.lines import LEASE_S
+from .waiting import QUEUED_POLL_S
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .guard import Guard
+
+__all__ = ["Call", "reserve_steps"]
+
+_BACKOFF_MIN_S, _BACKOFF_MAX_S = 0.005, 0.25
+_RENEW_S = LEASE_S / 5  # the head asks the ledger at least this often: every reserve renews its place
+_QUEUED_MAX_S = 1.0
+
+
+@dataclass(frozen=True)
+class Call:
+    """What one call's reserve loop works from (fixed before it starts)."""
+
+    found: endpoints.Route
+    kind: Kind
+    url: str
+    headers: Mapping[str, str]
+    request: dict[str, Any]
+    model: str
+    day: str
+    now: float
+    enforce: bool
+    estimate: Estimate
+    rule: CostRule
+    refusal_status: int
+
+
+def queued_poll(ahead: int) -> float:
+    """How long a call with ``ahead`` waiters before it waits before it asks again."""
+    return min(_QUEUED_MAX_S, max(QUEUED_POLL_S, QUEUED_POLL_S * ahead))
+
+
+def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None, GuardedCall]:
+    """Reserve for ``call``, waiting in line for room up to ``--wait``; the call's answer."""
+    settings = guard.settings
+    wait_s = settings.wait if call.enforce and 0 < settings.wait < float("inf") else 0.0
+    deadline = time.monotonic() + wait_s
+    waits = wait_s > 0
+    waiter = uuid.uuid4().hex if waits else None
+    ticket: int | None = None
+    wait: Wait | None = None
+    head = False  # the ledger's last answer: at the head of its lines, waiting for holds in flight
+    asked_at = float("-inf")
+    backoff = _BACKOFF_MIN_S
+    superseded = 0  # refused attempts this call left in the ledger before its final answer
+    outcome = "abandoned"
+    hold: HoldRequest | None = None
+    try:
+        while True:
+            try:  # nothing may raise once the hold is taken: whatever can, is computed here
+                plan = guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate)
+                answer_bound = usage_bound(call.kind, plan.body, plan.estimate)
+            except (ValueError, RecursionError) as exc:
+                outcome = "refused"
+                return guard.unreadable(call.model, exc)
+            overdue = time.monotonic() >= deadline
+            hold = guard.hold(call, plan, waiter=waiter, ticket=ticket, can_wait=waits and not overdue)
+            # The head looks before it asks (a read takes no lock), but asks often enough to keep its place.
+            looks = head and not overdue and time.monotonic() - asked_at < _RENEW_S
+            if looks and only_in_flight_in_the_way(room.read(), hold):
+                yield backoff
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                continue
+            try:
+                decision = guard.ledger.reserve(hold, room.limits_for)
+            except StoreError:  # the hold may have landed before the link broke: never sent, give it back
+                guard.land(Settle(hold.hold_id, "release"), None)
+                raise
+            asked_at = time.monotonic()
+            room.seen(decision.counters)
+            ticket = decision.ticket if decision.ticket is not None else ticket
+            if decision.held:
+                outcome = "admitted"
+                return guard.admitted(call, plan, hold, decision, answer_bound)
+            if decision.queued or decision.waiting:
+                if wait is None:
+                    wait = Wait(guard.events, call.model, guard.clock)
+                head = decision.waiting
+                if head:
+                    yield backoff
+                    backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                else:
+                    backoff = _BACKOFF_MIN_S
+                    yield queued_poll(decision.queued)
+                continue
+            limits = room.limits_for(guard.snapshot(call.model))
+            never = quota.never_fits(limits, decision.counters, hold.reserve, reserve_cost=hold.reserve_cost)
+            if never is not None and plan.bound is not None:
+                refit = guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate).bound
+                if refit is not None and refit < plan.bound:
+                    superseded += 1
+                    guard.audit_refusal(plan, hold, decision)
+                    continue  # the bound was fitted to counters since outgrown: fit it to these, ask again
+            outcome = "refused"
+            return guard.refused(call, plan, hold, decision, wait)
+    finally:
+        if ticket is not None and hold is not None:
+            try:
+                guard.ledger.leave_line(hold)
+            except Exception as exc:  # its lease runs out instead
+                warn(f"could not leave the waiting line: {exc}; the others wait at most {LEASE_S:.0f}s more")
+        if wait is not None:
+            wait.done(outcome, superseded)
+        elif superseded:
+            guard.events.write({"ev": "superseded", "model": call.model, "n": superseded})

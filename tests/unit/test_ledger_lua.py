@@ -1,7 +1,9 @@
 """The Lua mirrors of the ledger's rules equal their Python originals, on generated cases.
 
-lua/lib.lua's ``blocking`` must be ``quota.verdict`` (on limits in ``quota.ordered``'s order),
-and its ``hold_step`` / ``hold_follow`` must be ``holds.step`` / ``holds.follow``. Each check
+lua/lib.lua's ``blocking`` must be ``quota.verdict`` (on limits in ``quota.ordered``'s order) and
+its ``never_blocking`` ``quota.never_fits``; its ``hold_step`` / ``hold_follow`` must be ``holds.step`` /
+``holds.follow``, and its ``line_ahead`` / ``line_crowded`` / ``line_decide`` the waiting lines' rule
+of ``ledger/lines.py``. Each check
 runs the library itself through real ``EVAL`` on a private redis-server, a thousand cases per
 call, against the Python functions on the same seeded cases.
 """
@@ -15,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from quotawrap.ledger import holds
+from quotawrap.ledger import holds, lines
 from quotawrap.ledger.redis.client import lua_file
-from quotawrap.quota import Counters, Limit, ordered, verdict
+from quotawrap.quota import Counters, Limit, never_fits, ordered, verdict
 from tests.redis_server import session_url
 
 pytestmark = pytest.mark.redis
@@ -42,6 +44,21 @@ for i, c in ipairs(cjson.decode(ARGV[1])) do
     else
       out[i] = {r[1], int(r[2]), int(r[3]), r[4], int(r[5]), int(r[6]), int(r[7]), int(r[8]), r[9]}
     end
+  elseif c.check == 'never' then
+    local limits = {}
+    for j, l in ipairs(c.limits) do limits[j] = {l[1], l[2], l[3], l[4]} end
+    out[i] = never_blocking(limits, false, c.run, c.md[1], c.reserve, c.reserve_cost)
+  elseif c.check == 'crowded' then
+    local limits = {}
+    for j, l in ipairs(c.limits) do limits[j] = {l[1], l[2], l[3], l[4]} end
+    out[i] = {line_crowded(limits, c.run, c.md[1], c.md[2], c.reserve, c.reserve_cost)}
+  elseif c.check == 'ahead' then
+    local waiter, ticket = false, false
+    if c.waiter ~= '' then waiter = c.waiter end
+    if c.ticket > 0 then ticket = c.ticket end
+    out[i] = line_ahead(c.entries, waiter, ticket, c.now)
+  elseif c.check == 'decide' then
+    out[i] = {line_decide(c.ahead_run, c.ahead_md, c.allowed, c.never, c.crowd_run, c.crowd_md, c.can_wait, c.enforce)}
   else
     local r = {hold_follow(c.state, c.reserved, c.charged, c.reserved_cost, c.charged_cost, c.target,
       c.new_charged, c.new_charged_cost)}
@@ -201,3 +218,98 @@ def test_hold_follow_is_holds_follow(lua: Any) -> None:
             case["new_charged_cost"],
         )
         assert (answer is False) if expected is None else holds.Deltas(*map(int, answer)) == expected, case
+
+
+def test_never_blocking_is_quota_never_fits(lua: Any) -> None:
+    """never_blocking() (blocking() with nothing in flight) names the same limit as quota.never_fits."""
+    rng = random.Random(14)
+    generated = [_verdict_case(rng) for _ in range(CASES)]
+    answers = lua([{**case, "check": "never"} for case, *_ in generated])
+    never = 0
+    for (case, limits, counters, _), index in zip(generated, answers, strict=True):
+        expected = never_fits(limits, counters, case["reserve"], reserve_cost=case["reserve_cost"])
+        assert (ordered(limits)[index - 1] if index else None) == expected, case
+        never += index != 0
+    assert CASES // 10 < never < CASES * 9 // 10
+
+
+def test_line_crowded_is_lines_crowded(lua: Any) -> None:
+    """line_crowded() marks the same lines as lines.crowded (the lines a waiter at the head joins)."""
+    rng = random.Random(15)
+    generated = [_verdict_case(rng) for _ in range(CASES)]
+    answers = lua([{**case, "check": "crowded"} for case, *_ in generated])
+    marked = 0
+    for (case, limits, counters, _), (run, md) in zip(generated, answers, strict=True):
+        expected = lines.crowded(limits, counters, case["reserve"], reserve_cost=case["reserve_cost"])
+        got = tuple(name for name, on in (("run", run), ("model_day", md)) if on)
+        assert got == expected, case
+        marked += bool(got)
+    assert CASES // 10 < marked < CASES * 9 // 10
+
+
+def _waiter(rng: random.Random) -> str:
+    return rng.choice(("", *(f"{n:032x}" for n in range(6))))
+
+
+def test_line_ahead_is_lines_ahead(lua: Any) -> None:
+    """line_ahead() counts the same live waiters ahead as lines.ahead: tickets, ties broken by waiter id,
+    leases run out, a call without a ticket or without a waiter id, and the call itself in line."""
+    rng = random.Random(16)
+    cases = []
+    for _ in range(CASES):
+        now = rng.choice((1_000.0, 1_000.5))
+        entries = []
+        for _ in range(rng.randint(0, 6)):
+            waiter = _waiter(rng) or "f" * 32
+            entries.append([rng.randint(1, 8), waiter, now + rng.choice((-1.0, 0.0, 0.25, 5.0))])
+        cases.append(
+            {
+                "check": "ahead",
+                "entries": entries,
+                "waiter": _waiter(rng),
+                "ticket": rng.choice((0, rng.randint(1, 8))),
+                "now": now,
+            }
+        )
+    answers = lua(cases)
+    counted = 0
+    for case, answer in zip(cases, answers, strict=True):
+        entries = [lines.Entry(t, w, u) for t, w, u in case["entries"]]
+        expected = lines.ahead(entries, case["waiter"] or None, case["ticket"] or None, case["now"])
+        assert answer == expected, case
+        counted += expected > 0
+    assert CASES // 5 < counted < CASES * 4 // 5
+
+
+def test_line_decide_is_lines_decide(lua: Any) -> None:
+    """line_decide() gives the same outcome and joins the same lines as lines.decide, on every input."""
+    rng = random.Random(17)
+    cases = [
+        {
+            "check": "decide",
+            "ahead_run": rng.choice((0, 0, 1, 3)),
+            "ahead_md": rng.choice((0, 0, 1, 3)),
+            "allowed": rng.random() < 0.5,
+            "never": rng.random() < 0.3,
+            "crowd_run": rng.random() < 0.5,
+            "crowd_md": rng.random() < 0.5,
+            "can_wait": rng.random() < 0.6,
+            "enforce": rng.random() < 0.9,
+        }
+        for _ in range(CASES)
+    ]
+    seen = set()
+    for case, (outcome, join_run, join_md) in zip(cases, lua(cases), strict=True):
+        crowd = tuple(name for name, on in (("run", case["crowd_run"]), ("model_day", case["crowd_md"])) if on)
+        expected = lines.decide(
+            {"run": case["ahead_run"], "model_day": case["ahead_md"]},
+            allowed=case["allowed"],
+            never=case["never"],
+            crowd=crowd,
+            can_wait=case["can_wait"],
+            enforce=case["enforce"],
+        )
+        joined = tuple(name for name, on in (("run", join_run), ("model_day", join_md)) if on)
+        assert (outcome, joined) == tuple(expected), case
+        seen.add(outcome)
+    assert seen == {"take", "refuse", "queued", "wait", "line_refused"}

@@ -634,6 +634,119 @@ class TestConcurrency:
         assert sum(t.calls + t.blocked_calls for t in totals) == len(records)
 
 
+# -- waiting lines (ledger/lines.py) ------------------------------------------------------------------
+
+
+def waiter(hold: HoldRequest, name: str, ticket: int | None = None, *, can_wait: bool = True) -> HoldRequest:
+    """``hold`` as the reserve of a call that waits in line as ``name``."""
+    return dataclasses.replace(hold, waiter=name, ticket=ticket, can_wait=can_wait)
+
+
+@pytest.fixture
+def short_lease(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Leases of 0.3 s, so a test can let one run out."""
+    monkeypatch.setattr("quotawrap.ledger.sqlite_lines.LEASE_S", 0.3)
+    monkeypatch.setattr("quotawrap.ledger.redis.lines.LEASE_S", 0.3)
+    return 0.3
+
+
+class TestWaitingLines:
+    def test_first_come_first_served(self, ledger: Ledger) -> None:
+        """A big call waiting for holds in flight is not overtaken by a small call that fits the gap,
+        nor by a call that cannot wait; once room frees, they are admitted in ticket order."""
+        cap = limits(daily=1000)
+        first = ledger.reserve(request(800), cap)
+        big = ledger.reserve(waiter(request(500), "big"), cap)
+        assert not big.held and big.waiting and not big.queued and big.ticket is not None
+        small = ledger.reserve(waiter(request(100), "small"), cap)  # 800 + 100 fits, but "big" came first
+        assert not small.held and small.queued == 1 and small.ticket is not None and small.ticket > big.ticket
+        hasty = ledger.reserve(request(100), cap)  # --wait 0: refused by the line, not let past it
+        assert not hasty.held and hasty.verdict.blocking is not None
+        assert hasty.verdict.blocking.name == "waiting_line"
+        assert md(ledger) == Counters(0, 800)
+        totals = ledger.run_totals("run-a").totals
+        assert (totals.calls, totals.blocked_calls) == (1, 1)  # waiting and queued attempts leave no row
+        small_again = ledger.reserve(waiter(request(100), "small", small.ticket), cap)
+        assert small_again.queued == 1  # still behind "big", as long as "big" does not fit
+        ledger.release(first.hold_id)
+        admitted = ledger.reserve(waiter(request(500), "big", big.ticket), cap)
+        assert admitted.held
+        after = ledger.reserve(waiter(request(100), "small", small.ticket), cap)
+        assert after.held  # "big" left the line when admitted
+        assert md(ledger) == Counters(0, 600)
+
+    def test_lines_are_per_model_day_and_run(self, ledger: Ledger) -> None:
+        """A wait for one model's daily cap holds up no other model; a wait for the run cap, the whole run."""
+        daily = limits(daily=1000)
+        ledger.reserve(request(800), daily)
+        assert ledger.reserve(waiter(request(500), "big"), daily).waiting
+        assert ledger.reserve(request(100, model="other-model"), daily).held
+        assert ledger.reserve(request(100, run="run-b"), daily).verdict.blocking.name == "waiting_line"  # type: ignore[union-attr]
+        run_cap = limits(run_cap=1000)
+        ledger.reserve(request(900, run="run-c", model="m2"), run_cap)
+        assert ledger.reserve(waiter(request(500, run="run-c", model="m2"), "run-waiter"), run_cap).waiting
+        assert not ledger.reserve(request(50, run="run-c", model="m3"), run_cap).held  # same run, any model
+        assert ledger.reserve(request(50, run="run-d", model="m2"), run_cap).held  # another run
+
+    def test_never_fits_is_refused_at_once_and_not_queued(self, ledger: Ledger) -> None:
+        cap = limits(daily=1000)
+        ledger.reserve(request(300), cap)
+        never = ledger.reserve(waiter(request(1200), "huge"), cap)
+        assert not never.held and not never.waiting and not never.queued
+        assert never.verdict.blocking is not None and never.verdict.blocking.name == "daily_cap"
+        assert ledger.run_totals("run-a").totals.blocked_calls == 1
+        assert ledger.reserve(request(100), cap).held  # "huge" holds no place in line
+
+    def test_leave_on_give_up(self, ledger: Ledger) -> None:
+        cap = limits(daily=1000)
+        ledger.reserve(request(800), cap)
+        gave_up = waiter(request(500), "big")
+        assert ledger.reserve(gave_up, cap).waiting
+        assert ledger.waiting(time.time()) == {MODEL: 1}
+        assert not ledger.reserve(request(100), cap).held
+        ledger.leave_line(gave_up)
+        ledger.leave_line(gave_up)  # idempotent
+        assert ledger.waiting(time.time()) == {}
+        assert ledger.reserve(request(100), cap).held
+
+    def test_overdue_waiter_is_refused_not_queued(self, ledger: Ledger) -> None:
+        """A waiter past its deadline (can_wait False) gets a final refusal, with a row, never a place."""
+        cap = limits(daily=1000)
+        ledger.reserve(request(800), cap)
+        big = ledger.reserve(waiter(request(500), "big"), cap)
+        late = ledger.reserve(waiter(request(100), "late"), cap)
+        final = ledger.reserve(waiter(request(100), "late", late.ticket, can_wait=False), cap)
+        assert not final.held and not final.queued and final.verdict.blocking is not None
+        assert final.verdict.blocking.name == "waiting_line"
+        mine = ledger.reserve(waiter(request(500), "big", big.ticket, can_wait=False), cap)
+        assert not mine.held and mine.verdict.blocking is not None and mine.verdict.blocking.name == "daily_cap"
+
+    def test_a_dead_waiter_blocks_no_longer_than_its_lease(self, ledger: Ledger, short_lease: float) -> None:
+        cap = limits(daily=1000)
+        ledger.reserve(request(800), cap)
+        assert ledger.reserve(waiter(request(500), "dead"), cap).waiting  # then it never polls again
+        assert not ledger.reserve(request(100), cap).held
+        time.sleep(short_lease * 2)
+        assert ledger.waiting(time.time()) == {}
+        assert ledger.reserve(request(100), cap).held
+
+    def test_polling_keeps_the_place(self, ledger: Ledger, short_lease: float) -> None:
+        cap = limits(daily=1000)
+        ledger.reserve(request(800), cap)
+        ticket = ledger.reserve(waiter(request(500), "alive"), cap).ticket
+        for _ in range(4):
+            time.sleep(short_lease / 2)
+            assert ledger.reserve(waiter(request(500), "alive", ticket), cap).waiting
+        assert not ledger.reserve(request(100), cap).held
+
+    def test_watch_mode_ignores_the_lines(self, ledger: Ledger) -> None:
+        cap = limits(daily=1000)
+        ledger.reserve(request(800), cap)
+        assert ledger.reserve(waiter(request(500), "big"), cap).waiting
+        watched = ledger.reserve(request(100, enforce=False), cap)
+        assert watched.held and watched.verdict.allowed and not watched.queued
+
+
 # -- Redis only -----------------------------------------------------------------------------------
 
 
@@ -926,6 +1039,27 @@ class TestCluster:
         ledger.release(handed.hold_id, handed_to="task-1")
         totals = ledger.run_totals("run-a").models[MODEL]
         assert (totals.calls, totals.anomalous_calls, totals.released_calls) == (4, 1, 0)
+
+    def test_waiting_lines_on_cluster(self, cluster_url: str) -> None:
+        """The lines on Cluster: the run slot's line in the gate, the model-day's in its own script."""
+        ledger = RedisLedger(cluster_url)
+        daily, run_cap = limits(daily=1000), limits(run_cap=1000)
+        first = ledger.reserve(request(800), daily)
+        big = ledger.reserve(waiter(request(500), "big"), daily)
+        assert big.waiting and big.ticket is not None
+        small = ledger.reserve(waiter(request(100), "small"), daily)
+        assert small.queued and small.ticket is not None and small.ticket > big.ticket
+        assert ledger.reserve(request(100), daily).verdict.blocking.name == "waiting_line"  # type: ignore[union-attr]
+        assert rc(ledger) == Counters(0, 800)  # the queued calls' run holds were given back
+        ledger.release(first.hold_id)
+        assert ledger.reserve(waiter(request(500), "big", big.ticket), daily).held
+        assert ledger.reserve(waiter(request(100), "small", small.ticket), daily).held
+        ledger.reserve(request(900, run="run-c"), run_cap)
+        run_waiter = ledger.reserve(waiter(request(500, run="run-c", model="m2"), "rw"), run_cap)
+        assert run_waiter.waiting
+        assert not ledger.reserve(request(50, run="run-c", model="m3"), run_cap).held
+        ledger.leave_line(waiter(request(500, run="run-c", model="m2"), "rw"))
+        assert ledger.reserve(request(50, run="run-c", model="m3"), run_cap).held
 
     def test_concurrency_on_cluster(self, cluster_url: str) -> None:
         """The 8-process hammer against one cap on Cluster: no overspend, counters add up."""

@@ -250,13 +250,13 @@ class RedisLedger(RedisHistory):
             keys = self._keys.reserve_one(day, model, request.run_id, request.hold_id, self._foreign.names(model, day))
             args = (self._epoch or "", fingerprint, self._reserve_args(request, ordered, expires))
             result = client.retrying("reserve", partial(client.script, "reserve_one", keys, args))
-            code = int(result[0])
-            if code == -1:  # the snapshot changed since it was read: read it again
+            code = int(result[0])  # a decision has 13 fields (blocking -1: the waiting line), the errors 1 or 2
+            if code == -1 and len(result) == 1:  # the snapshot changed since it was read: read it again
                 fresh = True
                 continue
-            if code == -2:
+            if code == -2 and len(result) == 1:
                 raise self._lost(day)
-            if code == -3:
+            if code == -3 and len(result) == 2:
                 raise self._lost_error(day, float(as_text(result[1]) or 0))
             self._foreign.seen(model, day, int(result[6]))  # the usage series adds it to our own settled
             md = Counters(int(result[1]), int(result[2]))

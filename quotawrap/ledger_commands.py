@@ -43,7 +43,9 @@ def status_command(as_json: bool, **values: Any) -> None:
     settings = command_settings(values)
     ledger = open_ledger(settings)
     ledger.reclaim_orphans(time.time())
-    waiting = waiting_now(default_events_log("any").parent)
+    waiting = waiting_now(default_events_log("any").parent)  # this host's runs, from their events logs
+    for model, count in ledger.waiting(time.time()).items():  # the ledger's lines: every run and host
+        waiting[model] = max(count, waiting.get(model, 0))
     rows = model_status(ledger, settings, time.time(), waiting=waiting)
     unguarded = unguarded_now(default_events_log("any").parent)
     if as_json:

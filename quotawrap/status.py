@@ -36,7 +36,7 @@ __all__ = [
 def model_status(
     ledger: Ledger, settings: Settings, now: float, *, waiting: dict[str, int] | None = None
 ) -> list[dict[str, Any]]:
-    """``waiting``: per model, calls waiting for room now (from the runs' events logs)."""
+    """``waiting``: per model, calls waiting for room now (the ledger's lines, and this host's events logs)."""
     day = quota.beijing_day(now)
     qsettings = settings.quota
     tasks: dict[str, list[dict[str, Any]]] = {}
@@ -121,7 +121,10 @@ def render_status(rows: list[dict[str, Any]]) -> str:
         if row.get("anomalous_calls"):
             lines.append(f"  today: {anomalous_line(row['anomalous_calls'])}")
         if row.get("waiting"):
-            lines.append(f"  {row['waiting']} call(s) waiting for room (holds in flight must settle first)")
+            lines.append(
+                f"  {row['waiting']} call(s) waiting for room in line, every run and host"
+                " (holds in flight must settle first)"
+            )
         if row.get("output_allowance") is not None:
             lines.append(
                 f"  reasoning p99 {row['reasoning_p99']:,}: a call that leaves reasoning open is bounded at its"

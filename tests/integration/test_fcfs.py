@@ -95,6 +95,16 @@ def test_a_large_call_is_not_overtaken_by_small_ones(sim: ArkSimulator, shared_s
     _until(lambda: _held(shared_store), "the holder's hold")
     large = Wrapper(sim, shared_store, tmp_path / "large.jsonl", "--max-tokens", str(LARGE))
     _until(large.waiting, "the large call to wait")
+    # `status` sees the waiter in the ledger's line (its events log is not where status looks for them)
+    status = subprocess.run(
+        [sys.executable, "-m", "quotawrap", "status", "--json", "--store", shared_store],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")},
+    )
+    assert status.returncode == 0, status.stderr
+    assert [row["waiting"] for row in json.loads(status.stdout)] == [1]
     small = [
         Wrapper(
             sim,

@@ -23,7 +23,11 @@ from .estimate import (
 from .ledger import HoldRequest, Ledger
 from .waiting import EventLog, wait_id
 
-__all__ = ["Fresh", "Plan", "Room", "Wait", "only_in_flight_in_the_way", "plan_output"]
+__all__ = ["TAIL_MIN_TOKENS", "Fresh", "Plan", "Room", "Wait", "only_in_flight_in_the_way", "plan_output"]
+
+# The least whole output a call that set no max_tokens is sent with in a cap's last room (below the
+# thinking floor): less would only buy a cut answer, so below it the call is refused as before.
+TAIL_MIN_TOKENS = 256
 
 Known = dict[tuple[str, str], dict[str, quota.Counters]]
 
@@ -93,7 +97,11 @@ def plan_output(
     Boundable: bounded at ``max_tokens`` (or the default) + the model's learned ``reasoning`` (the
     seed's fallback without history), at least the thinking floor, fitted into what the cap's settled
     usage leaves but not below the floor: a bound no cap can hold would refuse the call for good,
-    one below the floor starves thinking.
+    one below the floor starves thinking. At a cap's end, when what is left is below the floor but
+    still holds the answer the caller asked for (its ``max_tokens``; ``TAIL_MIN_TOKENS`` when it set
+    none), the call goes out bounded at all that is left instead of being refused: the provider
+    bills at most the bound, so the hold stays sound, and a call whose real size fits completes as
+    it would have unbounded (one that does not is cut at the cap).
     """
     if not boundable:
         fallback = dataclasses.replace(settings, thinking_floor=PREBLOCK_RESERVE_TOKENS)
@@ -108,7 +116,15 @@ def plan_output(
     choices = output_allowance(kind, bounded(kind, request, 1), settings)
     space = token_space()
     floor = min(settings.thinking_floor, wanted)
-    allowance = wanted if space is None else min(wanted, max(floor, (space - estimate.input_tokens) // choices))
+    allowance = wanted
+    if space is not None:
+        fitted = (space - estimate.input_tokens) // choices
+        if fitted >= floor:
+            allowance = min(wanted, fitted)
+        elif fitted >= (_answer(request) or TAIL_MIN_TOKENS):
+            allowance = fitted  # a cap's last room: all of it, rather than a refusal (see the docstring)
+        else:
+            allowance = floor
     body = bounded(kind, request, max(1, allowance))
     return Plan(Estimate(estimate.input_tokens, output_allowance(kind, body, settings)), body, allowance)
 

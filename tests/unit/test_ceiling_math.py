@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap.admission import Plan, plan_output
+from quotawrap.admission import TAIL_MIN_TOKENS, Plan, plan_output
 from quotawrap.estimate import (
     MAX_OUTPUT_TOKENS,
     PREBLOCK_RESERVE_TOKENS,
@@ -158,9 +158,20 @@ class TestPlanOutput:
         assert self._plan({}, reasoning=None).bound == PREBLOCK_RESERVE_TOKENS
 
     def test_fitted_to_the_room_but_not_below_the_floor(self) -> None:
-        """A bound the cap's settled usage cannot hold shrinks to the room, never under the floor."""
+        """A bound the cap's settled usage cannot hold shrinks to the room, not under the floor while
+        the room holds the floor."""
         assert self._plan({}, reasoning=None, space=20_100).bound == 20_000
-        assert self._plan({}, reasoning=None, space=1_000).bound == 4_096
+        assert self._plan({}, reasoning=0, space=4_196).bound == 4_096
+        assert self._plan({}, reasoning=None, space=4_000_000).bound == PREBLOCK_RESERVE_TOKENS
+
+    def test_a_caps_last_room_is_offered_rather_than_refused(self) -> None:
+        """Below the floor, the call gets all the room left if that holds its own answer (its max_tokens,
+        or TAIL_MIN_TOKENS without one): sent bounded there, not refused; below that, the floor as before."""
+        assert self._plan({}, reasoning=3_000, space=1_600).bound == 1_500
+        assert self._plan({"max_tokens": 1_000}, reasoning=3_000, space=1_600).bound == 1_500
+        assert self._plan({"max_tokens": 2_000}, reasoning=3_000, space=1_600).bound == 4_096
+        assert self._plan({}, reasoning=3_000, space=100 + TAIL_MIN_TOKENS).bound == TAIL_MIN_TOKENS
+        assert self._plan({}, reasoning=3_000, space=99 + TAIL_MIN_TOKENS).bound == 4_096
 
     def test_never_below_the_callers_answer(self) -> None:
         """Ark's 65,536 caps what we add, not an answer the caller asked for."""

@@ -12,7 +12,7 @@ its first 429. Reported per N, with the default ``--wait`` and with ``--wait 0``
 * in-flight 429s: calls refused although settled usage + their reserve fit the cap: they were
   refused only for holds in flight (the false blocks waiting removes; target 0);
 * tail 429s: calls refused at the end whose *actual* size would have fit in what the cap had left
-  (each reserves its allowance, not its size: the price of a sound hold, one per caller at most).
+  (target 0: a cap's last room below the thinking floor is offered bounded, see admission.plan_output).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ across threads, processes, runs and hosts.
   5 ms to 250 ms, and a settle in this process wakes it at once. It looks at the counters before it
   asks (a read takes no lock), but asks at least every ``LEASE_S / 5`` to keep its place.
 * A call queued behind others (the ledger answered *queued*) polls slower the further back it
-  stands (0.1 s per waiter ahead, at most 1 s): it only keeps its place until it is at the head.
+  stands (25 ms per waiter ahead, at most 1 s), and a settle does not wake it: it only keeps its
+  place and learns when it is at the head.
 * Whatever ends the wait (admitted, refused, deadline, an error, a cancelled task) leaves the
   lines in ``finally``; a process that dies leaves them when its lease runs out.
 """
@@ -32,7 +33,7 @@ from .guarded_call import GuardedCall
 from .ledger import HoldRequest
 from .ledger.base import Settle
 from .ledger.lines import LEASE_S
-from .waiting import QUEUED_POLL_S
+from .waiting import QueuedPause
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,7 +43,10 @@ __all__ = ["Call", "reserve_steps"]
 
 _BACKOFF_MIN_S, _BACKOFF_MAX_S = 0.005, 0.25
 _RENEW_S = LEASE_S / 5  # the head asks the ledger at least this often: every reserve renews its place
-_QUEUED_MAX_S = 1.0
+# A queued call polls every 25 ms per waiter ahead of it, at most every second: the next in line
+# learns it is the head within 25 ms, and a long line asks the ledger some 40 times a second per
+# 40 waiters ahead at most (each poll renews the lease, LEASE_S, which outlasts the slowest poll).
+_QUEUED_PER_WAITER_S, _QUEUED_MAX_S = 0.025, 1.0
 
 
 @dataclass(frozen=True)
@@ -63,9 +67,9 @@ class Call:
     refusal_status: int
 
 
-def queued_poll(ahead: int) -> float:
+def queued_poll(ahead: int) -> QueuedPause:
     """How long a call with ``ahead`` waiters before it waits before it asks again."""
-    return min(_QUEUED_MAX_S, max(QUEUED_POLL_S, QUEUED_POLL_S * ahead))
+    return QueuedPause(min(_QUEUED_MAX_S, _QUEUED_PER_WAITER_S * max(1, ahead)))
 
 
 def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None, GuardedCall]:

@@ -25,9 +25,9 @@ from typing import Any
 from ._log import warn
 
 __all__ = [
-    "QUEUED_POLL_S",
     "EventLog",
     "EventsTail",
+    "QueuedPause",
     "RoomSignal",
     "RunEvents",
     "percentile",
@@ -39,20 +39,20 @@ __all__ = [
 ]
 
 
-# A pause this long or longer is a queued call's (reserving.py): a settle in this process does not end it
-# early, as it cannot move a call that is not at the head of its line (only the head polls fast).
-QUEUED_POLL_S = 0.3
+class QueuedPause(float):
+    """The pause of a call queued behind others (reserving.py): a settle in this process does not end it
+    early, as it cannot make that call the head of its line; it only polls to learn when it is."""
 
 
 class RoomSignal:
-    """Wakes this process's waiting calls when one of its calls settles (room may have freed)."""
+    """Wakes this process's waiting calls at the head of their lines when one of its calls settles."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
 
     def nap(self, seconds: float) -> None:
-        """Sleep ``seconds``; a settle in this process ends a head's pause (shorter than QUEUED_POLL_S) early."""
-        if seconds >= QUEUED_POLL_S:
+        """Sleep ``seconds``; a settle in this process ends the pause early, unless it is a QueuedPause."""
+        if isinstance(seconds, QueuedPause):
             time.sleep(seconds)
             return
         with self._cond:

@@ -74,6 +74,10 @@ class Room:
             return quota.token_room(fresh.limits, fresh.counters)
         return quota.token_room(self.limits_for(self._snapshot()), known)
 
+    def token_cap(self) -> int | None:
+        """The smallest token cap itself (what an empty cap would leave one call)."""
+        return quota.token_room(self.limits_for(self._snapshot()), {})
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -90,6 +94,7 @@ def plan_output(
     boundable: bool,
     reasoning: int | None,
     token_space: Callable[[], int | None],
+    token_cap: Callable[[], int | None] = lambda: None,
 ) -> Plan:
     """The plan of a request that may think with its whole output open.
 
@@ -101,7 +106,8 @@ def plan_output(
     still holds the answer the caller asked for (its ``max_tokens``; ``TAIL_MIN_TOKENS`` when it set
     none), the call goes out bounded at all that is left instead of being refused: the provider
     bills at most the bound, so the hold stays sound, and a call whose real size fits completes as
-    it would have unbounded (one that does not is cut at the cap).
+    it would have unbounded (one that does not is cut at the cap). Only at a cap's end: a cap too
+    small for one call at the floor (``token_cap``) refuses it, as before, and says so.
     """
     if not boundable:
         fallback = dataclasses.replace(settings, thinking_floor=PREBLOCK_RESERVE_TOKENS)
@@ -121,7 +127,7 @@ def plan_output(
         fitted = (space - estimate.input_tokens) // choices
         if fitted >= floor:
             allowance = min(wanted, fitted)
-        elif fitted >= (_answer(request) or TAIL_MIN_TOKENS):
+        elif fitted >= (_answer(request) or TAIL_MIN_TOKENS) and _holds(token_cap(), estimate, floor * choices):
             allowance = fitted  # a cap's last room: all of it, rather than a refusal (see the docstring)
         else:
             allowance = floor
@@ -166,6 +172,11 @@ def only_in_flight_in_the_way(fresh: Fresh, hold: HoldRequest) -> bool:
     if verdict.allowed:
         return False
     return quota.never_fits(fresh.limits, fresh.counters, hold.reserve, reserve_cost=hold.reserve_cost) is None
+
+
+def _holds(cap: int | None, estimate: Estimate, output: int) -> bool:
+    """Whether an empty cap (None: unknown) holds the call's input and ``output``."""
+    return cap is None or estimate.input_tokens + output <= cap
 
 
 def _answer(request: Mapping[str, Any]) -> int:

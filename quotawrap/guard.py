@@ -367,7 +367,8 @@ class Guard(GuardBooks):
         # --watch observes the program as it is: it changes no request
         boundable = self.settings.bound and not self.settings.watch
         reasoning = self._allowances.reasoning(model) if boundable else None
-        return plan_output(kind, request, estimate, self._estimate_settings, boundable, reasoning, room.token_space)
+        settings = self._estimate_settings
+        return plan_output(kind, request, estimate, settings, boundable, reasoning, room.token_space, room.token_cap)
 
     def hold(self, call: Call, plan: Plan, *, waiter: str | None, ticket: int | None, can_wait: bool) -> HoldRequest:
         return HoldRequest(

@@ -136,7 +136,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
             outcome = "refused"
             return guard.refused(call, plan, hold, decision, wait)
     finally:
-        if ticket is not None and hold is not None:
+        if ticket is not None and hold is not None and outcome != "admitted":  # admission took it out of line
             try:
                 guard.ledger.leave_line(hold)
             except Exception as exc:  # its lease runs out instead

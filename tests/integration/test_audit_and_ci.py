@@ -55,7 +55,8 @@ class TestAttribution:
         """--audit-log gets one JSON line per guarded call (blocked too) with a key fingerprint, not the key."""
         log = tmp_path / "audit.jsonl"
         result = run_quotawrap(
-            ["--store", store, "--base-url", sim.url, "--audit-log", str(log), "--cap-tokens", "1500"],
+            # --wait 0: calls that do not fit are refused (a waiting call leaves no refused row to log)
+            ["--store", store, "--base-url", sim.url, "--audit-log", str(log), "--cap-tokens", "1500", "--wait", "0"],
             child("swarm.py", "--threads", "4", "--max-calls", "2", "--model", MODEL),
             env={"SIM_URL": sim.url},
         )

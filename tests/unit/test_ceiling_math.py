@@ -173,6 +173,18 @@ class TestPlanOutput:
         assert self._plan({}, reasoning=3_000, space=100 + TAIL_MIN_TOKENS).bound == TAIL_MIN_TOKENS
         assert self._plan({}, reasoning=3_000, space=99 + TAIL_MIN_TOKENS).bound == 4_096
 
+    def test_a_cap_too_small_for_one_call_still_refuses(self) -> None:
+        """Only a cap's end is offered: a cap that cannot hold one call at the floor keeps refusing it."""
+        body = {"model": "m", "messages": []}
+
+        def bound(cap: int) -> int | None:
+            settings = EstimateSettings()
+            return plan_output("chat", body, Estimate(100, 0), settings, True, 3_000, lambda: 1_600, lambda: cap).bound
+
+        assert bound(100_000) == 1_500
+        assert bound(100 + 4_096) == 1_500
+        assert bound(99 + 4_096) == 4_096
+
     def test_never_below_the_callers_answer(self) -> None:
         """Ark's 65,536 caps what we add, not an answer the caller asked for."""
         assert self._plan({"max_tokens": 300_000}, reasoning=5_000).bound == 300_000

@@ -288,7 +288,7 @@ class RedisLedger(RedisHistory):
         client.retrying("reserve", lambda: client.set(self._keys.location(hold_id), location, exat=expires))
         self._touch_active(day, model)
         gate = client.retrying("reserve", lambda: client.script("run_gate", self._keys.run_gate(run_id), [args]))
-        run, taken, ahead_run = [int(v) for v in gate[:4]], int(gate[4]), int(gate[5])
+        run, taken, ahead_run, in_run_line = [int(v) for v in gate[:4]], int(gate[4]), int(gate[5]), int(gate[6])
         md_keys = self._keys.md_reserve(day, model, run_id, hold_id)
         md_args: list[Arg] = [*run, foreign, args, ahead_run]
         try:
@@ -303,7 +303,7 @@ class RedisLedger(RedisHistory):
             if taken:
                 self._run_apply(run_id, hold_id, "gone", 0, 0)
             client.retrying("reserve", lambda: client.delete(self._keys.location(hold_id)))
-        elif request.waiter is not None and request.ticket is not None:  # admitted: out of the run's line too
+        elif request.waiter is not None and in_run_line:  # admitted: out of the run's line too
             self._leave(self._keys.run_line(run_id), request.waiter)
         md = Counters(int(result[1]), int(result[2]))
         line = LineReply(ahead_run, int(result[4]), as_text(result[5]) or "", request.ticket or 0)

@@ -183,3 +183,49 @@ class TestFaultsAndPolicies:
         assert call is not None and call.blocked is not None and call.blocked.status == 503
         message = json.loads(call.blocked.body)["error"]["message"]
         assert "topsecret" not in message and "***" in message
+
+
+def bounded(output: int) -> bytes:
+    """A request whose whole output is bounded (max_completion_tokens): it reserves exactly input + that."""
+    request = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}]}
+    return json.dumps({**request, "max_completion_tokens": output}).encode()
+
+
+class TestWaitingInLine:
+    """The guard's wait (reserving.py) keeps a place in the ledger's line and gives it back however it ends."""
+
+    def test_a_waiting_call_holds_a_place_and_leaves_it_when_cancelled(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        first = make_guard(cap_tokens=1_000).begin("POST", URL, JSON, bounded(800))
+        assert first is not None and first.blocked is None
+        waiter = make_guard(cap_tokens=1_000)
+        steps = waiter.admission("POST", URL, JSON, bounded(500))
+        pause = next(steps)  # it does not fit while the first call is in flight: it waits in line
+        assert pause > 0 and ledger.waiting(waiter.clock()) == {"deepseek-v4-flash": 1}
+        small = make_guard(cap_tokens=1_000, wait=0).begin("POST", URL, JSON, bounded(50))
+        assert small is not None and small.blocked is not None  # it would fit, but must not pass the waiter
+        assert b"wait for room before it" in small.blocked.body
+        steps.close()  # a cancelled task, an exception in the caller: the place is given back at once
+        assert ledger.waiting(waiter.clock()) == {}
+        after = make_guard(cap_tokens=1_000, wait=0).begin("POST", URL, JSON, bounded(50))
+        assert after is not None and after.blocked is None
+
+    def test_the_waiter_is_admitted_when_room_frees_and_leaves_no_refused_row(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        first = make_guard(cap_tokens=1_000).begin("POST", URL, JSON, bounded(800))
+        assert first is not None
+        steps = make_guard(cap_tokens=1_000).admission("POST", URL, JSON, bounded(500))
+        next(steps)
+        respond(first, 200, answer(10, 10))
+        admitted = None
+        try:
+            while True:
+                steps.send(None)
+        except StopIteration as done:
+            admitted = done.value
+        assert admitted is not None and admitted.blocked is None
+        assert ledger.waiting(0.0) == {}
+        totals = ledger.run_totals(RUN).totals
+        assert (totals.calls, totals.blocked_calls) == (2, 0)

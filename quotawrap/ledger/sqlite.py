@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from .._errors import StoreCorrupt, StoreError
-from ..quota import Counters, Package, Snapshot, never_fits, verdict
+from ..quota import Counters, Package, Snapshot, verdict
 from ..usage import Usage
 from .base import (
     CallRecord,
@@ -36,7 +36,6 @@ from .base import (
     pid_alive,
 )
 from .holds import Deltas, Event, clamp, step
-from .lines import crowded, decide
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
 from .sqlite_file import (
     LOCK_WAIT_S,
@@ -53,7 +52,7 @@ from .sqlite_file import (
     retry_locked,
     write_lock,
 )
-from .sqlite_lines import Place, count_waiting, leave
+from .sqlite_lines import Place, count_waiting
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
@@ -243,23 +242,12 @@ class SQLiteLedger:
             scoped = {kind: counters[key] for kind, key in scopes.items()}
             result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)
             place = Place(conn, request, self._clock())
-            answer = decide(
-                place.aheads,
-                allowed=result.allowed,
-                never=never_fits(limits, scoped, reserve, reserve_cost=reserve_cost) is not None,
-                crowd=crowded(limits, scoped, reserve, reserve_cost=reserve_cost),
-                can_wait=request.can_wait and request.waiter is not None,
-                enforce=request.enforce,
-            )
-            if answer.outcome in ("queued", "wait"):
-                ticket = place.join(answer.join)
-                queued = max(place.aheads.values())
-                return Decision(request.hold_id, result, False, scoped, queued, not queued, ticket)
-            if answer.outcome == "line_refused":
+            outcome = place.decide(limits, scoped, result.allowed)
+            if outcome in ("queued", "wait"):
+                return place.decision(result, scoped)
+            if outcome == "line_refused":
                 result = place.refusal()
-            held = answer.outcome == "take"
-            if held:
-                place.leave()
+            held = outcome == "take"
             conn.execute(
                 "INSERT INTO calls (id, run_id, model, day, endpoint, state, reserved, reserved_cost,"
                 " would_block, blocked_by, pid, host, key_fingerprint, tags, started_at, expires_at)"
@@ -289,9 +277,8 @@ class SQLiteLedger:
         return Decision(request.hold_id, result, held, scoped, ticket=place.ticket)
 
     def leave_line(self, request: HoldRequest) -> None:
-        if request.waiter is not None:
-            with self._write("leave") as conn:
-                leave(conn, request.waiter, (run_key(request.run_id), model_day_key(request.model, request.day)))
+        with self._write("leave") as conn:
+            Place.leave_lines(conn, request)
 
     def waiting(self, now: float) -> dict[str, int]:
         with self._errors("read"):

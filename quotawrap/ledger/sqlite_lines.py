@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping, Sequence
 
-from ..quota import Verdict
-from .base import HoldRequest
-from .lines import LEASE_S, Entry, LineName, ahead, line_limit
+from ..quota import Counters, Limit, Verdict, never_fits
+from .base import Decision, HoldRequest
+from .holds import clamp
+from .lines import LEASE_S, Entry, LineName, Outcome, ahead, crowded, decide, line_limit
 from .scopes import model_day_key, run_key
 
 __all__ = ["Place", "count_waiting", "leave"]
@@ -38,6 +40,29 @@ class Place:
             if any(entry.until <= now for entry in entries):  # a dead waiter's place: dropped
                 conn.execute("DELETE FROM waiters WHERE line = ? AND until <= ?", (lines[name], now))
 
+    def decide(self, limits: Sequence[Limit], counters: Mapping[str, Counters], allowed: bool) -> Outcome:
+        """lines.decide for this call; joins the lines it says, and leaves them all when the call is taken."""
+        request = self._request
+        reserve, reserve_cost = clamp(request.reserve), clamp(request.reserve_cost)
+        answer = decide(
+            self.aheads,
+            allowed=allowed,
+            never=never_fits(limits, counters, reserve, reserve_cost=reserve_cost) is not None,
+            crowd=crowded(limits, counters, reserve, reserve_cost=reserve_cost),
+            can_wait=request.can_wait and request.waiter is not None,
+            enforce=request.enforce,
+        )
+        if answer.outcome in ("queued", "wait"):
+            self.join(answer.join)
+        elif answer.outcome == "take":
+            self.leave()
+        return answer.outcome
+
+    def decision(self, verdict: Verdict, counters: Mapping[str, Counters]) -> Decision:
+        """The answer of a call that stays in line: nothing held, no row written."""
+        queued = max(self.aheads.values())
+        return Decision(self._request.hold_id, verdict, False, counters, queued, not queued, self.ticket)
+
     def join(self, names: tuple[LineName, ...]) -> int:
         """Join ``names`` and renew the lease in every line of the call; returns its ticket."""
         request, conn = self._request, self._conn
@@ -67,6 +92,12 @@ class Place:
     def leave(self) -> None:
         if self._request.waiter is not None and self.ticket is not None:
             leave(self._conn, self._request.waiter, tuple(self._lines.values()))
+
+    @staticmethod
+    def leave_lines(conn: sqlite3.Connection, request: HoldRequest) -> None:
+        """The waiter of ``request`` leaves the lines of its run and model-day (it gave up)."""
+        if request.waiter is not None:
+            leave(conn, request.waiter, (run_key(request.run_id), model_day_key(request.model, request.day)))
 
 
 def leave(conn: sqlite3.Connection, waiter: str, lines: tuple[str, ...]) -> None:

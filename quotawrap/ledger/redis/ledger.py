@@ -19,7 +19,6 @@ the key schema. The shape of the design:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import socket
 import time
@@ -46,7 +45,7 @@ from . import records
 from .client import Arg, Client, as_int, as_text
 from .history import RedisHistory
 from .keys import Keys, expire_at
-from .lines import NO_LINE, LineReply, count_waiting, line_args
+from .lines import NO_LINE, LineReply, count_waiting, leave, leave_lines, line_args, with_ticket
 from .litellm import THEIR_SNAPSHOT_TTL_S, ForeignUsage, pick_snapshot, with_our_lag
 from .options import DAY_S, RedisOptions, redact, split_url
 from .records import Location
@@ -276,10 +275,7 @@ class RedisLedger(RedisHistory):
         client, day, model, run_id, hold_id = self._client, request.day, request.model, request.run_id, request.hold_id
         expires = expire_at(day, request.expires_at)
         client.retrying("read", lambda: self._check_meta(day))
-        if request.can_wait and request.waiter is not None and request.ticket is None:
-            # a script may touch one slot only, so a waiter's ticket is drawn before its first reserve
-            ticket = client.retrying("reserve", lambda: client.incr(self._keys.tickets()))
-            request = dataclasses.replace(request, ticket=int(ticket))
+        request = with_ticket(client, self._keys, request)
         _, snapshot = self._snapshot_for_reserve(model, fresh=True)
         ordered = quota.ordered(limits_for(snapshot))
         foreign = client.retrying("read", lambda: self._foreign.total(model, day))
@@ -304,23 +300,13 @@ class RedisLedger(RedisHistory):
                 self._run_apply(run_id, hold_id, "gone", 0, 0)
             client.retrying("reserve", lambda: client.delete(self._keys.location(hold_id)))
         elif request.waiter is not None and in_run_line:  # admitted: out of the run's line too
-            self._leave(self._keys.run_line(run_id), request.waiter)
+            leave(client, self._keys.run_line(run_id), request.waiter)
         md = Counters(int(result[1]), int(result[2]))
         line = LineReply(ahead_run, int(result[4]), as_text(result[5]) or "", request.ticket or 0)
         return self._decision(request, ordered, int(result[0]), md, run, held, line)
 
-    def _leave(self, keys: Sequence[str], waiter: str) -> None:
-        self._client.retrying("leave", lambda: self._client.script("line_leave", keys, [waiter]))
-
     def leave_line(self, request: HoldRequest) -> None:
-        if request.waiter is None:
-            return
-        run_line, md_line = self._keys.run_line(request.run_id), self._keys.md_line(request.day, request.model)
-        if self._redis().cluster:
-            self._leave(run_line, request.waiter)
-            self._leave(md_line, request.waiter)
-        else:
-            self._leave([*run_line, *md_line], request.waiter)
+        leave_lines(self._redis(), self._keys, request)
 
     def waiting(self, now: float) -> dict[str, int]:
         return count_waiting(self._redis(), self._keys)

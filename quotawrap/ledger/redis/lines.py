@@ -7,6 +7,7 @@ The scripts check and change the lines in the same step as the limits (lua/lib.l
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -18,7 +19,7 @@ from .client import Client
 from .keys import Keys
 from .records import parse_model_day_member
 
-__all__ = ["NO_LINE", "LineReply", "count_waiting", "line_args"]
+__all__ = ["NO_LINE", "LineReply", "count_waiting", "leave", "leave_lines", "line_args", "with_ticket"]
 
 LINE_TTL_S = 86_400  # a line nobody joined for a day is dropped (a live one is renewed by every poll)
 
@@ -80,3 +81,28 @@ def count_waiting(client: Client, keys: Keys) -> dict[str, int]:
 
     client.retrying("read", read)
     return counts
+
+
+def with_ticket(client: Client, keys: Keys, request: HoldRequest) -> HoldRequest:
+    """Cluster: a call that may wait draws its ticket before its first reserve (a script touches one slot)."""
+    if not request.can_wait or request.waiter is None or request.ticket is not None:
+        return request
+    ticket = client.retrying("reserve", lambda: client.incr(keys.tickets()))
+    return dataclasses.replace(request, ticket=int(ticket))
+
+
+def leave(client: Client, lines: Sequence[str], waiter: str) -> None:
+    """Take ``waiter`` out of ``lines`` (pairs of line and leases, one slot on Cluster)."""
+    client.retrying("leave", lambda: client.script("line_leave", lines, [waiter]))
+
+
+def leave_lines(client: Client, keys: Keys, request: HoldRequest) -> None:
+    """The waiter of ``request`` leaves the lines of its run and model-day."""
+    if request.waiter is None:
+        return
+    run_line, md_line = keys.run_line(request.run_id), keys.md_line(request.day, request.model)
+    if client.cluster:
+        leave(client, run_line, request.waiter)
+        leave(client, md_line, request.waiter)
+    else:
+        leave(client, [*run_line, *md_line], request.waiter)

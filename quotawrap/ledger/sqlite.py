@@ -59,6 +59,22 @@ __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 FILE_CHECK_S = 1.0  # how often an open ledger checks that its file is still the one it opened
 
 
+# The calls table's columns named as CallRecord's fields.
+_RECORD_FIELDS = (
+    *("id", "run_id", "model", "day", "endpoint", "state", "reserved", "charged", "reserved_cost", "charged_cost"),
+    *("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens", "overshoot", "would_block"),
+    *("blocked_by", "key_fingerprint", "tags", "started_at", "ended_at", "latency_s", "pid", "host"),
+    *("usage_anomaly", "handed_to"),
+)
+
+
+def _record(row: Sequence[Any]) -> CallRecord:
+    values = dict(zip(_RECORD_FIELDS, row, strict=True))
+    values["overshoot"], values["would_block"] = bool(values["overshoot"]), bool(values["would_block"])
+    values["tags"] = json.loads(values["tags"]) if values["tags"] else {}
+    return CallRecord(**values)
+
+
 class _Transaction:
     """``with ledger._write(action) as conn``: one BEGIN IMMEDIATE ... COMMIT (ROLLBACK on any error),
     database errors raised as StoreError. A class, not a generator: every guarded call takes two."""
@@ -510,12 +526,6 @@ class SQLiteLedger:
             )
         return RunTotals(run_id, {row[0]: ModelTotals(*(int(v or 0) for v in row[1:])) for row in rows})
 
-    _RECORD_COLUMNS = (
-        "id, run_id, model, day, endpoint, state, reserved, charged, reserved_cost, charged_cost, prompt_tokens,"
-        " completion_tokens, reasoning_tokens, cached_tokens, overshoot, would_block, blocked_by, key_fingerprint,"
-        " tags, started_at, ended_at, latency_s, pid, host, usage_anomaly, handed_to"
-    )
-
     def call_records(
         self, *, since: float | None = None, until: float | None = None, run_id: str | None = None
     ) -> list[CallRecord]:
@@ -528,42 +538,12 @@ class SQLiteLedger:
             rows = (
                 self._conn()
                 .execute(
-                    f"SELECT {self._RECORD_COLUMNS} FROM calls WHERE {' AND '.join(where)} ORDER BY started_at",
+                    f"SELECT {', '.join(_RECORD_FIELDS)} FROM calls WHERE {' AND '.join(where)} ORDER BY started_at",
                     params,
                 )
                 .fetchall()
             )
-        return [
-            CallRecord(
-                id=row[0],
-                run_id=row[1],
-                model=row[2],
-                day=row[3],
-                endpoint=row[4],
-                state=row[5],
-                reserved=row[6],
-                charged=row[7],
-                reserved_cost=row[8],
-                charged_cost=row[9],
-                prompt_tokens=row[10],
-                completion_tokens=row[11],
-                reasoning_tokens=row[12],
-                cached_tokens=row[13],
-                overshoot=bool(row[14]),
-                would_block=bool(row[15]),
-                blocked_by=row[16],
-                key_fingerprint=row[17],
-                tags=json.loads(row[18]) if row[18] else {},
-                started_at=row[19],
-                ended_at=row[20],
-                latency_s=row[21],
-                pid=row[22],
-                host=row[23],
-                usage_anomaly=row[24],
-                handed_to=row[25],
-            )
-            for row in rows
-        ]
+        return [_record(row) for row in rows]
 
     def start_run(self, run: RunRecord) -> None:
         with self._write("run") as conn:

@@ -13,7 +13,7 @@ import json
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -276,36 +276,19 @@ class GuardedCall:
                 return
             self._done = True
             followup = self.followup if self._sse is None and not self._undecodable else None
-        settler = self._guard.settler if self._guard is not None and self.ledger is not None else None
-        if followup is None and settler is not None and self.hold_id is not None:
-            # A guarded child: reading the answer's usage and pricing it need not hold the caller either.
-            latency = time.monotonic() - self._started  # the call's latency is now, not when its settle lands
-            settler.submit(functools.partial(self._worked_out, complete, latency))
-            return
         # outside the lock, which _done already made ours (a followup does ledger I/O)
-        concluded = self._concluded(complete, followup)
-        if concluded is not None:
-            self._apply(*concluded)
-
-    def _worked_out(self, complete: bool, latency: float) -> tuple[Settle, Callable[[], None] | None] | None:
-        """The settle of a call whose answer has ended, on the settler's thread."""
-        concluded = self._concluded(complete, None)
-        return None if concluded is None else self._settlement(*concluded, latency)
-
-    def _concluded(self, complete: bool, followup: Followup | None) -> tuple[str, Usage | None] | None:
-        """What to do with the hold (settle, charge, release) and the usage; None: nothing (left) to do."""
         try:
             if followup is not None:
                 body, self._chunks = b"".join(self._chunks), []
                 if followup.finish(self, self._status, body, complete):
-                    return None
+                    return
                 self._chunks = [body]
             action, usage = self._outcome(complete)
         except Exception as exc:  # never the caller's problem: charge the hold
             warn(f"cannot read the usage of a call to {self.model} ({type(exc).__name__}: {exc})")
             action, usage = "charge", None
         if self.hold_id is None:
-            return None
+            return
         if self.anomaly is not None:
             warn(
                 f"usage anomaly in the answer of a call to {self.model}: {self.anomaly};"
@@ -313,23 +296,13 @@ class GuardedCall:
             )
         elif action == "charge" and self._status < 400:
             warn(f"no usage in the answer of a call to {self.model}: charged its whole hold (unresolved)")
-        return action, usage
+        self._apply(action, usage)
 
     def _apply(self, action: str, usage: Usage | None) -> None:
-        if self._guard is None:
-            self._chunks = []
-            return
-        settlement = self._settlement(action, usage, time.monotonic() - self._started)
-        if settlement is not None:
-            self._guard.land(*settlement)
-
-    def _settlement(
-        self, action: str, usage: Usage | None, latency: float
-    ) -> tuple[Settle, Callable[[], None] | None] | None:
-        """The settle to land and what to do once it has (the audit record); None: leave the hold open."""
         self._chunks = []
         if self.ledger is None or self.hold_id is None or self._guard is None:
-            return None
+            return
+        latency = time.monotonic() - self._started
         cost = 0
         try:
             if action != "release":
@@ -340,13 +313,13 @@ class GuardedCall:
         except Exception as exc:
             # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
             warn(f"could not settle a call to {self.model}: {exc}; the wrapper will charge its hold")
-            return None
+            return
         event: Literal["settle", "release"] = "release" if action == "release" else "settle"
         landed = None
         if self._context is not None:
             state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
             landed = functools.partial(self._audit_landed, state, usage, cost, latency)
-        return Settle(self.hold_id, event, usage, latency, cost, self.anomaly), landed
+        self._guard.land(Settle(self.hold_id, event, usage, latency, cost, self.anomaly), landed)
 
     def _audit_landed(self, state: CallState, usage: Usage | None, cost: int, latency: float) -> None:
         """The audit record, once the settle has landed (on the settler's thread for a guarded child)."""

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from ._log import warn
 from .ledger.base import Ledger, Settle
 
-__all__ = ["MAX_BATCH", "Deferred", "Settler"]
+__all__ = ["MAX_BATCH", "Settler"]
 
 MAX_BATCH = 256  # settles per ledger call: bounds one transaction's lock time
 LINGER_S = 0.005  # once woken, the thread gathers settles this long: fewer, larger batches, fewer GIL hand-offs
@@ -34,9 +34,6 @@ EXIT_FLUSH_S = 30.0  # at exit, how long to wait for a batch the thread is landi
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0  # a batch the ledger refused is asked again after these (doubling)
 
 Landed = Callable[[], None] | None  # run once the settle has landed (the audit record)
-# A settle still to be worked out (the answer's usage read and priced) on the settler's thread;
-# None when there is nothing to land after all.
-Deferred = Callable[[], tuple[Settle, Landed] | None]
 
 _settlers: weakref.WeakSet[Settler] = weakref.WeakSet()
 
@@ -51,19 +48,15 @@ class Settler:
         _settlers.add(self)
 
     def _fresh(self) -> None:
-        self._queue: deque[tuple[Settle | Deferred, Landed]] = deque()
+        self._queue: deque[tuple[Settle, Landed]] = deque()
         self._lock = threading.Lock()  # one batch lands at a time
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._failing = False  # warned once per outage
 
-    def submit(self, settle: Settle | Deferred, landed: Landed = None) -> None:
-        """Queue one settle, or one to be worked out on the settler's thread (``Deferred``); returns at once.
-
-        A deferred settle moves the reading of the answer's usage and its pricing off the caller's
-        path too; until it lands, its hold counts whole in flight like any queued settle's.
-        """
+    def submit(self, settle: Settle, landed: Landed = None) -> None:
+        """Queue one settle; returns at once."""
         self._queue.append((settle, landed))
         thread = self._thread
         if thread is None or not thread.is_alive() or self._pid != os.getpid():
@@ -107,27 +100,13 @@ class Settler:
             while self._queue:
                 batch: list[tuple[Settle, Landed]] = []
                 while self._queue and len(batch) < MAX_BATCH:
-                    item, landed = self._queue.popleft()
-                    if not isinstance(item, Settle):
-                        made = self._work_out(item)
-                        if made is None:
-                            continue
-                        item, landed = made
-                    batch.append((item, landed))
+                    batch.append(self._queue.popleft())
                 if not self._land(batch):
                     self._queue.extendleft(reversed(batch))
                     return False
         finally:
             self._lock.release()
         return True
-
-    def _work_out(self, deferred: Deferred) -> tuple[Settle, Landed] | None:
-        try:
-            return deferred()
-        except Exception as exc:  # pragma: no cover - a deferred settle catches its own faults
-            # Its hold stays open: the wrapper charges it whole at the run's end, as for a killed process.
-            warn(f"could not settle a {self._what}: {exc}; the wrapper will charge its hold")
-            return None
 
     def _land(self, batch: Sequence[tuple[Settle, Landed]]) -> bool:
         try:

@@ -29,6 +29,19 @@ local function run_counters(key)
   return {num(v[1]), num(v[2]), num(v[3]), num(v[4])}
 end
 
+-- a limit's scope as the counters it checks and the amount the call adds to them (quota.Limit.scope);
+-- any other scope has zero counters
+local function scope_counters(scope, run, md_settled, md_in_flight, reserve, reserve_cost)
+  if scope == 'run' then
+    return run[1], run[2], reserve
+  elseif scope == 'run_cost' then
+    return run[3], run[4], reserve_cost
+  elseif scope == 'model_day' then
+    return md_settled, md_in_flight, reserve
+  end
+  return 0, 0, reserve
+end
+
 -- quota.verdict: the index of the first limit that refuses the call, 0 when every limit fits.
 -- limits: {scope, kind, cap, name} each, already in quota.ordered's order (walls first).
 -- Scopes: run (tokens), run_cost (micro-CNY, checked with the call's cost), model_day (tokens);
@@ -37,14 +50,7 @@ local function blocking(limits, run_only, run, md_settled, md_in_flight, reserve
   for i, limit in ipairs(limits) do
     local scope = limit[1]
     if not run_only or scope == 'run' or scope == 'run_cost' then
-      local settled, in_flight, amount = 0, 0, reserve
-      if scope == 'run' then
-        settled, in_flight = run[1], run[2]
-      elseif scope == 'run_cost' then
-        settled, in_flight, amount = run[3], run[4], reserve_cost
-      elseif scope == 'model_day' then
-        settled, in_flight = md_settled, md_in_flight
-      end
+      local settled, in_flight, amount = scope_counters(scope, run, md_settled, md_in_flight, reserve, reserve_cost)
       if limit[2] == 'wall' then
         if settled >= limit[3] then return i end
       elseif settled + in_flight + amount > limit[3] then
@@ -80,14 +86,7 @@ local function line_crowded(limits, run, md_settled, md_in_flight, reserve, rese
   for _, limit in ipairs(limits) do
     if limit[2] == 'hold' then
       local scope = limit[1]
-      local settled, in_flight, amount = 0, 0, reserve
-      if scope == 'run' then
-        settled, in_flight = run[1], run[2]
-      elseif scope == 'run_cost' then
-        settled, in_flight, amount = run[3], run[4], reserve_cost
-      elseif scope == 'model_day' then
-        settled, in_flight = md_settled, md_in_flight
-      end
+      local settled, in_flight, amount = scope_counters(scope, run, md_settled, md_in_flight, reserve, reserve_cost)
       if settled + in_flight + amount > limit[3] then
         if scope == 'model_day' then crowd_md = true else crowd_run = true end
       end

@@ -56,8 +56,13 @@ class Settler:
         self._failing = False  # warned once per outage
 
     def submit(self, settle: Settle, landed: Landed = None) -> None:
-        """Queue one settle; returns at once."""
+        """Queue one settle; returns at once (at interpreter exit, lands it at once instead)."""
         self._queue.append((settle, landed))
+        if _exiting or sys.is_finalizing():
+            # After atexit no new thread runs (starting one waits forever): a stream the program left
+            # open is closed by the interpreter's last collection, and its settle lands here.
+            self.flush()
+            return
         thread = self._thread
         if thread is None or not thread.is_alive() or self._pid != os.getpid():
             self._start()
@@ -177,7 +182,14 @@ def _watch_multiprocessing(*, now: bool) -> None:
         mp_util.register_after_fork(_FORK_TOKEN, _flush_at_mp_exit)
 
 
-atexit.register(flush_all)
+def _at_exit() -> None:
+    global _exiting
+    _exiting = True
+    flush_all()
+
+
+_exiting = False
+atexit.register(_at_exit)
 _watch_multiprocessing(now=True)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=lambda: flush_all(retry=False), after_in_child=_fresh_in_child)

@@ -67,3 +67,15 @@ def test_ctrl_c_lands_every_queued_settle(sim: ArkSimulator, store: str) -> None
     assert "KeyboardInterrupt" in stderr
     states = ledger_rows(store, "SELECT state, COUNT(*), SUM(charged) FROM calls GROUP BY state")
     assert states == [("settled", CALLS, sim.billed_total())]
+
+
+def test_a_stream_left_open_at_exit_settles_and_the_child_ends(sim: ArkSimulator, store: str) -> None:
+    """The interpreter's last collection closes the stream: its settle lands then, and the child exits
+    (a settler thread started that late never runs, which hung the child forever)."""
+    result = run_quotawrap(
+        ["--store", store, "--base-url", sim.url], child("stream_left_open.py"), env={"SIM_URL": sim.url}, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "LEFT OPEN" in result.stdout
+    (held,) = ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'held'")[0]
+    assert held == 0

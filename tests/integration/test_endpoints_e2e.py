@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from quotawrap.ledger import open_ledger
 from quotawrap.simulator import ArkSimulator, SimConfig, serve
 from tests.conftest import child, cli_json, ledger_rows, run_quotawrap
 from tests.redis_server import session_url
@@ -125,15 +126,23 @@ class TestAVideoTaskIsOneCall:
         [session] = _report(store, "--by", "session")
         assert session["calls"] == 1
 
+    @staticmethod
+    def _handed_over(store: str) -> tuple[list[str], list[str]]:
+        """(the rows handed over to a task: whom to, the task rows), from the store itself."""
+        records = open_ledger(store).call_records()
+        handed = sorted(record.handed_to for record in records if record.handed_to is not None)
+        return handed, sorted(record.id for record in records if record.id.startswith("task-"))
+
     def test_on_sqlite(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         self._check(sim, store, tmp_path)
-        handed = ledger_rows(store, "SELECT handed_to FROM calls WHERE handed_to IS NOT NULL ORDER BY handed_to")
-        tasks = ledger_rows(store, "SELECT id FROM calls WHERE id LIKE 'task-%' ORDER BY id")
+        handed, tasks = self._handed_over(store)
         assert handed == tasks and len(tasks) == 1  # the create's row names the task row that carries its call
 
     def test_on_redis(self, sim: ArkSimulator, tmp_path: Path) -> None:
         with session_url() as redis_url:
             self._check(sim, redis_url, tmp_path)
+            handed, tasks = self._handed_over(redis_url)
+            assert handed == tasks and len(tasks) == 1
 
 
 class TestRedirects:

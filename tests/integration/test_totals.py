@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from quotawrap.ledger import open_ledger
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, cli_json, ledger_rows, run_cli, run_quotawrap
+from tests.conftest import child, cli_json, run_cli, run_quotawrap
 from tests.redis_server import free_port, session_url
 
 # The parent calls and exits at once; its fork calls after the parent is gone.
@@ -154,11 +155,13 @@ class TestImplausibleUsageIsNamed:
         assert model["anomalous_calls"] == 1
         assert "today: 1 call(s) with implausible usage" in run_cli("status", "--store", store).stdout
 
+    WHY = f"total_tokens {2**63} is not a plausible token count"
+
     def test_on_sqlite(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         self._check(sim, store, tmp_path)
-        [(why,)] = ledger_rows(store, "SELECT usage_anomaly FROM calls")
-        assert why == f"total_tokens {2**63} is not a plausible token count"
+        assert [record.usage_anomaly for record in open_ledger(store).call_records()] == [self.WHY]
 
     def test_on_redis(self, sim: ArkSimulator, tmp_path: Path) -> None:
         with session_url() as redis_url:
             self._check(sim, redis_url, tmp_path)
+            assert [record.usage_anomaly for record in open_ledger(redis_url).call_records()] == [self.WHY]

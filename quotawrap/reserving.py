@@ -17,8 +17,9 @@ across threads, processes, runs and hosts.
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
-import uuid
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,11 @@ _RENEW_S = LEASE_S / 5  # the head asks the ledger at least this often: every re
 # learns it is the head within 25 ms, and a long line asks the ledger some 40 times a second per
 # 40 waiters ahead at most (each poll renews the lease, LEASE_S, which outlasts the slowest poll).
 _QUEUED_PER_WAITER_S, _QUEUED_MAX_S = 0.025, 1.0
+# Every call that may wait names itself, and most never wait: a random prefix drawn once, the pid
+# (a forked child shares the prefix, never the pid) and a counter are unique across hosts for a
+# fraction of a uuid4's cost.
+_WAITER_PREFIX = os.urandom(8).hex()
+_waiter_numbers = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
     wait_s = settings.wait if call.enforce and 0 < settings.wait < float("inf") else 0.0
     deadline = time.monotonic() + wait_s
     waits = wait_s > 0
-    waiter = uuid.uuid4().hex if waits else None
+    waiter = f"{_WAITER_PREFIX}-{os.getpid()}-{next(_waiter_numbers)}" if waits else None
     ticket: int | None = None
     wait: Wait | None = None
     head = False  # the ledger's last answer: at the head of its lines, waiting for holds in flight

@@ -10,7 +10,6 @@ import contextlib
 import functools
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import quotawrap
 
 from ._errors import QuotawrapError
 from ._log import warn
-from .ledger import Ledger, RunTotals
+from .ledger import Ledger, RunTotals, user_state_dir
 from .registry import ProcessWatcher, RunDir, UnguardedProcess, publish_unguarded
 from .settings import OPTIONS, Settings, config_path, env_name
 from .sockets import GuardedPeers
@@ -54,16 +53,12 @@ NESTED_VARIABLE = "QUOTAWRAP_WRAPPED_RUN"
 
 def default_unguarded_log(run_id: str) -> Path:
     """Where a --fail-open run's children record what they let through while the store was down."""
-    import platformdirs
-
-    return Path(platformdirs.user_state_dir("quotawrap")) / "unguarded" / f"{run_id}.jsonl"
+    return Path(user_state_dir()) / "unguarded" / f"{run_id}.jsonl"
 
 
 def default_events_log(run_id: str) -> Path:
     """Where a run's children record their waits for room and the calls they bounded."""
-    import platformdirs
-
-    return Path(platformdirs.user_state_dir("quotawrap")) / "events" / f"{run_id}.jsonl"
+    return Path(user_state_dir()) / "events" / f"{run_id}.jsonl"
 
 
 def new_run_id() -> str:
@@ -169,6 +164,35 @@ def _wait_left_behind(child: int, linger_s: float) -> None:
         time.sleep(0.05)
 
 
+def which(name: str, path: str | None = None) -> str | None:
+    """``shutil.which`` on POSIX, without shutil's imports (the compressors) on every run's start path."""
+    if os.name != "posix":  # pragma: no cover - PATHEXT and the like
+        import shutil
+
+        return shutil.which(name, path=path)
+
+    def runnable(candidate: str) -> bool:
+        return os.path.exists(candidate) and os.access(candidate, os.F_OK | os.X_OK) and not os.path.isdir(candidate)
+
+    if os.path.dirname(name):
+        return name if runnable(name) else None
+    search = os.environ.get("PATH") if path is None else path
+    if search is None:
+        search = os.confstr("CS_PATH") or os.defpath
+    if not search:
+        return None
+    seen: set[str] = set()
+    for directory in search.split(os.pathsep):
+        normalized = os.path.normcase(directory)
+        if normalized in seen:
+            continue
+        seen.add(normalized)
+        candidate = os.path.join(directory, name)
+        if runnable(candidate):
+            return candidate
+    return None
+
+
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 
@@ -246,7 +270,7 @@ def run_child(
     done while the wrapper would only wait.
     """
     assert settings.run_id, "the CLI assigns a run id"
-    executable = shutil.which(command[0])
+    executable = which(command[0])
     if executable is None:
         raise FileNotFoundError(command[0])
     watch_tree = Path("/proc/self/task").is_dir()

@@ -18,9 +18,7 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -83,7 +81,7 @@ class RunDir:
     """The run's private directory, handed to the children as ``QUOTAWRAP_RUN_DIR``."""
 
     def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="quotawrap-run-"))  # 0700, never an existing path
+        self.path = Path(_private_dir("quotawrap-run-"))
 
     def registered(self, pid: int) -> bytes | None:
         with contextlib.suppress(OSError):
@@ -104,7 +102,44 @@ class RunDir:
         return records
 
     def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        _remove_tree(str(self.path))
+
+
+# tempfile.gettempdir's order; tempfile and shutil themselves (random, hashlib, the compressors) cost
+# a guarded command ~4.5 ms of imports before its child starts
+_TEMP_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+_TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+def _private_dir(prefix: str) -> str:
+    """A new directory, mode 0700 and never an existing path (``tempfile.mkdtemp``'s promise)."""
+    candidates = [os.environ[name] for name in _TEMP_VARIABLES if os.environ.get(name)]
+    error: OSError | None = None
+    for base in [*candidates, *_TEMP_DIRS, os.getcwd()]:
+        for _attempt in range(100):
+            path = os.path.join(os.path.abspath(base), prefix + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                continue  # another's name: draw again
+            except OSError as exc:  # not there or not writable: the next candidate
+                error = exc
+                break
+            return path
+    raise error or FileExistsError(f"no free name for a {prefix} directory")
+
+
+def _remove_tree(path: str) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)`` for the run directory (files, maybe a few directories)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path):
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    _remove_tree(entry.path)
+                else:
+                    os.unlink(entry.path)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def _read(path: Path) -> bytes | None:
@@ -184,6 +219,8 @@ def _environ(raw: bytes) -> dict[str, str]:
 def _has_pth(pid: int, argv0: str, environ: dict[str, str]) -> bool:
     """Whether the interpreter argv[0] names has quotawrap-hook.pth in its site-packages."""
     if "/" not in argv0:
+        import shutil  # a rare case, judged on the watcher's thread
+
         found = shutil.which(argv0, path=environ.get("PATH", os.defpath))
         argv0 = found or argv0
     elif not argv0.startswith("/"):

@@ -118,11 +118,13 @@ def _freeze_what_start_up_made() -> None:
     The interpreter's exit collects garbage over every object it holds, nearly all of them module
     objects that were never garbage. What the run makes from here on is collected as ever (a thread's
     ledger connection is closed so, the last close folding the WAL into the file); the wrapper's own
-    connection, made before, is closed by the run's end.
+    connection, made before, is closed by the run's end. The collector, off during start-up
+    (:func:`quotawrap.cli.main`), is back on for what the run makes from here.
     """
     import gc
 
     gc.freeze()
+    gc.enable()
 
 
 def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: dict[str, str], *, nested: bool) -> None:

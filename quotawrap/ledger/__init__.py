@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from .._errors import ConfigError
@@ -19,13 +21,31 @@ __all__ = [
     "open_ledger",
     "redact_store_url",
     "run_key",
+    "user_state_dir",
 ]
 
 
-def default_store_url() -> str:
+def user_state_dir() -> str:
+    """quotawrap's state directory: ``platformdirs.user_state_dir("quotawrap")``.
+
+    On Linux by the XDG rule platformdirs applies (``$XDG_STATE_HOME`` when absolute, else
+    ``$HOME/.local/state``), since importing platformdirs costs every guarded command ~2 ms before
+    its child starts; anything unusual (another system, no absolute home) asks platformdirs.
+    """
+    if sys.platform.startswith("linux"):
+        xdg = os.environ.get("XDG_STATE_HOME", "")
+        if xdg.startswith("/"):
+            return os.path.join(xdg, "quotawrap")
+        home = os.environ.get("HOME", "")
+        if home.startswith("/"):
+            return home.rstrip("/") + "/.local/state/quotawrap"
     import platformdirs
 
-    return f"sqlite:///{Path(platformdirs.user_state_dir('quotawrap')) / 'ledger.sqlite3'}"
+    return platformdirs.user_state_dir("quotawrap")
+
+
+def default_store_url() -> str:
+    return f"sqlite:///{Path(user_state_dir()) / 'ledger.sqlite3'}"
 
 
 def normalize_store_url(url: str) -> str:

@@ -6,7 +6,6 @@ import contextlib
 import os
 import sqlite3
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -217,6 +216,18 @@ def create_schema(conn: sqlite3.Connection) -> None:
         raise
 
 
+def _new_private_file(directory: Path, prefix: str, suffix: str) -> str:
+    """``tempfile.mkstemp``'s promise (a new file, mode 0600, never an existing one), closed: importing
+    tempfile (random, hashlib, shutil) would cost a guarded command's start ~3 ms."""
+    while True:
+        name = str(directory / f"{prefix}{os.urandom(6).hex()}{suffix}")
+        try:
+            os.close(os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600))
+        except FileExistsError:
+            continue  # another's name: draw again
+        return name
+
+
 def create(path: Path) -> None:
     """Create a new ledger (and its directory) readable by the owner only, if there is none.
 
@@ -227,8 +238,7 @@ def create(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if path.exists():
         return
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)  # 0600
-    os.close(fd)
+    name = _new_private_file(path.parent, f".{path.name}.", ".new")
     try:
         conn = sqlite3.connect(name, isolation_level=None)
         try:

@@ -49,6 +49,11 @@ NOT_BEFORE_THE_CHILD = (
     "tiktoken",
     "httpx",
     "secrets",
+    # standard-library and third-party helpers whose imports cost more than the start path's own use
+    "shutil",  # launcher.which instead (shutil imports the compressors)
+    "tempfile",  # registry's run directory (tempfile imports random, hashlib, shutil)
+    "hashlib",  # redact.key_fingerprint imports it when it has a secret to fingerprint
+    "platformdirs",  # ledger.user_state_dir applies its XDG rule on Linux
 )
 
 

@@ -152,11 +152,12 @@ def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: di
 
 def _start_sync(ledger: Any, settings: Settings) -> Any:
     """The balance sync loop when a source is configured (None otherwise)."""
-    from .sync import SyncLoop, sync_source
+    from .balance import sync_source
 
     if not sync_source(settings):
-        return None
+        return None  # the usual run: the sync module stays unloaded
     from .status import no_balance_today
+    from .sync import SyncLoop
 
     sync_loop = SyncLoop(ledger, settings)
     if no_balance_today(ledger, settings, time.time()):

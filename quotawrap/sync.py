@@ -30,7 +30,7 @@ from datetime import date, timedelta
 from . import quota
 from ._errors import QuotawrapError
 from ._log import warn
-from .balance import BalanceUnavailable, read_balance_command, read_billing_api
+from .balance import BalanceUnavailable, read_balance_command, read_billing_api, sync_source
 from .expiry import expiring_before
 from .ledger import Ledger, model_day_key
 from .settings import Settings
@@ -97,17 +97,6 @@ def record_b0(ledger: Ledger, model: str, b0: int, now: float) -> quota.Snapshot
     snapshot = quota.Snapshot(max(0, b0 - usage), usage, usage, now, day, "console-b0")
     ledger.put_snapshot(model, snapshot)
     return snapshot
-
-
-def sync_source(settings: Settings) -> str | None:
-    """Which automatic source is configured: "command", "billing-api" or None (manual only)."""
-    from .balance import ACCESS_KEY_VARIABLES
-
-    if settings.balance_cmd:
-        return "command"
-    if settings.billing_endpoint or any(os.environ.get(name) for name in ACCESS_KEY_VARIABLES):
-        return "billing-api"
-    return None
 
 
 def candidate_models(ledger: Ledger, settings: Settings) -> list[str]:

@@ -41,6 +41,8 @@ NOT_BEFORE_THE_CHILD = (
     "quotawrap.guard",
     "quotawrap.guarded_call",
     "quotawrap.settler",
+    "quotawrap.sync",  # only a run with a balance source (balance.sync_source tells)
+    "quotawrap.expiry",
     "quotawrap.intercept.httpx_adapter",
     "quotawrap.intercept.requests_adapter",
     "quotawrap.intercept.aiohttp_adapter",

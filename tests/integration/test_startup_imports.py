@@ -56,6 +56,7 @@ NOT_BEFORE_THE_CHILD = (
     "tempfile",  # registry's run directory (tempfile imports random, hashlib, shutil)
     "hashlib",  # redact.key_fingerprint imports it when it has a secret to fingerprint
     "platformdirs",  # ledger.user_state_dir applies its XDG rule on Linux
+    "uuid",  # a hold id is drawn in the child (uuid imports platform)
 )
 
 

@@ -31,7 +31,10 @@ warm-up runs all modules load from ``.pyc`` as in an installed package, whatever
 quotawrap's modules from source would be measured instead). ``--no-pyc`` measures that case
 on purpose: no prefix and ``PYTHONDONTWRITEBYTECODE=1``, so the interpreter's own modules load
 from their shipped ``.pyc`` while a checkout that was never byte-compiled (no ``__pycache__``
-beside quotawrap's sources) is compiled in every child.
+beside quotawrap's sources) is compiled in every child. ``--set-up`` is how issue 12's checker
+measures, after the README's set-up (``make demo`` / ``make test``, whose venv target byte-compiles
+the checkout): it byte-compiles this checkout (and ``--baseline``'s) as ``make bytecode`` does, then
+measures as ``--no-pyc`` (``PYTHONDONTWRITEBYTECODE=1``, the ``.pyc`` beside the sources).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from _machine import machine_line  # bench/ is the script's directory
+from _machine import load_average, machine_line  # bench/ is the script's directory
 
 __all__ = ["main"]
 
@@ -295,13 +298,23 @@ def print_offenders(title: str, tree: Sequence[ImportTime], cumulative: Sequence
 # -- main -------------------------------------------------------------------------------------------
 
 
-def bytecode_text(no_pyc: bool) -> str:
+def bytecode_text(no_pyc: bool, checkouts: Sequence[Path]) -> str:
     if not no_pyc:
         return "warm, in a temp prefix (as an installed package)"
-    compiled = (REPO_ROOT / "quotawrap" / "__pycache__").is_dir()
-    return "none written (--no-pyc); quotawrap/__pycache__ " + (
-        "exists, so quotawrap loads from it" if compiled else "absent: quotawrap compiled in every child"
+    return "none written (PYTHONDONTWRITEBYTECODE=1); " + "; ".join(
+        f"{checkout}/quotawrap/__pycache__ "
+        + (
+            "exists, so quotawrap loads from it"
+            if (checkout / "quotawrap" / "__pycache__").is_dir()
+            else "absent: quotawrap compiled in every run"
+        )
+        for checkout in checkouts
     )
+
+
+def byte_compile(checkout: Path) -> None:
+    """What the Makefile's ``bytecode`` target does for a checkout (the venv target runs it)."""
+    subprocess.run([PYTHON, "-m", "compileall", "-q", "quotawrap", "sitecustomize_hook"], cwd=checkout, check=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,8 +325,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=15, help="offenders to list")
     parser.add_argument("--no-pyc", action="store_true", help="write no bytecode (see the module doc)")
     parser.add_argument("--baseline", type=Path, help="another checkout whose wrapper is timed alongside")
+    parser.add_argument(
+        "--set-up", action="store_true", help="byte-compile the checkouts as `make` does, then measure as --no-pyc"
+    )
     args = parser.parse_args(argv)
 
+    if args.set_up:
+        for checkout in [REPO_ROOT, *([args.baseline] if args.baseline else [])]:
+            byte_compile(checkout)
+        args.no_pyc = True
     with tempfile.TemporaryDirectory(prefix="quotawrap-bench-") as tmp:
         pycache = Path(tmp) / "pycache"
         pycache.mkdir()
@@ -323,10 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         chosen = variants(store, args.baseline)
         print(f"Child start-up — {machine_line()}")
         print(f"python: {PYTHON}; {args.runs} runs per variant, interleaved and rotated; warmup {args.warmup}")
-        print(f"bytecode cache: {bytecode_text(args.no_pyc)}")
+        checkouts = [REPO_ROOT, *([args.baseline] if args.baseline else [])]
+        print(f"bytecode cache: {bytecode_text(args.no_pyc, checkouts)}")
+        print(f"load average (1, 5, 15 min) at the start: {load_average()}")
         print()
         samples = measure(chosen, args.runs, args.warmup)
         report(samples)
+        print(f"load average at the end of the timed rounds: {load_average()}")
         print()
         import_report(args.importtime_runs, args.top, store)
     return 0

@@ -136,9 +136,9 @@ def automatic_tags(
     tags: dict[str, str] = {}
     _put(tags, "user", _user(env))
     if hostname is None:
-        import socket
+        from ._host import hostname as machine_name  # socket.gethostname's answer, without importing socket
 
-        hostname = socket.gethostname
+        hostname = machine_name
     _put(tags, "host", _host(hostname))
     tags.update(_git_tags(cwd, run_git))
     tags.update(_ci_tags(env))

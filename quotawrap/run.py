@@ -70,9 +70,8 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
         from .serve import without_hook
 
         without_hook()
-    # Imported here, not on the thread: the run needs them anyway, and imports made on two threads
+    # Imported here, not on the thread: the run needs it anyway, and imports made on two threads
     # at once contend for the import lock (and garble `-X importtime`).
-    import socket  # noqa: F401
     import subprocess  # noqa: F401
 
     automatic = _Beside(automatic_tags)
@@ -132,14 +131,14 @@ def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: di
     if nested:  # a nested wrapper joins the outer run; its record is the outer wrapper's to write
         return
     import shlex
-    import socket
 
+    from ._host import hostname
     from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
     from .ledger.base import RunRecord
     from .redact import redact_argv
 
     # the command says which program spent the money; its --api-key does not belong in the ledger
-    wrapper = {WRAPPER_PID_TAG: str(os.getpid()), WRAPPER_HOST_TAG: socket.gethostname()}
+    wrapper = {WRAPPER_PID_TAG: str(os.getpid()), WRAPPER_HOST_TAG: hostname()}
     assert settings.run_id
     record = RunRecord(settings.run_id, time.time(), command=shlex.join(redact_argv(command)), tags={**tags, **wrapper})
     try:

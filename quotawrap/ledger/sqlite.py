@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sqlite3
 import threading
 import time
@@ -20,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from .._errors import StoreCorrupt, StoreError
+from .._host import hostname
 from ..quota import Counters, Package, Snapshot, verdict
 from ..usage import Usage
 from .base import (
@@ -125,7 +125,7 @@ class SQLiteLedger:
         self.path = Path(path).expanduser()
         self.url = url or f"sqlite:///{self.path}"
         self._local = threading.local()
-        self._host = socket.gethostname()
+        self._host = hostname()
         refuse_symlink(self.path, self.url)
         with self._errors("open"):
             # Before anything writes to it (mode, WAL switch, tables): a file that is not a

@@ -57,6 +57,7 @@ NOT_BEFORE_THE_CHILD = (
     "hashlib",  # redact.key_fingerprint imports it when it has a secret to fingerprint
     "platformdirs",  # ledger.user_state_dir applies its XDG rule on Linux
     "uuid",  # a hold id is drawn in the child (uuid imports platform)
+    "socket",  # _host.hostname instead; the watcher's name lookups import it once the child runs
 )
 
 

@@ -91,3 +91,11 @@ def test_an_unusable_temp_directory_falls_back_to_the_next(tmp_path: Path, monke
         assert run_dir.path.parent == tmp_path
     finally:
         run_dir.remove()
+
+
+def test_the_host_name_is_socket_gethostname() -> None:
+    import socket
+
+    from quotawrap._host import hostname
+
+    assert hostname() == socket.gethostname()

@@ -18,9 +18,10 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> None:
     if argv is None:
-        # The console script: start-up allocates a few hundred thousand objects that all live as long
-        # as the process, so the collector's passes over them find nothing (~3 ms before the child
-        # starts). The run freezes them and turns the collector back on before its child starts.
+        # The console script: importing the start path makes some 15,000 tracked objects (functions,
+        # classes, dicts) that live as long as the process, so the collector's passes over them find
+        # nothing (~3 ms before the child starts). The run freezes them and turns the collector back
+        # on before its child starts; a subcommand turns it back on below.
         import gc
 
         gc.disable()

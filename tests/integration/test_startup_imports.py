@@ -12,19 +12,22 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 _DRIVER = """
 import json, sys
+import gc
 MARK, OUT, ARGS = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 def hook(event, args):
     if event in ("subprocess.Popen", "os.posix_spawn", "os.exec") and MARK in repr(args):
         with open(OUT, "w") as handle:
-            json.dump(sorted(sys.modules), handle)
+            json.dump({"modules": sorted(sys.modules), "gc": gc.isenabled()}, handle)
 sys.addaudithook(hook)
 from quotawrap.cli import main
-main(ARGS)
+sys.argv = ["quotawrap", *ARGS]
+main()  # as the console script calls it
 """
 
 # Loaded later (the summary, a call's estimate) or never by a plain run: not before the child starts.
@@ -61,7 +64,7 @@ NOT_BEFORE_THE_CHILD = (
 )
 
 
-def _modules_at_child_start(tmp_path: Path, options: list[str]) -> set[str]:
+def _at_child_start(tmp_path: Path, options: list[str]) -> dict[str, Any]:
     mark = f"started-by-the-test-{tmp_path.name}"
     out = tmp_path / "modules.json"
     args = [*options, "--store", f"sqlite:///{tmp_path / 'l.sqlite3'}", "--", sys.executable, "-c", f"# {mark}"]
@@ -74,17 +77,24 @@ def _modules_at_child_start(tmp_path: Path, options: list[str]) -> set[str]:
     )
     assert result.returncode == 0, result.stderr
     assert out.exists(), "the child was never launched"
-    return set(json.loads(out.read_text()))
+    return dict(json.loads(out.read_text()))
 
 
 @pytest.mark.parametrize("options", [["--quiet"], []], ids=["quiet", "with-summary"])
 def test_the_wrapper_starts_its_child_without_loading_what_it_does_not_need(tmp_path: Path, options: list[str]) -> None:
-    loaded = _modules_at_child_start(tmp_path, options)
+    loaded = set(_at_child_start(tmp_path, options)["modules"])
     assert "quotawrap.run" in loaded and "quotawrap.ledger.sqlite" in loaded  # the hook saw the real start
     early = sorted(
         name for name in loaded if any(name == bad or name.startswith(f"{bad}.") for bad in NOT_BEFORE_THE_CHILD)
     )
     assert not early, f"imported before the child starts: {early}"
+
+
+@pytest.mark.parametrize("options", [["--quiet"], []], ids=["quiet", "with-summary"])
+def test_the_collector_is_back_on_when_the_child_starts(tmp_path: Path, options: list[str]) -> None:
+    """Start-up runs without the garbage collector (cli.main); the run must turn it back on, or a
+    long run's cycles (its threads' connections, the live view's frames) would never be collected."""
+    assert _at_child_start(tmp_path, options)["gc"] is True
 
 
 def test_a_subcommand_still_goes_through_click(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import replace
 from typing import Any
 
-from . import endpoints, quota, refusals
+from . import endpoints, quota, readahead, refusals
 from ._errors import PolicyRefused, StoreError
 from ._log import warn
 from .admission import Plan, Room, Wait, plan_output
@@ -217,6 +217,7 @@ class Guard(GuardBooks):
 
     def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
         """Called before a request is sent. None: not ours, send it untouched. May wait for room (--wait)."""
+        readahead.leave_mine()
         steps = self.admission(method, url, headers, body)
         try:
             delay = next(steps)
@@ -232,6 +233,7 @@ class Guard(GuardBooks):
         """``begin`` for an event loop: waiting for room awaits, so the loop's other tasks go on."""
         import asyncio
 
+        readahead.leave_mine()
         steps = self.admission(method, url, headers, body)
         try:
             delay = next(steps)

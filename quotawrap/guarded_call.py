@@ -13,7 +13,7 @@ import json
 import threading
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -117,6 +117,7 @@ class Followup(Protocol):
         ...
 
 
+_FLUSH_S = 10.0  # a store that does not answer by then: the waiter polls the ledger anyway
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
@@ -220,6 +221,33 @@ class GuardedCall:
         tail = self.finish()
         if tail:
             yield tail
+
+    async def atee(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """:meth:`tee` for an async body."""
+        try:
+            async for chunk in chunks:
+                out = self.feed(chunk)
+                if out:
+                    yield out
+        except GeneratorExit:
+            self.close()
+            raise
+        except BaseException as exc:
+            self.failed(exc, sent=True)
+            raise
+        tail = self.finish()
+        if tail:
+            yield tail
+
+    @property
+    def streaming(self) -> bool:
+        """The answer is an event stream (its usage comes at its end): one a program may leave unread."""
+        return self._sse is not None and not self._done
+
+    def flush(self) -> None:
+        """Wait until this process's queued settles have landed (a read-ahead's, before it says it is done)."""
+        if self._guard is not None:
+            self._guard.flush(timeout=_FLUSH_S)
 
     def finish(self) -> bytes:
         """End of the body: settle. Returns bytes the SSE reader was still holding back."""

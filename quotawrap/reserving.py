@@ -24,7 +24,7 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import endpoints, quota
+from . import endpoints, quota, readahead
 from ._errors import StoreError
 from ._log import warn
 from .admission import Room, Wait, only_in_flight_in_the_way
@@ -109,6 +109,9 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 yield backoff
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
                 continue
+            if readahead.mine_pending() and only_in_flight_in_the_way(room.read(), hold):
+                yield _BACKOFF_MAX_S  # its own left streams are being read ahead: their settles make the room
+                continue
             try:
                 decision = guard.ledger.reserve(hold, room.limits_for)
             except StoreError:  # the hold may have landed before the link broke: never sent, give it back
@@ -123,6 +126,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
             if decision.queued or decision.waiting:
                 if wait is None:
                     wait = Wait(guard.events, call.model, guard.clock)
+                    readahead.leave_all()  # streams left unread may hold the room it waits for
                 head = decision.waiting
                 if head:
                     yield backoff

@@ -73,15 +73,24 @@ _REQUEST_FIELDS = frozenset({"method", "url", "headers", "extensions", "stream",
 
 
 def _tee_classes(module: ModuleType) -> tuple[type, type]:
+    from .. import readahead
+
     class TeeSyncStream(module.SyncByteStream):  # type: ignore[misc,name-defined]
         def __init__(self, inner: Any, call: GuardedCall) -> None:
             self._inner = inner
             self._call = call
+            # An event stream a program may leave unread while it holds on to it: it can be read ahead.
+            self._ahead = readahead.SyncStream(inner, call) if call.streaming else None
 
         def __iter__(self) -> Iterator[bytes]:
-            yield from self._call.tee(self._inner)
+            if self._ahead is not None:
+                return self._ahead.chunks()
+            return self._call.tee(self._inner)
 
         def close(self) -> None:
+            if self._ahead is not None:
+                self._ahead.close()
+                return
             try:
                 self._inner.close()
             finally:
@@ -91,24 +100,17 @@ def _tee_classes(module: ModuleType) -> tuple[type, type]:
         def __init__(self, inner: Any, call: GuardedCall) -> None:
             self._inner = inner
             self._call = call
+            self._ahead = readahead.AsyncStream(inner, call) if call.streaming else None
 
-        async def __aiter__(self) -> AsyncIterator[bytes]:
-            try:
-                async for chunk in self._inner:
-                    out = self._call.feed(chunk)
-                    if out:
-                        yield out
-            except GeneratorExit:
-                self._call.close()
-                raise
-            except BaseException as exc:
-                self._call.failed(exc, sent=True)
-                raise
-            tail = self._call.finish()
-            if tail:
-                yield tail
+        def __aiter__(self) -> AsyncIterator[bytes]:
+            if self._ahead is not None:
+                return self._ahead.chunks()
+            return self._call.atee(self._inner)
 
         async def aclose(self) -> None:
+            if self._ahead is not None:
+                await self._ahead.aclose()
+                return
             try:
                 await self._inner.aclose()
             finally:

@@ -123,7 +123,75 @@ def abandon(how: str) -> None:
             pass
     elif how == "cancel":
         asyncio.run(_cancelled(kwargs, headers))
+    elif how in ("break-and-keep", "break-keep-resume"):
+        # the commonest abandon: `stream` stays referenced while the program makes its next call
+        stream = client.chat.completions.create(**kwargs, extra_headers=headers, max_tokens=500)
+        seen = []
+        for n, chunk in enumerate(stream):
+            seen.append(chunk)
+            if n == 2:
+                break
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}], max_tokens=64)
+        record: dict[str, object] = {"abandoned": how, "in_flight": in_flight()}
+        if how == "break-keep-resume":
+            seen.extend(stream)  # the rest, from the read-ahead's buffer
+            control = list(client.chat.completions.create(**kwargs, extra_headers=headers, max_tokens=500))
+            record["identical"] = [_text(c) for c in seen] == [_text(c) for c in control]
+            record["chunks"] = len(seen)
+        emit(**record)
+        return
+    elif how == "break-and-keep-async":
+        asyncio.run(_kept_async(kwargs, headers))
+        return
+    elif how == "left-by-thread":
+        _left_by_thread(client, kwargs, headers)
+        return
     emit(abandoned=how, in_flight=in_flight())
+
+
+def _text(chunk: object) -> str:
+    """A chunk as the program sees it, less what differs between two generations (id, time)."""
+    data = chunk.model_dump()  # type: ignore[attr-defined]
+    data.pop("id", None)
+    data.pop("created", None)
+    return json.dumps(data, sort_keys=True)
+
+
+async def _kept_async(kwargs: dict, headers: dict[str, str]) -> None:
+    client = openai.AsyncOpenAI(base_url=URL, api_key="sk-test", max_retries=0)
+    stream = await client.chat.completions.create(**kwargs, extra_headers=headers, max_tokens=500)
+    n = 0
+    async for _ in stream:
+        n += 1
+        if n == 3:
+            break
+    # the same task calls again while `stream` is still referenced
+    await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}], max_tokens=64)
+    emit(abandoned="break-and-keep-async", in_flight=await asyncio.to_thread(in_flight))
+    del stream
+    await client.close()
+
+
+def _left_by_thread(client: openai.OpenAI, kwargs: dict, headers: dict[str, str]) -> None:
+    """Another thread leaves a stream (still referenced, the thread alive); this one must wait for its room."""
+    left, done = threading.Event(), threading.Event()
+
+    def leaver() -> None:
+        stream = client.chat.completions.create(**kwargs, extra_headers=headers, max_tokens=500)
+        for n, _ in enumerate(stream):
+            if n == 2:
+                break
+        left.set()
+        done.wait()
+        del stream
+
+    thread = threading.Thread(target=leaver)
+    thread.start()
+    left.wait()
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}], max_tokens=64)
+    emit(abandoned="left-by-thread", in_flight=in_flight())
+    done.set()
+    thread.join()
 
 
 async def _cancelled(kwargs: dict, headers: dict[str, str]) -> None:

@@ -36,6 +36,17 @@ __all__ = [
 
 GROUPINGS = ("model", "session", "day", "tag:KEY")
 
+# A call refused on a bound fitted to counters since outgrown is refitted and asks again (reserving.py) under
+# its refused attempt's id and this mark. The attempt stays a record (the ledger wrote it in the reserve's
+# own transaction), but the program was not refused: no view counts it as blocked (the run summary drops
+# the same attempts, counted in the events log).
+RETRY_MARK = "~"
+
+
+def retry_id(hold_id: str) -> str:
+    """The hold id of a call's next attempt after a refused one it refitted."""
+    return hold_id + RETRY_MARK
+
 
 def _group_key(record: CallRecord | DayAggregate, by: str) -> str:
     if by == "model":
@@ -52,6 +63,8 @@ def _group_key(record: CallRecord | DayAggregate, by: str) -> str:
 def aggregate(records: Iterable[CallRecord | DayAggregate], by: str = "model") -> list[dict[str, Any]]:
     """Totals per group, sorted by settled tokens (largest first); a pruned day's aggregate adds its sums."""
     groups: dict[str, dict[str, Any]] = {}
+    records = list(records)
+    retried = {r.id[: -len(RETRY_MARK)] for r in records if isinstance(r, CallRecord) and r.id.endswith(RETRY_MARK)}
     for record in records:
         key = _group_key(record, by)
         row = groups.setdefault(key, {"key": key, **dict.fromkeys(REPORT_SUMS, 0)})
@@ -62,7 +75,7 @@ def aggregate(records: Iterable[CallRecord | DayAggregate], by: str = "model") -
         if record.handed_to is not None:  # a video task's create: the task's own row is the call
             continue
         if record.state == "blocked":
-            row["blocked_calls"] += 1
+            row["blocked_calls"] += record.id not in retried
             continue
         row["calls"] += 1
         row["settled_tokens"] += record.charged

@@ -17,6 +17,7 @@ across threads, processes, runs and hosts.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -91,6 +92,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
     asked_at = float("-inf")
     backoff = _BACKOFF_MIN_S
     superseded = 0  # refused attempts this call left in the ledger before its final answer
+    retry: str | None = None  # the hold id that names the next attempt the retry of the last of them
     outcome = "abandoned"
     hold: HoldRequest | None = None
     try:
@@ -103,6 +105,8 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 return guard.unreadable(call.model, exc)
             overdue = time.monotonic() >= deadline
             hold = guard.hold(call, plan, waiter=waiter, ticket=ticket, can_wait=waits and not overdue)
+            if retry is not None:  # asks again after a refused attempt: no view may count that one as blocked
+                hold = dataclasses.replace(hold, hold_id=retry)
             # The head looks before it asks (a read takes no lock), but asks often enough to keep its place.
             looks = head and not overdue and time.monotonic() - asked_at < _RENEW_S
             if looks and only_in_flight_in_the_way(room.read(), hold):
@@ -141,6 +145,9 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 refit = guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate).bound
                 if refit is not None and refit < plan.bound:
                     superseded += 1
+                    from .audit import retry_id  # the refit is rare: the report's module loads only then
+
+                    retry = retry_id(hold.hold_id)
                     guard.audit_refusal(plan, hold, decision)
                     continue  # the bound was fitted to counters since outgrown: fit it to these, ask again
             outcome = "refused"

@@ -229,3 +229,26 @@ class TestWaitingInLine:
         assert ledger.waiting(0.0) == {}
         totals = ledger.run_totals(RUN).totals
         assert (totals.calls, totals.blocked_calls) == (2, 0)
+
+
+class TestRefittedAttempt:
+    def test_a_refitted_attempt_is_no_blocked_call_in_the_report(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        """A call whose bound was fitted to counters another process has since outgrown is refused once, refitted
+        and admitted: `quotawrap report` counts no blocked call, as the run summary does (one rule for both)."""
+        from quotawrap.audit import aggregate
+
+        mine = make_guard(cap_tokens=9_000, wait=0)
+        first = mine.begin("POST", URL, JSON, body(max_tokens=64))
+        assert first is not None and first.blocked is None
+        respond(first, 200, answer(10, 10))  # this guard has seen the run's counters: nearly all room free
+        other = make_guard(cap_tokens=9_000, wait=0).begin("POST", URL, JSON, body(max_tokens=64))
+        assert other is not None and other.blocked is None
+        respond(other, 200, answer(10, 4_990))  # another process settles most of the room meanwhile
+        refitted = mine.begin("POST", URL, JSON, body(max_tokens=64))
+        assert refitted is not None and refitted.blocked is None
+        records = ledger.call_records(run_id=RUN)
+        assert [r.state for r in records].count("blocked") == 1  # the attempt fitted to the old counters
+        [row] = aggregate(records)
+        assert (row["calls"], row["blocked_calls"]) == (3, 0)

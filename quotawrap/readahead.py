@@ -85,6 +85,11 @@ class _Stream:
         busy = self._reading or self._closed or self._ended or self._running or self._spent
         return not (busy or _exiting or sys.is_finalizing())
 
+    def _forget(self) -> None:
+        """Read to its end: no trigger needs to look at it again (never called from a collection)."""
+        with _open_lock:
+            _open.discard(self)
+
     def _take(self) -> bytes:
         chunk = self._buffer.popleft()
         self._size -= len(chunk)
@@ -135,10 +140,12 @@ class SyncStream(_Stream):
                             error, self._error = self._error, None
                             raise error
                         elif self._ended:
+                            self._forget()
                             return
                         else:
                             chunk = self._pull()
                             if self._ended:
+                                self._forget()
                                 return
                 finally:
                     self._reading = False
@@ -243,10 +250,12 @@ class AsyncStream(_Stream):
                             error, self._error = self._error, None
                             raise error
                         elif self._ended:
+                            self._forget()
                             return
                         else:
                             chunk = await self._pull()
                             if self._ended:
+                                self._forget()
                                 return
                 finally:
                     self._reading = False

@@ -132,13 +132,14 @@ def abandon(how: str) -> None:
             if n == 2:
                 break
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}], max_tokens=64)
-        record: dict[str, object] = {"abandoned": how, "in_flight": in_flight()}
+        record: dict[str, object] = {"abandoned": how}
         if how == "break-keep-resume":
-            seen.extend(stream)  # the rest, from the read-ahead's buffer
+            # the next call had room: nothing waited for the read-ahead, which may still be under way
+            seen.extend(stream)  # the rest, from the read-ahead's buffer (and the upstream if it is not done)
             control = list(client.chat.completions.create(**kwargs, extra_headers=headers, max_tokens=500))
             record["identical"] = [_text(c) for c in seen] == [_text(c) for c in control]
             record["chunks"] = len(seen)
-        emit(**record)
+        emit(**record, in_flight=in_flight())
         return
     elif how == "break-and-keep-async":
         asyncio.run(_kept_async(kwargs, headers))

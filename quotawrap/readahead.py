@@ -129,30 +129,44 @@ class SyncStream(_Stream):
 
     def chunks(self) -> Iterator[bytes]:
         """The consumer's read: buffered bytes first, then the upstream."""
+        source = self._source
         try:
             while True:
-                self._reading = True
+                self._reading = True  # before it looks at ``_running``: a read-ahead started after sees it
                 try:
-                    with self._lock:
-                        if self._buffer:
-                            chunk = self._take()
-                        elif self._error is not None:
-                            error, self._error = self._error, None
-                            raise error
-                        elif self._ended:
-                            self._forget()
-                            return
-                        else:
-                            chunk = self._pull()
-                            if self._ended:
-                                self._forget()
-                                return
+                    if self._running or self._buffer or self._ended or self._error is not None:
+                        chunk = self._locked_next()
+                    else:
+                        # Nothing read ahead and none running: no lock (a read-ahead starting now sees
+                        # ``_reading`` before it pulls, and stops). Most chunks of every stream pass here.
+                        chunk = next(source, None)
+                        if chunk is None:
+                            self._ended = True
+                except BaseException:  # the upstream failed (the tee settled it), or its error is handed on
+                    self._ended = True
+                    raise
                 finally:
                     self._reading = False
+                if chunk is None:
+                    self._forget()
+                    return
                 yield chunk
         except GeneratorExit:  # the consumer's generator closed or collected
             self._left_for_good()
             raise
+
+    def _locked_next(self) -> bytes | None:
+        """The next chunk (None at the end): the buffer's first, else the upstream's, the lock held."""
+        with self._lock:
+            if self._buffer:
+                return self._take()
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            if self._ended:
+                return None
+            chunk = self._pull()
+            return None if self._ended else chunk
 
     def _pull(self) -> bytes:
         """One chunk from the upstream (the lock held); at its end or error, ``_ended``."""
@@ -239,30 +253,43 @@ class AsyncStream(_Stream):
         return task is not None and self._owner is not None and self._owner() is task
 
     async def chunks(self) -> AsyncIterator[bytes]:
+        source = self._source
         try:
             while True:
                 self._reading = True
                 try:
-                    async with self._lock:
-                        if self._buffer:
-                            chunk = self._take()
-                        elif self._error is not None:
-                            error, self._error = self._error, None
-                            raise error
-                        elif self._ended:
-                            self._forget()
-                            return
-                        else:
-                            chunk = await self._pull()
-                            if self._ended:
-                                self._forget()
-                                return
+                    if self._running or self._buffer or self._ended or self._error is not None:
+                        chunk = await self._locked_next()
+                    else:  # as the sync read: no lock while no read-ahead runs (one spawned now sees ``_reading``)
+                        try:
+                            chunk = await source.__anext__()
+                        except StopAsyncIteration:
+                            chunk = None
+                            self._ended = True
+                except BaseException:
+                    self._ended = True
+                    raise
                 finally:
                     self._reading = False
+                if chunk is None:
+                    self._forget()
+                    return
                 yield chunk
         except GeneratorExit:
             self._left_for_good()
             raise
+
+    async def _locked_next(self) -> bytes | None:
+        async with self._lock:
+            if self._buffer:
+                return self._take()
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            if self._ended:
+                return None
+            chunk = await self._pull()
+            return None if self._ended else chunk
 
     async def _pull(self) -> bytes:
         try:

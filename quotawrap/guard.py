@@ -105,11 +105,14 @@ class Guard(GuardBooks):
         self._redirects = refusals.RedirectMemory(clock)
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
         self.settler: Settler | None = None
+        self._room_signal = RoomSignal()
         if background_settle:
+            from .settle_relay import sender_from_env
             from .settler import Settler
 
-            self.settler = Settler(lambda: self.ledger)
-        self._room_signal = RoomSignal()
+            # Under a wrapper the settles go to it; while a call of this process waits for room they
+            # land here, so that their landing wakes it.
+            self.settler = Settler(lambda: self.ledger, relay=sender_from_env(), relay_now=self._room_signal.unwatched)
         self._events = EventLog(settings.events_log)
         self._allowances = AllowanceBook(lambda: self.ledger, clock=clock)
         self._known: dict[tuple[str, str], dict[str, quota.Counters]] = {}  # last counters seen per (model, day)

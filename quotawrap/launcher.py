@@ -301,6 +301,13 @@ def _run(
     # A run inside another run: its processes register with both wrappers, innermost first.
     outer = os.environ.get("QUOTAWRAP_RUN_DIR")
     env["QUOTAWRAP_RUN_DIR"] = os.pathsep.join([str(run_dir.path), *([outer] if outer else [])])
+    from .settle_relay import SOCKET_VARIABLE, open_relay  # the children's settles land here (issue 12)
+
+    relay = open_relay(str(run_dir.path), lambda: ledger, warn)
+    if relay is not None:
+        env[SOCKET_VARIABLE] = relay.path
+    else:  # never an outer run's: its wrapper may keep another ledger
+        env.pop(SOCKET_VARIABLE, None)
     reaping = _become_subreaper()
     process = subprocess.Popen([executable, *command[1:]], env=env)
     watcher = (
@@ -358,6 +365,8 @@ def _run(
                 signal.signal(sig, handler)
             if on_child_exit is not None:
                 on_child_exit()
+            if relay is not None:
+                relay.close()  # every settle received lands before the open holds are charged
         unguarded = watcher.stop() if watcher is not None else []
         connections = run_dir.connections()
         try:

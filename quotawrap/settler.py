@@ -26,6 +26,10 @@ from collections.abc import Callable, Sequence
 from ._log import warn
 from .ledger.base import Ledger, Settle
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .settle_relay import Sender
+
 __all__ = ["MAX_BATCH", "Settler"]
 
 MAX_BATCH = 256  # settles per ledger call: bounds one transaction's lock time
@@ -41,9 +45,20 @@ _settlers: weakref.WeakSet[Settler] = weakref.WeakSet()
 class Settler:
     """A per-process queue of settles and the daemon thread that lands them. Thread-safe."""
 
-    def __init__(self, ledger: Callable[[], Ledger], *, what: str = "call") -> None:
+    def __init__(
+        self,
+        ledger: Callable[[], Ledger],
+        *,
+        what: str = "call",
+        relay: Sender | None = None,
+        relay_now: Callable[[], bool] | None = None,
+    ) -> None:
+        """``relay``: the wrapper's socket (a guarded child's): settles go there while ``relay_now()`` says
+        so, and land here when it says no or the wrapper does not take them."""
         self._ledger = ledger  # a getter: the guard opens its ledger lazily
         self._what = what
+        self._relay = relay
+        self._relay_now = relay_now
         self._fresh()
         _settlers.add(self)
 
@@ -57,6 +72,15 @@ class Settler:
 
     def submit(self, settle: Settle, landed: Landed = None) -> None:
         """Queue one settle; returns at once (at interpreter exit, lands it at once instead)."""
+        relay = self._relay
+        if relay is not None and (self._relay_now is None or self._relay_now()) and relay.send(settle):
+            # The wrapper lands it; the record and the lesson are this process's, taken now.
+            if landed is not None:
+                try:
+                    landed()
+                except Exception as exc:  # pragma: no cover - the audit writer never raises
+                    warn(f"after a settle: {exc}")
+            return
         self._queue.append((settle, landed))
         if _exiting or sys.is_finalizing():
             # After atexit no new thread runs (starting one waits forever): a stream the program left

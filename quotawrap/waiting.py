@@ -49,6 +49,7 @@ class RoomSignal:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
+        self._napping = 0  # head waiters in a pause now
 
     def nap(self, seconds: float) -> None:
         """Sleep ``seconds``; a settle in this process ends the pause early, unless it is a QueuedPause."""
@@ -56,7 +57,16 @@ class RoomSignal:
             time.sleep(seconds)
             return
         with self._cond:
-            self._cond.wait(seconds)
+            self._napping += 1
+            try:
+                self._cond.wait(seconds)
+            finally:
+                self._napping -= 1
+
+    def unwatched(self) -> bool:
+        """No call of this process waits for a settle of its own to wake it (a read without a lock:
+        a waiter that starts its pause just after finds out by its next poll)."""
+        return self._napping == 0
 
     def room_freed(self) -> None:
         with self._cond:

@@ -79,3 +79,17 @@ def test_a_stream_left_open_at_exit_settles_and_the_child_ends(sim: ArkSimulator
     assert "LEFT OPEN" in result.stdout
     (held,) = ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'held'")[0]
     assert held == 0
+
+
+def test_a_child_killed_after_its_calls_has_them_landed_by_the_wrapper(sim: ArkSimulator, store: str) -> None:
+    """The child hands each settle to its wrapper: SIGKILLed with its own settler held back, none of
+    its settles is queued in it, and the wrapper lands all six exactly (not charged whole)."""
+    result = run_quotawrap(
+        ["--store", store, "--base-url", sim.url],
+        child("queued_settles.py", "relayed"),
+        env={"SIM_URL": sim.url, "CALLS": str(CALLS)},
+    )
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr
+    assert result.stdout.split()[-1] == "0"  # nothing queued in the child: the wrapper has them
+    states = ledger_rows(store, "SELECT state, COUNT(*), SUM(charged) FROM calls GROUP BY state")
+    assert states == [("settled", CALLS, sim.billed_total())]

@@ -3,13 +3,16 @@ settle is still queued when the calls are done. Then, by MODE:
 
 * ``exit``: let the settler go at exit (an atexit hook registered after quotawrap's, so it runs
   first) and end normally: quotawrap's own exit flush must land every queued settle;
-* ``wait``: print ``QUEUED <pid> <n>`` and sleep, for the test to SIGKILL it.
+* ``wait``: print ``QUEUED <pid> <n>`` and sleep, for the test to SIGKILL it;
+* ``relayed``: keep the wrapper's settle socket (the other modes test this process's own settler,
+  which a child uses when the wrapper does not take a settle), print ``QUEUED`` and SIGKILL itself.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import time
 
@@ -19,6 +22,9 @@ from quotawrap.intercept import get_guard
 
 guard = get_guard()
 assert guard is not None and guard.settler is not None, "a guarded child settles in the background"
+relayed = sys.argv[1:] == ["relayed"]
+if not relayed:
+    guard.settler._relay = None  # test-only: as if the wrapper refused every settle
 # Test-only: holding the settler's landing lock keeps every settle queued (the thread waits on it).
 paused = guard.settler._lock
 paused.acquire()
@@ -33,3 +39,5 @@ for _ in range(calls):
 print(f"QUEUED {os.getpid()} {guard.settler.pending}", flush=True)
 if sys.argv[1:] == ["wait"]:
     time.sleep(120)
+elif relayed:
+    os.kill(os.getpid(), signal.SIGKILL)

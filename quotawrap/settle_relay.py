@@ -1,0 +1,215 @@
+"""A guarded child's settles handed to its wrapper process, which lands them (issue 12 item 1).
+
+In the child a settle landed by its own settler thread still costs the caller: the thread shares the
+GIL (and, on SQLite, the write lock) with the next call's reserve. The wrapper is idle while its
+child runs, so the child sends each settle to it as one datagram on a Unix socket in the run's
+private directory (``QUOTAWRAP_SETTLE_SOCKET``; a send is a few µs and never blocks) and the
+wrapper lands them in batches on its own ledger connection.
+
+Sound as the in-process settler is: a settle sent and not yet landed has not touched its hold, so
+the hold counts whole in flight. Nothing is dropped: a send the socket does not take at once (the
+wrapper gone, its queue full) returns False and the child's own settler lands that settle. A child
+killed after sending is landed anyway, and the wrapper lands all it received before it charges the
+run's open holds (:meth:`Relay.close`). Datagrams are marshalled tuples of plain values (never
+pickles): only this user can reach the socket (the run directory is 0700).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .ledger.base import Ledger, Settle
+
+__all__ = ["SOCKET_VARIABLE", "Relay", "Sender", "decode", "encode"]
+
+SOCKET_VARIABLE = "QUOTAWRAP_SETTLE_SOCKET"
+SOCKET_NAME = "settle.sock"
+MAX_BATCH = 256  # settles per ledger call, as the in-process settler
+LINGER_S = 0.005  # once woken, gather this long: as the in-process settler, so other processes' waiters see no change
+RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
+_RECEIVE_BYTES = 65536
+_BUFFER_BYTES = 4 << 20  # the wrapper's receive queue: thousands of settles while a batch lands
+
+
+def encode(settle: Settle) -> bytes:
+    usage = settle.usage
+    fields = None
+    if usage is not None:
+        fields = (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.total_tokens,
+            usage.reasoning_tokens,
+            usage.cached_tokens,
+            usage.images,
+            usage.actions,
+        )
+    return marshal.dumps((settle.hold_id, settle.event, fields, settle.latency_s, settle.cost, settle.anomaly))
+
+
+def decode(data: bytes) -> Settle:
+    """The settle of one datagram; ValueError (or TypeError, EOFError) for anything else."""
+    from .ledger.base import Settle
+    from .usage import Usage
+
+    hold_id, event, fields, latency_s, cost, anomaly = marshal.loads(data)
+    if not isinstance(hold_id, str) or event not in ("settle", "release"):
+        raise ValueError("not a settle")
+    usage = None
+    if fields is not None:
+        prompt, completion, total, reasoning, cached, images, actions = fields
+        usage = Usage(prompt, completion, total, reasoning, cached, images, tuple((str(n), int(k)) for n, k in actions))
+    return Settle(hold_id, event, usage, latency_s, cost, anomaly)
+
+
+class Sender:
+    """The child's end: one unconnected datagram socket, so a wrapper gone (its socket file removed)
+    refuses the very next send instead of swallowing it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sock: socket.socket | None = None
+
+    def send(self, settle: Settle) -> bool:
+        """True once the wrapper's socket holds the settle; False (never raises, never blocks) otherwise."""
+        try:
+            sock = self._sock
+            if sock is None:
+                sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                sock.setblocking(False)
+            sock.sendto(encode(settle), self.path)
+        except (OSError, ValueError):
+            return False
+        return True
+
+
+def sender_from_env() -> Sender | None:
+    path = os.environ.get(SOCKET_VARIABLE)
+    return Sender(path) if path else None
+
+
+class Relay:
+    """The wrapper's end: receives the child's settles and lands them on ``ledger``; one daemon thread."""
+
+    def __init__(self, directory: str, ledger: Callable[[], Ledger], warn: Callable[[str], None]) -> None:
+        self.path = os.path.join(directory, SOCKET_NAME)
+        self._ledger = ledger
+        self._warn = warn
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        with contextlib.suppress(OSError):  # room for the bytes; the count is the kernel's qlen
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER_BYTES)
+        self._sock.bind(self.path)
+        self._lock = threading.Lock()  # one batch lands at a time (the thread's, or close()'s)
+        self._pending: list[Settle] = []  # received, not yet landed (a batch the ledger refused)
+        self._failing = False
+        self._closed = False
+        self._stop = threading.Event()
+        self.landed = 0
+        self._thread = threading.Thread(target=self._run, name="quotawrap-settle-relay", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff = RETRY_MIN_S
+        while True:
+            try:
+                data = self._sock.recv(_RECEIVE_BYTES)
+            except OSError:
+                return
+            with self._lock:
+                self._take(data)
+                if self._closed:
+                    return  # close() lands the rest
+            # Gather for LINGER_S, reading on: the kernel queues few datagrams (net.unix.max_dgram_qlen,
+            # often 10) and refuses more, which sends a burst's settles back to the children's settlers.
+            deadline = time.monotonic() + LINGER_S
+            while (left := deadline - time.monotonic()) > 0 and not self._closed:
+                self._sock.settimeout(left)
+                try:
+                    data = self._sock.recv(_RECEIVE_BYTES)
+                except OSError:  # TimeoutError: the linger is over
+                    break
+                finally:
+                    self._sock.settimeout(None)
+                with self._lock:
+                    self._take(data)
+            with self._lock:
+                if self._closed:
+                    return
+                self._drain()
+                landed = self._land()
+            while not landed and not self._stop.wait(backoff):  # the store is away: ask again later
+                backoff = min(backoff * 2, RETRY_MAX_S)
+                with self._lock:
+                    self._drain()
+                    landed = self._closed or self._land()
+            backoff = RETRY_MIN_S
+
+    def _take(self, data: bytes) -> None:
+        try:
+            self._pending.append(decode(data))
+        except Exception:  # not ours: nothing to land (a settle is only ever sent whole)
+            if data:
+                self._warn("ignored a malformed datagram on the settle socket")
+
+    def _drain(self) -> None:
+        """Take what the socket holds now, without waiting."""
+        while True:
+            try:
+                data = self._sock.recv(_RECEIVE_BYTES, socket.MSG_DONTWAIT)
+            except OSError:  # BlockingIOError: empty
+                return
+            self._take(data)
+
+    def _land(self) -> bool:
+        while self._pending:
+            batch = self._pending[:MAX_BATCH]
+            try:
+                self._ledger().settle_many(batch)
+            except Exception as exc:  # kept, in order: settles are idempotent, a retry is exact
+                if not self._failing:
+                    self._warn(f"could not settle {len(batch)} call(s) yet: {exc}; retrying (holds count whole)")
+                self._failing = True
+                return False
+            self._failing = False
+            del self._pending[: len(batch)]
+            self.landed += len(batch)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Land every settle received, before the run's open holds are charged. New sends fail from the
+        moment the socket file is gone (the child's own settler lands those)."""
+        with self._lock:
+            self._closed = True
+        self._stop.set()
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as waker:
+            waker.setblocking(False)
+            waker.sendto(b"", self.path)  # ends the thread's recv (a full queue wakes it anyway)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        self._thread.join(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._drain()
+            while not self._land() and time.monotonic() < deadline:
+                time.sleep(RETRY_MIN_S)
+            # What still could not land stays held in the ledger: resolve_run charges it whole.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+
+def open_relay(directory: str, ledger: Callable[[], Ledger], warn: Callable[[str], None]) -> Relay | None:
+    """The wrapper's relay in the run directory, or None (its children then settle in-process, as before)."""
+    try:
+        return Relay(directory, ledger, warn)
+    except OSError as exc:  # e.g. a directory path too long for a Unix socket
+        warn(f"settles stay in the guarded processes (no settle socket: {exc})")
+        return None

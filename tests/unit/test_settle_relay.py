@@ -1,0 +1,155 @@
+"""A guarded child's settles handed to its wrapper (settle_relay.py): landed exactly, in order, never
+dropped (a send the wrapper does not take lands in the child), and all in before the wrapper closes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from quotawrap.ledger import Ledger, open_ledger
+from quotawrap.ledger.base import Settle
+from quotawrap.quota import Counters
+from quotawrap.settle_relay import Relay, Sender, decode, encode
+from quotawrap.settler import Settler
+from quotawrap.usage import Usage
+from quotawrap.waiting import RoomSignal
+from tests.unit.test_ledger_contract import limits, rc, request, usage
+
+
+class Recording:
+    """A ledger stand-in that records each batch; refuses the first ``failures`` batches."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.batches: list[list[Settle]] = []
+        self.failures = failures
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def settle_many(self, settles: Sequence[Settle]) -> None:
+        self.gate.wait()
+        if self.failures:
+            self.failures -= 1
+            raise OSError("store away")
+        self.batches.append(list(settles))
+
+    @property
+    def landed(self) -> list[str]:
+        return [s.hold_id for batch in self.batches for s in batch]
+
+
+@pytest.fixture
+def sqlite(tmp_path: Path) -> Iterator[Ledger]:
+    opened = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def _relay(tmp_path: Path, ledger: object, warnings: list[str] | None = None) -> Relay:
+    return Relay(str(tmp_path), lambda: cast(Ledger, ledger), (warnings if warnings is not None else []).append)
+
+
+def test_a_settle_survives_the_datagram_exactly() -> None:
+    full = Usage(10, 20, 30, reasoning_tokens=5, cached_tokens=2, images=1, actions=(("web", 2),))
+    for settle in (
+        Settle("h1", "settle", full, 0.25, 1234, "too many tokens"),
+        Settle("h2", "release"),
+        Settle("h3", "settle", None, 0.1, 0),
+    ):
+        assert decode(encode(settle)) == settle
+    with pytest.raises((ValueError, TypeError, EOFError)):
+        decode(b"not marshal")
+
+
+def test_the_wrapper_lands_every_settle_received_before_close_returns(tmp_path: Path) -> None:
+    """Sent while the ledger is stuck: close() still lands each one the socket took, in order, before it
+    returns; the socket refuses the rest at once (its queue is short), which the child then lands itself."""
+    ledger = Recording()
+    ledger.gate.clear()  # the relay's thread blocks in its first batch
+    relay = _relay(tmp_path, ledger)
+    sender = Sender(relay.path)
+    taken = [f"h{i}" for i in range(50) if sender.send(Settle(f"h{i}", "settle", usage(i), 0.1, 0))]
+    assert len(taken) >= 2
+    threading.Timer(0.05, ledger.gate.set).start()
+    relay.close()
+    assert ledger.landed == taken
+    assert not sender.send(Settle("late", "release"))  # the socket is gone: the child lands it itself
+
+
+def test_a_batch_the_store_refused_is_landed_later(tmp_path: Path) -> None:
+    ledger = Recording(failures=2)
+    warnings: list[str] = []
+    relay = _relay(tmp_path, ledger, warnings)
+    assert Sender(relay.path).send(Settle("h1", "release"))
+    relay.close()
+    assert ledger.landed == ["h1"]
+    assert len(warnings) == 1 and "retrying" in warnings[0]
+
+
+def test_a_relayed_settle_keeps_its_hold_whole_until_the_wrapper_lands_it(sqlite: Ledger, tmp_path: Path) -> None:
+    """Sent and not landed: a reserve that fits the truth but not the hold is refused; landed: exact."""
+    relay = _relay(tmp_path, sqlite)
+    blocked = Recording()
+    blocked.gate.clear()
+    relay._ledger = lambda: cast(Ledger, blocked)  # test-only: hold the landing back
+    cap = limits(run_cap=1200)
+    hold = sqlite.reserve(request(1000), cap).hold_id
+    assert Sender(relay.path).send(Settle(hold, "settle", usage(100), 0.1, 0))
+    assert not sqlite.reserve(request(500), cap).held  # 1,000 still in flight
+    relay._ledger = lambda: sqlite
+    blocked.gate.set()
+    relay.close()
+    assert rc(sqlite) == Counters(100, 0)
+    assert sqlite.reserve(request(500), cap).held
+
+
+def test_the_child_lands_what_the_wrapper_does_not_take(sqlite: Ledger, tmp_path: Path) -> None:
+    """No wrapper socket: the settle lands through the child's own settler, and its record runs once."""
+    records: list[str] = []
+    settler = Settler(lambda: sqlite, relay=Sender(str(tmp_path / "gone.sock")))
+    hold = sqlite.reserve(request(400), limits(run_cap=10_000)).hold_id
+    settler.submit(Settle(hold, "settle", usage(40), 0.1, 0), lambda: records.append("landed"))
+    assert settler.flush(5)
+    assert rc(sqlite) == Counters(40, 0)
+    assert records == ["landed"]
+
+
+def test_while_a_call_of_the_process_waits_its_settles_land_in_the_process(sqlite: Ledger, tmp_path: Path) -> None:
+    """relay_now() False (a head waiter naps on this process's room signal): the settle lands here,
+    so its landing wakes that waiter; True: it goes to the wrapper and the record runs at once."""
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger)
+    watched = [True]
+    records: list[str] = []
+    settler = Settler(lambda: sqlite, relay=Sender(relay.path), relay_now=lambda: not watched[0])
+    hold = sqlite.reserve(request(400), limits(run_cap=10_000)).hold_id
+    settler.submit(Settle(hold, "settle", usage(40), 0.1, 0), lambda: records.append("here"))
+    assert settler.flush(5)
+    assert rc(sqlite) == Counters(40, 0) and records == ["here"]
+    watched[0] = False
+    settler.submit(Settle("h-relayed", "release"), lambda: records.append("relayed"))
+    assert settler.pending == 0 and records == ["here", "relayed"]
+    relay.close()
+    assert ledger.landed == ["h-relayed"]
+
+
+def test_a_napping_head_waiter_keeps_the_settles_in_the_process() -> None:
+    signal = RoomSignal()
+    assert signal.unwatched()
+    napping = threading.Thread(target=signal.nap, args=(5.0,))
+    napping.start()
+    try:
+        for _ in range(500):
+            if not signal.unwatched():
+                break
+            threading.Event().wait(0.01)
+        assert not signal.unwatched()
+    finally:
+        signal.room_freed()
+        napping.join()
+    assert signal.unwatched()

@@ -14,7 +14,7 @@ from .scopes import model_day_key, run_key
 
 __all__ = ["Place", "count_waiting", "leave"]
 
-_LINE = "SELECT ticket, waiter, until FROM waiters WHERE line = ?"
+_LINES = "SELECT line, ticket, waiter, until FROM waiters WHERE line IN (?, ?)"  # both lines in one statement
 
 
 class Place:
@@ -30,7 +30,10 @@ class Place:
         self.aheads: dict[LineName, int] = {"run": 0, "model_day": 0}
         if not request.enforce:
             return
-        read = {name: [Entry(*row) for row in conn.execute(_LINE, (line,)).fetchall()] for name, line in lines.items()}
+        names = {line: name for name, line in lines.items()}
+        read: dict[LineName, list[Entry]] = {"run": [], "model_day": []}
+        for line, *entry in conn.execute(_LINES, (lines["run"], lines["model_day"])):
+            read[names[line]].append(Entry(*entry))
         for entries in read.values():
             for entry in entries:
                 if entry.waiter == request.waiter and entry.until > now and self.ticket is None:

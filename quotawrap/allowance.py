@@ -32,6 +32,9 @@ __all__ = ["HISTORY_CALLS", "HISTORY_S", "AllowanceBook", "model_reasoning", "re
 HISTORY_S = 86_400.0  # the last day: recent enough to be today's prompts, few enough rows to read every 30 s
 HISTORY_CALLS = 1000  # per model, the most recent
 _REFRESH_S = 30.0
+# A settle that cannot raise the p99 keeps the figure computed before (see AllowanceBook.observe), but
+# after this many such settles of a model its p99 is computed anew, so that it can come down.
+_RECOMPUTE_EVERY = 64
 
 
 def reasoning_samples(records: Iterable[CallRecord]) -> dict[str, list[int]]:
@@ -68,21 +71,39 @@ class AllowanceBook:
         self._history: dict[str, list[int]] = {}
         self._recent: dict[str, deque[int]] = {}  # settled here since the last read of the ledger
         self._cut: dict[str, deque[int]] = {}  # lessons of calls our bound cut: kept, the ledger lacks them
+        # per model, (p99, settles since): every bounded call asks, and the pick over ~1,000 values cost
+        # more than the rest of planning its bound
+        self._known: dict[str, tuple[int | None, int]] = {}
 
     def reasoning(self, model: str) -> int | None:
         """The p99 of the model's reasoning, or None when the model has no settled call anywhere yet."""
         self._refresh()
         with self._lock:
+            known = self._known.get(model)
+            if known is not None:
+                return known[0]
             values = [*self._history.get(model, ()), *self._recent.get(model, ()), *self._cut.get(model, ())]
-        return learned_allowance(values[-HISTORY_CALLS:], floor=0)
+            learned = learned_allowance(values[-HISTORY_CALLS:], floor=0)
+            self._known[model] = (learned, 0)
+        return learned
 
     def observe(self, model: str, reasoning: int, output: int, bound: int | None) -> None:
         """A call of this process settled with ``output`` tokens out (``reasoning`` of them), under our ``bound``."""
         with self._lock:
             if bound is not None and output >= bound:
-                self._cut.setdefault(model, deque(maxlen=HISTORY_CALLS)).append(min(MAX_OUTPUT_TOKENS, 2 * bound))
+                value = min(MAX_OUTPUT_TOKENS, 2 * bound)
+                self._cut.setdefault(model, deque(maxlen=HISTORY_CALLS)).append(value)
             else:
-                self._recent.setdefault(model, deque(maxlen=HISTORY_CALLS)).append(reasoning)
+                value = reasoning
+                self._recent.setdefault(model, deque(maxlen=HISTORY_CALLS)).append(value)
+            # A value at or below the p99 (the window's k-th largest, k fixed once it holds 1,000 values)
+            # cannot raise it, whichever old value it pushes out: the figure known stays at or above the
+            # truth (a bound a little large, never a starved one) until it is computed anew.
+            known = self._known.get(model)
+            if known is not None and known[0] is not None and value <= known[0] and known[1] + 1 < _RECOMPUTE_EVERY:
+                self._known[model] = (known[0], known[1] + 1)
+            else:
+                self._known.pop(model, None)
 
     def _refresh(self) -> None:
         now = self._clock()
@@ -94,3 +115,4 @@ class AllowanceBook:
         with self._lock:
             self._history = history
             self._recent = {}  # the ledger has them now
+            self._known = {}

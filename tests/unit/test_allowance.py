@@ -72,3 +72,35 @@ class TestAllowanceBook:
         assert book.reasoning(MODEL) is None
         book.observe(MODEL, 9_000, 9_050, bound=20_000)
         assert book.reasoning(MODEL) == 9_000
+
+
+def test_the_known_p99_never_falls_below_the_truth_and_catches_up(ledger: SQLiteLedger) -> None:
+    """The p99 is kept between settles that cannot raise it: read after each settle it is at or above
+    the exact p99 of the window, a larger value shows at once, and within 64 settles it is exact again."""
+    import random
+
+    from quotawrap.allowance import HISTORY_CALLS
+    from quotawrap.estimate import learned_allowance
+
+    def truth() -> int | None:
+        return learned_allowance(seen[-HISTORY_CALLS:], floor=0)
+
+    book = AllowanceBook(lambda: ledger, refresh_s=3600)
+    rng = random.Random(7)
+    seen: list[int] = []
+    assert book.reasoning(MODEL) is None  # the ledger read (no history there)
+    for i in range(2500):  # a heavy tail, then only small values: the p99 must come down
+        value = rng.choice([0, 10, 100, 1000, rng.randrange(5000)]) if i < 1500 else rng.randrange(50)
+        book.observe(MODEL, value, value, None)
+        seen.append(value)
+        known, exact = book.reasoning(MODEL), truth()
+        assert known is not None and exact is not None and known >= exact
+    for value in [7] * 64:  # small settles only: the high old figure is recomputed within 64
+        book.observe(MODEL, value, value, None)
+        seen.append(value)
+    assert book.reasoning(MODEL) == truth() == 49
+    for _ in range(11):  # each above the p99: counted at once, the 11th of 1,000 makes it the p99
+        book.observe(MODEL, 4000, 4000, None)
+        seen.append(4000)
+        assert book.reasoning(MODEL) == truth()
+    assert truth() == 4000

@@ -153,11 +153,12 @@ class Relay:
             backoff = RETRY_MIN_S
 
     def _take(self, data: bytes) -> None:
+        if not data:  # close()'s wake-up call: nothing to decode (nor the settle's modules to import)
+            return
         try:
             self._pending.append(decode(data))
         except Exception:  # not ours: nothing to land (a settle is only ever sent whole)
-            if data:
-                self._warn("ignored a malformed datagram on the settle socket")
+            self._warn("ignored a malformed datagram on the settle socket")
 
     def _drain(self) -> None:
         """Take what the socket holds now, without waiting."""

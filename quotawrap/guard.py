@@ -150,8 +150,16 @@ class Guard(GuardBooks):
             landed()
 
     def flush(self, timeout: float = -1) -> bool:
-        """Land every settle queued so far (the wrapper's resolve, tests). False on timeout."""
-        return self.settler.flush(timeout) if self.settler is not None else True
+        """Land every settle queued so far, and wait until the wrapper has landed those this process handed
+        to it (tests, a program that reads the ledger itself). False on timeout."""
+        if self.settler is None:
+            return True
+        relay = self.settler.relay
+        if relay is None:
+            return self.settler.flush(timeout)
+        deadline = time.monotonic() + (timeout if timeout >= 0 else 3600.0)
+        landed_here = self.settler.flush(timeout)
+        return relay.sync(max(deadline - time.monotonic(), 0)) and landed_here
 
     # -- limits -----------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ MAX_BATCH = 256  # settles per ledger call, as the in-process settler
 LINGER_S = 0.005  # once woken, gather this long: as the in-process settler, so other processes' waiters see no change
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
+_SYNC = b"\0sync "  # then the path to answer at; never a marshalled settle (which starts with a type code)
 _BUFFER_BYTES = 4 << 20  # the wrapper's receive queue: thousands of settles while a batch lands
 
 
@@ -90,6 +91,38 @@ class Sender:
             return False
         return True
 
+    def sync(self, timeout: float) -> bool:
+        """Wait until the wrapper has landed every settle this process sent before (``Guard.flush``):
+        a request on the same queue, answered once what precedes it has landed. True too when the
+        wrapper is gone (it landed what it took before it closed); False at the timeout."""
+        deadline = time.monotonic() + max(timeout, 0)
+        reply_path = f"{self.path}.sync-{os.getpid()}-{threading.get_ident()}"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as reply:
+            try:
+                reply.bind(reply_path)
+            except OSError:
+                return False
+            try:
+                while True:
+                    try:
+                        reply.sendto(_SYNC + reply_path.encode(), self.path)
+                        break
+                    except BlockingIOError:  # the queue is full: it empties as the wrapper reads
+                        if time.monotonic() >= deadline:
+                            return False
+                        time.sleep(0.001)
+                    except OSError:  # the wrapper is gone, its socket with it
+                        return True
+                reply.settimeout(max(deadline - time.monotonic(), 0.001))
+                try:
+                    reply.recv(16)
+                except OSError:  # TimeoutError
+                    return False
+                return True
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(reply_path)
+
 
 def sender_from_env() -> Sender | None:
     path = os.environ.get(SOCKET_VARIABLE)
@@ -109,6 +142,7 @@ class Relay:
         self._sock.bind(self.path)
         self._lock = threading.Lock()  # one batch lands at a time (the thread's, or close()'s)
         self._pending: list[Settle] = []  # received, not yet landed (a batch the ledger refused)
+        self._syncs: list[str] = []  # where to answer once the settles received before have landed
         self._failing = False
         self._closed = False
         self._stop = threading.Event()
@@ -155,6 +189,9 @@ class Relay:
     def _take(self, data: bytes) -> None:
         if not data:  # close()'s wake-up call: nothing to decode (nor the settle's modules to import)
             return
+        if data.startswith(_SYNC):
+            self._syncs.append(data[len(_SYNC) :].decode(errors="replace"))
+            return
         try:
             self._pending.append(decode(data))
         except Exception:  # not ours: nothing to land (a settle is only ever sent whole)
@@ -182,6 +219,10 @@ class Relay:
             self._failing = False
             del self._pending[: len(batch)]
             self.landed += len(batch)
+        for path in self._syncs:  # all received before their requests has landed
+            with contextlib.suppress(OSError):
+                self._sock.sendto(b"ok", path)
+        self._syncs.clear()
         return True
 
     def close(self, timeout: float = 30.0) -> None:

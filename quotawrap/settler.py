@@ -115,6 +115,10 @@ class Settler:
                 self._wake.set()
 
     @property
+    def relay(self) -> Sender | None:
+        return self._relay
+
+    @property
     def pending(self) -> int:
         """Settles queued and not yet taken for landing."""
         return len(self._queue)

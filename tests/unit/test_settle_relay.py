@@ -153,3 +153,18 @@ def test_a_napping_head_waiter_keeps_the_settles_in_the_process() -> None:
         signal.room_freed()
         napping.join()
     assert signal.unwatched()
+
+
+def test_sync_returns_once_the_wrapper_has_landed_what_was_sent_before(tmp_path: Path) -> None:
+    """Guard.flush under a wrapper: not before the settles sent earlier have landed (a timeout says so)."""
+    ledger = Recording()
+    ledger.gate.clear()
+    relay = _relay(tmp_path, ledger)
+    sender = Sender(relay.path)
+    assert sender.send(Settle("h1", "release"))
+    assert not sender.sync(0.2)  # the ledger is stuck: not landed, and sync says so
+    ledger.gate.set()
+    assert sender.sync(10)
+    assert ledger.landed == ["h1"]
+    relay.close()
+    assert sender.sync(1)  # the wrapper gone: it landed what it took before it closed

@@ -87,7 +87,7 @@ class Sender:
                 sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 sock.setblocking(False)
             sock.sendto(encode(settle), self.path)
-        except (OSError, ValueError):
+        except Exception:  # never the caller's problem (a finalizing interpreter too): the child lands it
             return False
         return True
 

@@ -10,6 +10,10 @@ interpreter exit (atexit, which also runs after Ctrl-C; in a multiprocessing chi
 which ends with ``os._exit()``, its exit finalizers), before ``fork()`` in the parent (the child
 starts empty), and on demand (:meth:`Settler.flush`). A process killed before its queue lands leaves
 those holds open, and the wrapper's ``resolve_run`` (or reclaim) charges them whole, as unresolved.
+
+Under ``quotawrap run`` a guarded child hands its settles to the wrapper instead (``relay``,
+:mod:`quotawrap.settle_relay`), which lands them off this process's GIL; this queue then takes only
+what the wrapper did not take, and the settles of a process whose call waits for room.
 """
 
 from __future__ import annotations

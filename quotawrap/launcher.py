@@ -301,15 +301,14 @@ def _run(
     # A run inside another run: its processes register with both wrappers, innermost first.
     outer = os.environ.get("QUOTAWRAP_RUN_DIR")
     env["QUOTAWRAP_RUN_DIR"] = os.pathsep.join([str(run_dir.path), *([outer] if outer else [])])
-    from .settle_relay import SOCKET_VARIABLE, open_relay  # the children's settles land here (issue 12)
+    from .settle_relay import SOCKET_VARIABLE, open_relay, relay_path  # the children's settles land here
 
-    relay = open_relay(str(run_dir.path), lambda: ledger, warn)
-    if relay is not None:
-        env[SOCKET_VARIABLE] = relay.path
-    else:  # never an outer run's: its wrapper may keep another ledger
-        env.pop(SOCKET_VARIABLE, None)
+    env[SOCKET_VARIABLE] = relay_path(str(run_dir.path))  # ours, never an outer run's (it may keep another ledger)
     reaping = _become_subreaper()
     process = subprocess.Popen([executable, *command[1:]], env=env)
+    # Bound once the child is on its way, off its start-up path: its first guarded call comes tens of ms
+    # later, and a settle sent before (or with no relay at all) fails at once and lands in the child.
+    relay = open_relay(env[SOCKET_VARIABLE], lambda: ledger, warn)
     watcher = (
         ProcessWatcher(
             process.pid,

@@ -19,14 +19,18 @@ from __future__ import annotations
 import contextlib
 import marshal
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
+
     from .ledger.base import Ledger, Settle
+
+# ``socket`` is imported where a socket is made, not here: the wrapper imports this module before its
+# child starts, and socket costs ~2 ms there (the child has it already, through its HTTP client).
 
 __all__ = ["SOCKET_VARIABLE", "Relay", "Sender", "decode", "encode"]
 
@@ -84,6 +88,8 @@ class Sender:
         try:
             sock = self._sock
             if sock is None:
+                import socket
+
                 sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 sock.setblocking(False)
             sock.sendto(encode(settle), self.path)
@@ -95,6 +101,8 @@ class Sender:
         """Wait until the wrapper has landed every settle this process sent before (``Guard.flush``):
         a request on the same queue, answered once what precedes it has landed. True too when the
         wrapper is gone (it landed what it took before it closed); False at the timeout."""
+        import socket
+
         deadline = time.monotonic() + max(timeout, 0)
         reply_path = f"{self.path}.sync-{os.getpid()}-{threading.get_ident()}"
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as reply:
@@ -132,8 +140,10 @@ def sender_from_env() -> Sender | None:
 class Relay:
     """The wrapper's end: receives the child's settles and lands them on ``ledger``; one daemon thread."""
 
-    def __init__(self, directory: str, ledger: Callable[[], Ledger], warn: Callable[[str], None]) -> None:
-        self.path = os.path.join(directory, SOCKET_NAME)
+    def __init__(self, path: str, ledger: Callable[[], Ledger], warn: Callable[[str], None]) -> None:
+        import socket
+
+        self.path = path
         self._ledger = ledger
         self._warn = warn
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -199,6 +209,8 @@ class Relay:
 
     def _drain(self) -> None:
         """Take what the socket holds now, without waiting."""
+        import socket
+
         while True:
             try:
                 data = self._sock.recv(_RECEIVE_BYTES, socket.MSG_DONTWAIT)
@@ -228,6 +240,8 @@ class Relay:
     def close(self, timeout: float = 30.0) -> None:
         """Land every settle received, before the run's open holds are charged. New sends fail from the
         moment the socket file is gone (the child's own settler lands those)."""
+        import socket
+
         with self._lock:
             self._closed = True
         self._stop.set()
@@ -248,10 +262,15 @@ class Relay:
         self._sock.close()
 
 
-def open_relay(directory: str, ledger: Callable[[], Ledger], warn: Callable[[str], None]) -> Relay | None:
-    """The wrapper's relay in the run directory, or None (its children then settle in-process, as before)."""
+def relay_path(directory: str) -> str:
+    """Where the wrapper of a run in ``directory`` binds its socket (named to the child before it is bound)."""
+    return os.path.join(directory, SOCKET_NAME)
+
+
+def open_relay(path: str, ledger: Callable[[], Ledger], warn: Callable[[str], None]) -> Relay | None:
+    """The wrapper's relay at ``path``, or None (its children then settle in-process, as before)."""
     try:
-        return Relay(directory, ledger, warn)
+        return Relay(path, ledger, warn)
     except OSError as exc:  # e.g. a directory path too long for a Unix socket
         warn(f"settles stay in the guarded processes (no settle socket: {exc})")
         return None

@@ -13,7 +13,7 @@ import pytest
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
 from quotawrap.quota import Counters
-from quotawrap.settle_relay import Relay, Sender, decode, encode
+from quotawrap.settle_relay import Relay, Sender, decode, encode, relay_path
 from quotawrap.settler import Settler
 from quotawrap.usage import Usage
 from quotawrap.waiting import RoomSignal
@@ -51,7 +51,8 @@ def sqlite(tmp_path: Path) -> Iterator[Ledger]:
 
 
 def _relay(tmp_path: Path, ledger: object, warnings: list[str] | None = None) -> Relay:
-    return Relay(str(tmp_path), lambda: cast(Ledger, ledger), (warnings if warnings is not None else []).append)
+    sink = warnings if warnings is not None else []
+    return Relay(relay_path(str(tmp_path)), lambda: cast(Ledger, ledger), sink.append)
 
 
 def test_a_settle_survives_the_datagram_exactly() -> None:

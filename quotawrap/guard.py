@@ -149,6 +149,13 @@ class Guard(GuardBooks):
         if landed is not None:
             landed()
 
+    def settles_in_transit(self) -> bool:
+        """Whether settles of this process may not have landed yet (queued here, or handed to the wrapper)."""
+        if self.settler is None:
+            return False
+        relay = self.settler.relay
+        return self.settler.pending > 0 or (relay is not None and relay.unsynced > 0)
+
     def flush(self, timeout: float = -1) -> bool:
         """Land every settle queued so far, and wait until the wrapper has landed those this process handed
         to it (tests, a program that reads the ledger itself). False on timeout."""

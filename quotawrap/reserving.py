@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["Call", "reserve_steps"]
 
 _BACKOFF_MIN_S, _BACKOFF_MAX_S = 0.005, 0.25
+_LAND_OWN_SETTLES_S = 1.0  # before refusing, how long a call waits for its own process's settles to land
 _RENEW_S = LEASE_S / 5  # the head asks the ledger at least this often: every reserve renews its place
 # A queued call polls every 25 ms per waiter ahead of it, at most every second: the next in line
 # learns it is the head within 25 ms, and a long line asks the ledger some 40 times a second per
@@ -93,6 +94,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
     backoff = _BACKOFF_MIN_S
     superseded = 0  # refused attempts this call left in the ledger before its final answer
     retry: str | None = None  # the hold id that names the next attempt the retry of the last of them
+    landed_own = False  # asked again once this process's settles in transit had landed
     outcome = "abandoned"
     hold: HoldRequest | None = None
     try:
@@ -150,6 +152,18 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                     retry = retry_id(hold.hold_id)
                     guard.audit_refusal(plan, hold, decision)
                     continue  # the bound was fitted to counters since outgrown: fit it to these, ask again
+            if never is None and not landed_own and guard.settles_in_transit():
+                # What is in the way may be this process's own finished calls, whose settles are still on
+                # their way to the ledger (settled off the caller's path): refusing for them would be a
+                # false block under --wait 0. Land them (a few ms) and ask once more.
+                landed_own = True
+                superseded += 1
+                from .audit import retry_id
+
+                retry = retry_id(hold.hold_id)
+                guard.audit_refusal(plan, hold, decision)
+                guard.flush(_LAND_OWN_SETTLES_S)
+                continue
             outcome = "refused"
             return guard.refused(call, plan, hold, decision, wait)
     finally:

@@ -82,6 +82,7 @@ class Sender:
     def __init__(self, path: str) -> None:
         self.path = path
         self._sock: socket.socket | None = None
+        self.unsynced = 0  # sends since the last sync began: settles the wrapper may not have landed yet
 
     def send(self, settle: Settle) -> bool:
         """True once the wrapper's socket holds the settle; False (never raises, never blocks) otherwise."""
@@ -95,6 +96,7 @@ class Sender:
             sock.sendto(encode(settle), self.path)
         except Exception:  # never the caller's problem (a finalizing interpreter too): the child lands it
             return False
+        self.unsynced += 1
         return True
 
     def sync(self, timeout: float) -> bool:
@@ -104,6 +106,7 @@ class Sender:
         import socket
 
         deadline = time.monotonic() + max(timeout, 0)
+        self.unsynced = 0  # what is sent from here on is not covered by this sync: it counts again
         reply_path = f"{self.path}.sync-{os.getpid()}-{threading.get_ident()}"
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as reply:
             try:

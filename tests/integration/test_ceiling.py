@@ -153,3 +153,20 @@ class TestAcrossRunsOnRedis:
         assert len(records) == 48
         assert [r for r in records if r["outcome"] != "ok"] == []
         assert sim.billed_total() <= cap
+
+
+class TestOwnSettlesInTransit:
+    def test_sequential_calls_under_wait_zero_are_not_refused_for_their_own_settles(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """One thread, one call after another, each hold most of the cap: a call's settle travels off the caller's
+        path (to the wrapper), so the next call can find it still in flight. Under --wait 0 that must not refuse
+        it: the call lands its own process's settles and asks again."""
+        records, report = _run(
+            sim, store, tmp_path, ["--cap-tokens", "6000", "--wait", "0"], "--threads", "1", "--calls", "12"
+        )
+        assert [r["outcome"] for r in records] == ["ok"] * 12
+        assert report["totals"]["blocked_calls"] == 0
+        assert report["totals"]["settled_tokens"] == sim.billed_total() <= 6000
+        [row] = cli_json("report", "--store", store, "--format", "json")["rows"]
+        assert row["blocked_calls"] == 0  # the attempts asked again are no blocked calls in the report either

@@ -383,12 +383,19 @@ def leave_mine() -> None:
             stream.read_ahead()
 
 
-def leave_all() -> None:
-    """Trigger 2: a call must wait for room; read ahead every open stream of the process not inside a read."""
+def leave_all() -> bool:
+    """Trigger 2: a call must wait for room; read ahead every open stream of the process not inside a read.
+    True when some read-ahead of the process is running (its settle may make the room)."""
     if not _open:
-        return
+        return False
     for stream in _streams():
         stream.read_ahead()
+    return any_pending()
+
+
+def any_pending() -> bool:
+    """True while some stream of the process is being read ahead."""
+    return bool(_open) and any(stream._running for stream in _streams())
 
 
 def mine_pending() -> bool:

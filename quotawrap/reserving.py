@@ -45,6 +45,7 @@ __all__ = ["Call", "reserve_steps"]
 
 _BACKOFF_MIN_S, _BACKOFF_MAX_S = 0.005, 0.25
 _LAND_OWN_SETTLES_S = 1.0  # before refusing, how long a call waits for its own process's settles to land
+_OTHERS_READ_AHEAD_S = 2.0  # and for the read-ahead of streams other threads of its process left
 _RENEW_S = LEASE_S / 5  # the head asks the ledger at least this often: every reserve renews its place
 # A queued call polls every 25 ms per waiter ahead of it, at most every second: the next in line
 # learns it is the head within 25 ms, and a long line asks the ledger some 40 times a second per
@@ -95,6 +96,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
     superseded = 0  # refused attempts this call left in the ledger before its final answer
     retry: str | None = None  # the hold id that names the next attempt the retry of the last of them
     landed_own = False  # asked again once this process's settles in transit had landed
+    others_until = float("-inf")  # until then, the read-ahead of streams other threads left may make room
     outcome = "abandoned"
     hold: HoldRequest | None = None
     try:
@@ -115,8 +117,9 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 yield backoff
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
                 continue
-            if readahead.mine_pending() and only_in_flight_in_the_way(room.read(), hold):
-                yield _BACKOFF_MAX_S  # its own left streams are being read ahead: their settles make the room
+            drains = readahead.mine_pending() or (time.monotonic() < others_until and readahead.any_pending())
+            if drains and only_in_flight_in_the_way(room.read(), hold):
+                yield _BACKOFF_MAX_S  # left streams are being read ahead: their settles make the room
                 continue
             try:
                 decision = guard.ledger.reserve(hold, room.limits_for)
@@ -152,17 +155,24 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                     retry = retry_id(hold.hold_id)
                     guard.audit_refusal(plan, hold, decision)
                     continue  # the bound was fitted to counters since outgrown: fit it to these, ask again
-            if never is None and not landed_own and guard.settles_in_transit():
+            in_transit = never is None and not landed_own and guard.settles_in_transit()
+            left = never is None and not landed_own and readahead.leave_all()
+            if in_transit or left:
                 # What is in the way may be this process's own finished calls, whose settles are still on
-                # their way to the ledger (settled off the caller's path): refusing for them would be a
-                # false block under --wait 0. Land them (a few ms) and ask once more.
+                # their way to the ledger (settled off the caller's path), or streams another thread of it
+                # left unread: refusing for them would be a false block under --wait 0. Land the settles
+                # (a few ms), give the read-aheads a moment (their end is usually already received), and
+                # ask once more.
                 landed_own = True
+                if left:
+                    others_until = time.monotonic() + _OTHERS_READ_AHEAD_S
                 superseded += 1
                 from .audit import retry_id
 
                 retry = retry_id(hold.hold_id)
                 guard.audit_refusal(plan, hold, decision)
-                guard.flush(_LAND_OWN_SETTLES_S)
+                if in_transit:
+                    guard.flush(_LAND_OWN_SETTLES_S)
                 continue
             outcome = "refused"
             return guard.refused(call, plan, hold, decision, wait)

@@ -64,3 +64,15 @@ class TestLeftButReferenced:
         assert records == [{"abandoned": "left-by-thread", "in_flight": 0}]
         assert report["totals"]["blocked_calls"] == 0
         _exact(store, sim)
+
+    def test_under_wait_zero_a_call_is_not_refused_for_what_another_thread_left(
+        self, sim: ArkSimulator, store: str, tmp_path: Path
+    ) -> None:
+        """The same with --wait 0: before refusing, the call reads ahead the streams other threads of its process
+        left, gives them a moment, and asks once more; it is admitted and no attempt counts as blocked."""
+        records, report = _run(sim, store, tmp_path, [*CAP, "--wait", "0"], "--abandon", "left-by-thread")
+        assert records == [{"abandoned": "left-by-thread", "in_flight": 0}]
+        assert report["totals"]["blocked_calls"] == 0
+        [row] = cli_json("report", "--store", store, "--format", "json")["rows"]
+        assert row["blocked_calls"] == 0
+        _exact(store, sim)

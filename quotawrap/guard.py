@@ -154,7 +154,7 @@ class Guard(GuardBooks):
         if self.settler is None:
             return False
         relay = self.settler.relay
-        return self.settler.pending > 0 or (relay is not None and relay.unsynced > 0)
+        return self.settler.landing or (relay is not None and relay.unsynced > 0)
 
     def flush(self, timeout: float = -1) -> bool:
         """Land every settle queued so far, and wait until the wrapper has landed those this process handed

@@ -104,7 +104,10 @@ class _Stream:
         if self._size >= MAX_BYTES or time.monotonic() >= deadline:
             self._spent = True
             return False
-        return not (self._reading or self._closed or self._ended)
+        # A stream closed while it is read ahead (openai closes the response when the cyclic collector takes
+        # its stream) is read on to its end: the connection was being drained already, and the end gives the
+        # exact charge instead of the whole hold.
+        return not (self._reading or self._ended)
 
     def mine(self, thread: int, task: object) -> bool:
         raise NotImplementedError
@@ -194,7 +197,7 @@ class SyncStream(_Stream):
         try:
             while self._goes_on(deadline):
                 with self._lock:
-                    if self._reading or self._closed or self._ended:
+                    if self._reading or self._ended:
                         break
                     try:
                         self._keep(self._pull())
@@ -203,9 +206,11 @@ class SyncStream(_Stream):
             if self._ended:
                 self._call.flush()  # the settle has landed: a call waiting for this room sees it
         finally:
-            self._running = False
-            if self._closed or self._dropped:
-                self._close_upstream()
+            try:
+                if self._closed or self._dropped:
+                    self._close_upstream()
+            finally:
+                self._running = False  # after the settle is handed on: a waiter never sees neither
 
     def close(self) -> None:
         """The program closed the stream: close the upstream now, or after the read-ahead's current read."""

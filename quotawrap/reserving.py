@@ -46,6 +46,7 @@ __all__ = ["Call", "reserve_steps"]
 _BACKOFF_MIN_S, _BACKOFF_MAX_S = 0.005, 0.25
 _LAND_OWN_SETTLES_S = 1.0  # before refusing, how long a call waits for its own process's settles to land
 _OTHERS_READ_AHEAD_S = 2.0  # and for the read-ahead of streams other threads of its process left
+_ASK_AGAIN = 3  # at most this many times (a stream the cyclic collector closes meanwhile settles then)
 _RENEW_S = LEASE_S / 5  # the head asks the ledger at least this often: every reserve renews its place
 # A queued call polls every 25 ms per waiter ahead of it, at most every second: the next in line
 # learns it is the head within 25 ms, and a long line asks the ledger some 40 times a second per
@@ -95,7 +96,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
     backoff = _BACKOFF_MIN_S
     superseded = 0  # refused attempts this call left in the ledger before its final answer
     retry: str | None = None  # the hold id that names the next attempt the retry of the last of them
-    landed_own = False  # asked again once this process's settles in transit had landed
+    asked_again = 0  # times asked again once this process's settles in transit had landed
     others_until = float("-inf")  # until then, the read-ahead of streams other threads left may make room
     outcome = "abandoned"
     hold: HoldRequest | None = None
@@ -155,15 +156,17 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                     retry = retry_id(hold.hold_id)
                     guard.audit_refusal(plan, hold, decision)
                     continue  # the bound was fitted to counters since outgrown: fit it to these, ask again
-            in_transit = never is None and not landed_own and guard.settles_in_transit()
-            left = never is None and not landed_own and readahead.leave_all()
+            again = never is None and asked_again < _ASK_AGAIN
+            left = again and readahead.leave_all()
+            # after the read-aheads: looking at the streams may let the collector close one, which settles it
+            in_transit = again and guard.settles_in_transit()
             if in_transit or left:
                 # What is in the way may be this process's own finished calls, whose settles are still on
                 # their way to the ledger (settled off the caller's path), or streams another thread of it
                 # left unread: refusing for them would be a false block under --wait 0. Land the settles
                 # (a few ms), give the read-aheads a moment (their end is usually already received), and
                 # ask once more.
-                landed_own = True
+                asked_again += 1
                 if left:
                     others_until = time.monotonic() + _OTHERS_READ_AHEAD_S
                 superseded += 1

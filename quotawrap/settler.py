@@ -127,6 +127,11 @@ class Settler:
         """Settles queued and not yet taken for landing."""
         return len(self._queue)
 
+    @property
+    def landing(self) -> bool:
+        """Whether settles are queued or a batch taken from the queue is being landed now."""
+        return bool(self._queue) or self._lock.locked()
+
     def flush(self, timeout: float = -1) -> bool:
         """Land every settle queued so far. False when a batch in progress did not end within ``timeout``,
         or the ledger refused a batch (it stays queued, in order: settles are idempotent, so a retry of a

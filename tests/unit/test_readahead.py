@@ -183,6 +183,20 @@ class TestSyncReadAhead:
         with pytest.raises(ConnectionError):
             next(chunks)
 
+    def test_a_close_during_a_read_ahead_lets_it_reach_the_end(self) -> None:
+        """openai closes the response when the cyclic collector takes a stream dropped with ``del``: a read-ahead
+        that runs then goes on to the end (the exact charge, not the whole hold), then closes the upstream."""
+        upstream = Upstream(BODY, block_at=5)
+        stream, call, _chunks, _ = _left(upstream)
+        readahead.leave_mine()
+        assert upstream.blocked.wait(SAFETY_S)
+        stream.close()  # the read-ahead holds the lock: the close is left to it
+        assert not upstream.closed
+        upstream.release.set()
+        assert call.finished.wait(SAFETY_S)
+        _idle(stream)
+        assert call.seen == BODY and upstream.closed
+
     def test_mine_pending_while_a_read_ahead_of_this_thread_runs(self) -> None:
         """The reserve loop waits on its own left streams while they are read ahead (their settle frees room)."""
         upstream = Upstream(BODY, block_at=5)

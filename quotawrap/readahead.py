@@ -81,6 +81,19 @@ class _Stream:
         with _open_lock:
             _open.add(self)
 
+    _call: Teed
+
+    def _left_for_good(self) -> None:
+        """The consumer's generator closed or was collected: a running read-ahead goes on to the end and
+        releases the upstream; otherwise, as before read-ahead, the hold is charged whole and the upstream
+        goes with its last reference (no close here: a collection may run on any thread, inside the HTTP
+        pool's own lock)."""
+        if self._running:
+            self._dropped = True
+            return
+        self._closed = True
+        self._call.close()
+
     def _leavable(self) -> bool:
         busy = self._reading or self._closed or self._ended or self._running or self._spent
         return not (busy or _exiting or sys.is_finalizing())
@@ -228,15 +241,6 @@ class SyncStream(_Stream):
         finally:
             self._call.close()
 
-    def _left_for_good(self) -> None:
-        if self._running:
-            self._dropped = True
-            return
-        self._closed = True
-        # As before read-ahead: the hold charged whole; the upstream goes with its last reference (no close
-        # here: a collection may run on any thread, inside the HTTP pool's own lock).
-        self._call.close()
-
 
 class AsyncStream(_Stream):
     """An async body (an async iterable of bytes with ``aclose()``) teed through ``call``, on its loop."""
@@ -354,13 +358,6 @@ class AsyncStream(_Stream):
             await self._inner.aclose()
         finally:
             self._call.close()
-
-    def _left_for_good(self) -> None:
-        if self._running:
-            self._dropped = True
-            return
-        self._closed = True
-        self._call.close()
 
 
 def _current_task() -> object:

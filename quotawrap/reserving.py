@@ -122,6 +122,16 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
             if drains and only_in_flight_in_the_way(room.read(), hold):
                 yield _BACKOFF_MAX_S  # left streams are being read ahead: their settles make the room
                 continue
+            # A call that cannot wait looks before it asks: when only holds in flight are in the way and its
+            # own process's settles are on their way, it lands them first, so no refused row is left.
+            if (
+                not waits
+                and not asked_again
+                and guard.settles_in_transit()
+                and only_in_flight_in_the_way(room.read(), hold)
+            ):
+                asked_again += 1
+                guard.flush(_LAND_OWN_SETTLES_S)
             try:
                 decision = guard.ledger.reserve(hold, room.limits_for)
             except StoreError:  # the hold may have landed before the link broke: never sent, give it back

@@ -170,3 +170,5 @@ class TestOwnSettlesInTransit:
         assert report["totals"]["settled_tokens"] == sim.billed_total() <= 6000
         [row] = cli_json("report", "--store", store, "--format", "json")["rows"]
         assert row["blocked_calls"] == 0  # the attempts asked again are no blocked calls in the report either
+        # it lands them before it asks (it looks first), so the ledger keeps no refused attempt either
+        assert ledger_rows(store, "SELECT count(*) FROM calls WHERE state = 'blocked'") == [(0,)]

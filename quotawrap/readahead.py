@@ -17,7 +17,8 @@ Triggers (the connection is open in each: reading costs the provider nothing it 
 
 A stream the program closed, or that was collected, is never read ahead: it is charged its whole hold
 as before (draining a closed connection could make a provider that stops on disconnect bill more).
-A read-ahead already under way when the stream is collected goes on to the end: the connection was open.
+A read-ahead already under way when the stream is closed or collected goes on to the end: the connection
+was being drained already (openai closes the response when the cyclic collector takes a dropped stream).
 
 Bounds: a read-ahead stops after :data:`MAX_SECONDS` or :data:`MAX_BYTES` buffered, whichever first; the
 stream then stays as it was (settled when closed or collected, at its whole hold) and is not read ahead

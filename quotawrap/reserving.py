@@ -82,6 +82,12 @@ def queued_poll(ahead: int) -> QueuedPause:
     return QueuedPause(min(_QUEUED_MAX_S, _QUEUED_PER_WAITER_S * max(1, ahead)))
 
 
+def _refits_lower(guard: Guard, call: Call, room: Room, bound: int) -> bool:
+    """Whether the call's bound, planned again from the counters just read, comes out below ``bound``."""
+    refit = guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate).bound
+    return refit is not None and refit < bound
+
+
 def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None, GuardedCall]:
     """Reserve for ``call``, waiting in line for room up to ``--wait``; the call's answer."""
     settings = guard.settings
@@ -157,33 +163,26 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 continue
             limits = room.limits_for(guard.snapshot(call.model))
             never = quota.never_fits(limits, decision.counters, hold.reserve, reserve_cost=hold.reserve_cost)
-            if never is not None and plan.bound is not None:
-                refit = guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate).bound
-                if refit is not None and refit < plan.bound:
-                    superseded += 1
-                    from .audit import retry_id  # the refit is rare: the report's module loads only then
-
-                    retry = retry_id(hold.hold_id)
-                    guard.audit_refusal(plan, hold, decision)
-                    continue  # the bound was fitted to counters since outgrown: fit it to these, ask again
+            # The bound was fitted to counters since outgrown: fit it to these and ask again.
+            refits = never is not None and plan.bound is not None and _refits_lower(guard, call, room, plan.bound)
+            # What is in the way may be this process's own finished calls, whose settles are still on their
+            # way to the ledger (settled off the caller's path), or streams another thread of it left unread:
+            # refusing for them would be a false block under --wait 0. Land the settles (a few ms), give the
+            # read-aheads a moment (their end is usually already received), and ask once more.
             again = never is None and asked_again < _ASK_AGAIN
             left = again and readahead.leave_all()
             # after the read-aheads: looking at the streams may let the collector close one, which settles it
             in_transit = again and guard.settles_in_transit()
-            if in_transit or left:
-                # What is in the way may be this process's own finished calls, whose settles are still on
-                # their way to the ledger (settled off the caller's path), or streams another thread of it
-                # left unread: refusing for them would be a false block under --wait 0. Land the settles
-                # (a few ms), give the read-aheads a moment (their end is usually already received), and
-                # ask once more.
-                asked_again += 1
+            if refits or in_transit or left:
+                superseded += 1
+                from .audit import retry_id  # rare: the report's module loads only then
+
+                retry = retry_id(hold.hold_id)  # no view counts the refused attempt as a blocked call
+                guard.audit_refusal(plan, hold, decision)
+                if not refits:
+                    asked_again += 1
                 if left:
                     others_until = time.monotonic() + _OTHERS_READ_AHEAD_S
-                superseded += 1
-                from .audit import retry_id
-
-                retry = retry_id(hold.hold_id)
-                guard.audit_refusal(plan, hold, decision)
                 if in_transit:
                     guard.flush(_LAND_OWN_SETTLES_S)
                 continue

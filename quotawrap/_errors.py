@@ -17,8 +17,6 @@ unguarded under ``--fail-open``.
 
 from __future__ import annotations
 
-import json
-
 __all__ = [
     "EXIT_STORE",
     "EXIT_USAGE",
@@ -55,6 +53,8 @@ class UnknownPrice(PolicyRefused):
     """A model has no price and the policy says not to guess."""
 
     def __init__(self, model: str) -> None:
+        import json  # only here: every guarded command imports this module before its child starts
+
         super().__init__(
             f"no price for model {model!r} and --unknown-price is 'error': add "
             f"[prices.{json.dumps(model)}] to quotawrap.toml (input, cached_input, output in CNY per "

@@ -19,10 +19,11 @@ from typing import Any
 
 from ._errors import BalanceUnavailable, ConfigError
 from .quota import Package
+from .settings import ACCESS_KEY_VARIABLES, sync_source  # every run asks: it lives with the options
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .settings import Settings
+    pass
 
 __all__ = [
     "BalanceUnavailable",
@@ -34,22 +35,8 @@ __all__ = [
     "sync_source",
 ]
 
-ACCESS_KEY_VARIABLES = ("VOLC_ACCESSKEY", "VOLCENGINE_ACCESS_KEY", "VOLC_ACCESS_KEY_ID")
 SECRET_KEY_VARIABLES = ("VOLC_SECRETKEY", "VOLCENGINE_SECRET_KEY", "VOLC_SECRET_ACCESS_KEY")
 _PAGE_SIZE = "20"  # the API's maximum
-
-
-def sync_source(settings: Settings) -> str | None:
-    """Which automatic source is configured: "command", "billing-api" or None (manual only).
-
-    Here, not in :mod:`quotawrap.sync`: every guarded run asks, and most have no source, so the
-    sync loop's module (and the expiry rules it imports) stays off their start path.
-    """
-    if settings.balance_cmd:
-        return "command"
-    if settings.billing_endpoint or any(os.environ.get(name) for name in ACCESS_KEY_VARIABLES):
-        return "billing-api"
-    return None
 
 
 def match_model(fields: Iterable[str], models: Sequence[str], package_match: Mapping[str, str]) -> str | None:

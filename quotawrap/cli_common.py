@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
 
 from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
 from .settings import OPTIONS, Option, Settings, env_name, parse_value
 
 __all__ = ["REDIS_SCHEMES", "command_settings", "fail", "open_ledger", "settings_from_values", "settings_options"]
 
-F = Callable[..., Any]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any, NoReturn
+
+    F = Callable[..., Any]
 
 
 def _click_option(option: Option) -> Callable[[F], F]:

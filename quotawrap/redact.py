@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
-from urllib.parse import parse_qsl, urlencode, urlsplit
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 __all__ = ["HIDDEN", "key_fingerprint", "redact_argv", "redact_command_line", "redact_text", "redact_url"]
 
@@ -45,6 +47,8 @@ def redact_url(url: str) -> str:
     Edits the text in place rather than through ``urlunsplit``, which rewrites ``sqlite:////p``
     and ``unix:///p`` into other URLs.
     """
+    from urllib.parse import parse_qsl, urlencode, urlsplit  # not on a guarded command's start path
+
     try:
         parts = urlsplit(url)
     except ValueError:

@@ -13,10 +13,12 @@ reads it: JSON list or comma-separated, and also when it is set but empty).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 from .settings import OPTIONS, Option, env_name, parse_value
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
 
 __all__ = ["SUBCOMMANDS", "RunArgs", "parse_run_args"]
 

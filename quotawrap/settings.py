@@ -9,25 +9,27 @@ Precedence: command-line flag > environment variable > ``quotawrap.toml`` > buil
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from ._errors import ConfigError
-from .money import UNKNOWN_PRICE_POLICIES
-from .quota import QuotaSettings
 
+# Every guarded command imports this table before its child starts, so it imports nothing heavy:
+# no dataclasses (Option and Settings are plain classes), typing, json, re, pathlib, nor the limit
+# math (its rules are asked only for a value that is not the default).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from pathlib import Path
+    from typing import Any
+
     from .prices import PriceTable
+    from .quota import QuotaSettings
+
+    Check = Callable[[Any], "str | None"]  # a value's problem, or None when it is fine
 
 __all__ = [
+    "ACCESS_KEY_VARIABLES",
     "CONFIG_FILE",
     "OPTIONS",
     "Option",
@@ -37,25 +39,46 @@ __all__ = [
     "env_name",
     "load_config_file",
     "load_price_table",
+    "sync_source",
 ]
 
 CONFIG_FILE = "quotawrap.toml"
-_QUOTA = QuotaSettings()
+
+# QuotaSettings' defaults (tests/unit/test_settings_lean.py holds them equal): the limit math's
+# module costs a guarded command's start ~10 ms, and a default needs no check.
+_DAILY_CAP = 2_000_000
+_SMALL_BUFFER = 50_000
+_USAGE_WALL = 1_950_000
+_BALANCE_WALL = 100_000
+_BALANCE_LAG_S = 1800.0
 
 
-Check = Callable[[Any], "str | None"]  # a value's problem, or None when it is fine
-
-
-@dataclass(frozen=True)
 class Option:
-    name: str
-    type: type  # int, float, str or bool
-    default: Any
-    help: str
-    multiple: bool = False
-    child: bool = True  # travels to the child through the environment
-    flag: str = ""
-    check: Check | None = None  # the option's rule, applied to flags, environment and toml alike
+    """One setting: its flag, ``QUOTAWRAP_*`` variable and toml key, its type, default and rule."""
+
+    __slots__ = ("check", "child", "default", "flag", "help", "multiple", "name", "type")
+
+    def __init__(
+        self,
+        name: str,
+        type: type,  # int, float, str or bool
+        default: Any,
+        help: str,
+        *,
+        multiple: bool = False,
+        child: bool = True,  # travels to the child through the environment
+        flag: str = "",
+        check: Check | None = None,  # the option's rule, applied to flags, environment and toml alike
+    ) -> None:
+        self.name, self.type, self.default, self.help = name, type, default, help
+        self.multiple, self.child, self.flag, self.check = multiple, child, flag, check
+
+    def __repr__(self) -> str:
+        return f"Option({self.name!r}, {self.type.__name__}, {self.default!r})"
+
+    def is_default(self, value: Any) -> bool:
+        """``value`` is the built-in default, which every rule accepts (the tests hold it so)."""
+        return type(value) is type(self.default) and value == self.default
 
     @property
     def cli_flag(self) -> str:
@@ -63,7 +86,7 @@ class Option:
 
     def validate(self, value: Any) -> None:
         """Raise a ConfigError naming the flag and its variable when ``value`` breaks the rule."""
-        if self.check is None or value is None:
+        if self.check is None or value is None or self.is_default(value):
             return
         for item in value if self.multiple else (value,):
             problem = self.check(item)
@@ -81,6 +104,8 @@ def _quota(field_name: str) -> Check:
     """The limit math owns the rules of its own settings; the table asks it rather than copy them."""
 
     def check(value: Any) -> str | None:
+        from .quota import QuotaSettings
+
         try:
             QuotaSettings(**{field_name: value})
         except ConfigError as exc:
@@ -107,6 +132,8 @@ def _cny(value: Any) -> str | None:
 
 
 def _price_policy(value: Any) -> str | None:
+    from .money import UNKNOWN_PRICE_POLICIES
+
     return None if value in UNKNOWN_PRICE_POLICIES else f"must be one of {', '.join(UNKNOWN_PRICE_POLICIES)}"
 
 
@@ -116,29 +143,32 @@ def _pair(value: Any) -> str | None:
 
 
 def _store(value: Any) -> str | None:
-    from urllib.parse import urlsplit
-
     url = str(value)
     scheme = url.partition("://")[0] if "://" in url else ""
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "unix"):
+        from urllib.parse import urlsplit  # only for these: a SQLite store's check is on every run's start path
+
+        if scheme == "unix":
+            return None if urlsplit(url).path else "a unix:// store needs a socket path (unix:///PATH?db=N)"
         try:
             urlsplit(url).port  # noqa: B018 - raises on a port that is not a number
         except ValueError:
             return "the Redis port must be a number (redis://HOST:PORT/DB)"
         return None
-    if scheme == "unix":
-        return None if urlsplit(url).path else "a unix:// store needs a socket path (unix:///PATH?db=N)"
     if (scheme and scheme != "sqlite") or (url.startswith("sqlite:") and not url.startswith("sqlite:///")):
         return "must be sqlite:///PATH, redis://HOST:PORT/DB, rediss://..., unix:///PATH or a file path"
     return None
 
 
-_RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}")
+_RUN_ID_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_RUN_ID_REST = _RUN_ID_FIRST | frozenset(".:-")
 
 
 def _run_id(value: Any) -> str | None:
     # it names a file (the unguarded log) and a key: no path separators, no leading dot
-    ok = _RUN_ID.fullmatch(value) is not None
+    # ([A-Za-z0-9_][A-Za-z0-9_.:-]{0,127}, without importing re: every run checks its new id)
+    text = str(value)
+    ok = 0 < len(text) <= 128 and text[0] in _RUN_ID_FIRST and all(char in _RUN_ID_REST for char in text)
     return None if ok else "must be 1-128 letters, digits, '_', '.', ':' or '-', not starting with '.', ':' or '-'"
 
 
@@ -166,35 +196,35 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "daily_cap",
         int,
-        _QUOTA.daily_cap,
+        _DAILY_CAP,
         "Per-model cap per Beijing calendar day (the collection cap).",
         check=_quota("daily_cap"),
     ),
     Option(
         "small_buffer",
         int,
-        _QUOTA.small_buffer,
+        _SMALL_BUFFER,
         "Tokens kept back from the synced free pool.",
         check=_quota("small_buffer"),
     ),
     Option(
         "usage_wall",
         int,
-        _QUOTA.usage_wall,
+        _USAGE_WALL,
         "Soft-evict a model once its day's usage reaches this.",
         check=_quota("usage_wall"),
     ),
     Option(
         "balance_wall",
         int,
-        _QUOTA.balance_wall,
+        _BALANCE_WALL,
         "Soft-evict a used model whose synced balance is below this.",
         check=_quota("balance_wall"),
     ),
     Option(
         "balance_lag",
         float,
-        _QUOTA.balance_lag_s,
+        _BALANCE_LAG_S,
         "Seconds the billing balance lags real usage (0 reproduces the v6 limit exactly).",
         check=_quota("balance_lag_s"),
     ),
@@ -349,62 +379,98 @@ OPTIONS: tuple[Option, ...] = (
 _BY_NAME = {option.name: option for option in OPTIONS}
 
 
-@dataclass(frozen=True)
 class Settings:
-    store: str | None = None
-    model: tuple[str, ...] = ()
-    base_url: tuple[str, ...] = ()
-    cap_tokens: int | None = None
-    daily_cap: int = _QUOTA.daily_cap
-    small_buffer: int = _QUOTA.small_buffer
-    usage_wall: int = _QUOTA.usage_wall
-    balance_wall: int = _QUOTA.balance_wall
-    balance_lag: float = _QUOTA.balance_lag_s
-    thinking_floor: int = 4096
-    default_max_tokens: int = 4096
-    image_tokens: int = 2000
-    wait: float = 600.0
-    bound: bool = True
-    events_log: str | None = None
-    hold_ttl: float = 3600.0
-    task_hold_ttl: float = 172800.0
-    allow_path: tuple[str, ...] = ()
-    watch: bool = False
-    fail_open: bool = False
-    unguarded_log: str | None = None
-    inject_usage: bool = True
-    run_id: str | None = None
-    tag: tuple[str, ...] = ()
-    cap_cost: float | None = None
-    audit_log: str | None = None
-    unknown_price: str = "conservative"
-    balance_cmd: str | None = None
-    billing_endpoint: str | None = None
-    package_match: tuple[str, ...] = ()
-    sync_interval: float = 1800.0
-    sync_interval_low: float = 300.0
-    low_balance: int = 300_000
-    sync_burst: int = 100_000
-    sync_check: float = 10.0
-    linger: float = 60.0
-    expiry_warning_days: float = 3.0
-    proxy: bool = False
-    drain_timeout: float = 30.0
-    allow_unguarded: bool = False
-    strict: bool = False
-    retention: str = "90d"
-    report_json: str | None = None
-    fail_on_block: bool = False
-    quiet: bool = False
-    extra: Mapping[str, Any] = field(default_factory=dict)  # unknown toml sections, for later features
+    """Every option's value (its default unless given), checked by its rule when built; immutable.
 
-    def __post_init__(self) -> None:
+    A plain class rather than a frozen dataclass: building the dataclass (and importing
+    dataclasses, inspect, ast) cost every guarded command ~10 ms before its child started.
+    """
+
+    __slots__ = (*(option.name for option in OPTIONS), "extra")
+
+    store: str | None
+    model: tuple[str, ...]
+    base_url: tuple[str, ...]
+    cap_tokens: int | None
+    daily_cap: int
+    small_buffer: int
+    usage_wall: int
+    balance_wall: int
+    balance_lag: float
+    thinking_floor: int
+    default_max_tokens: int
+    image_tokens: int
+    wait: float
+    bound: bool
+    events_log: str | None
+    hold_ttl: float
+    task_hold_ttl: float
+    allow_path: tuple[str, ...]
+    watch: bool
+    fail_open: bool
+    unguarded_log: str | None
+    inject_usage: bool
+    run_id: str | None
+    tag: tuple[str, ...]
+    cap_cost: float | None
+    audit_log: str | None
+    unknown_price: str
+    balance_cmd: str | None
+    billing_endpoint: str | None
+    package_match: tuple[str, ...]
+    sync_interval: float
+    sync_interval_low: float
+    low_balance: int
+    sync_burst: int
+    sync_check: float
+    linger: float
+    expiry_warning_days: float
+    proxy: bool
+    drain_timeout: float
+    allow_unguarded: bool
+    strict: bool
+    retention: str
+    report_json: str | None
+    fail_on_block: bool
+    quiet: bool
+    extra: Mapping[str, Any]  # unknown toml sections, for later features
+
+    def __init__(self, **values: Any) -> None:
         # Every way in (flag, variable, toml, the child's environment, code) ends here.
+        unknown = values.keys() - _BY_NAME.keys() - {"extra"}
+        if unknown:
+            raise TypeError(f"Settings() got an unexpected keyword argument {sorted(unknown)[0]!r}")
         for option in OPTIONS:
-            option.validate(getattr(self, option.name))
+            value = values.get(option.name, option.default)
+            option.validate(value)
+            object.__setattr__(self, option.name, value)
+        object.__setattr__(self, "extra", values.get("extra", {}))
+
+    def _values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: Settings are immutable (use .replace)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}: Settings are immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Settings) and other.__class__ is self.__class__ and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values().values()))  # a TypeError, as the frozen dataclass's was: extra is a dict
+
+    def __repr__(self) -> str:
+        return f"Settings({', '.join(f'{name}={value!r}' for name, value in self._values().items())})"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled for a spawned worker as the dataclass was
+        return (_settings_from, (self._values(),))
 
     @property
     def quota(self) -> QuotaSettings:
+        from .quota import QuotaSettings
+
         return QuotaSettings(
             daily_cap=self.daily_cap,
             small_buffer=self.small_buffer,
@@ -419,7 +485,8 @@ class Settings:
         return {model: text for model, sep, text in pairs if sep and model and text}
 
     def replace(self, **changes: Any) -> Settings:
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` (each checked by its option's rule, as when built)."""
+        return Settings(**{**self._values(), **changes})
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> Settings:
@@ -445,7 +512,7 @@ class Settings:
                 continue
             if option.multiple:
                 # JSON, so a value may hold commas (a tag "note=a,b"); users may write "a,b" by hand
-                env[env_name(option.name)] = json.dumps(list(value), ensure_ascii=False)
+                env[env_name(option.name)] = _json_list(value)
             elif option.type is bool:
                 env[env_name(option.name)] = "1" if value else "0"
             else:
@@ -463,6 +530,37 @@ class Settings:
         return cls.from_values(values)
 
 
+ACCESS_KEY_VARIABLES = ("VOLC_ACCESSKEY", "VOLCENGINE_ACCESS_KEY", "VOLC_ACCESS_KEY_ID")
+
+
+def sync_source(settings: Settings) -> str | None:
+    """Which automatic balance source is configured: "command", "billing-api" or None (manual only).
+
+    Here, not in :mod:`quotawrap.balance` or :mod:`quotawrap.sync`: every guarded run asks, and
+    most have no source, so those modules stay off their start path.
+    """
+    if settings.balance_cmd:
+        return "command"
+    if settings.billing_endpoint or any(os.environ.get(name) for name in ACCESS_KEY_VARIABLES):
+        return "billing-api"
+    return None
+
+
+def _json_list(values: Any) -> str:
+    """``json.dumps(list(values), ensure_ascii=False)`` for strings, without importing json (and re)."""
+    try:
+        from _json import encode_basestring
+    except ImportError:  # pragma: no cover - an interpreter without the C accelerator
+        import json
+
+        return json.dumps(list(values), ensure_ascii=False)
+    return "[" + ", ".join(encode_basestring(str(value)) for value in values) + "]"
+
+
+def _settings_from(values: dict[str, Any]) -> Settings:
+    return Settings(**values)
+
+
 def parse_value(option: Option, raw: Any) -> Any:
     """Turn an environment or toml value into the option's type, with a clear error."""
     try:
@@ -470,6 +568,8 @@ def parse_value(option: Option, raw: Any) -> Any:
             if isinstance(raw, list):
                 items = raw
             elif str(raw).lstrip().startswith("["):
+                import json
+
                 items = json.loads(raw)
                 if not isinstance(items, list):
                     raise ValueError(f"not a list: {raw!r}")
@@ -496,8 +596,12 @@ def parse_value(option: Option, raw: Any) -> Any:
 
 def config_path(path: str | os.PathLike[str] | None = None) -> Path | None:
     """The config file in force: ``path``, ``$QUOTAWRAP_CONFIG`` or ``./quotawrap.toml``, if it exists."""
-    candidate = Path(path or os.environ.get("QUOTAWRAP_CONFIG") or CONFIG_FILE)
-    return candidate.resolve() if candidate.is_file() else None
+    candidate = os.fspath(path or os.environ.get("QUOTAWRAP_CONFIG") or CONFIG_FILE)
+    if not os.path.isfile(candidate):
+        return None  # the usual run: pathlib stays unloaded
+    from pathlib import Path
+
+    return Path(candidate).resolve()
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

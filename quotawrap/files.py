@@ -11,12 +11,24 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from pathlib import Path
 
-__all__ = ["append_private", "prepare", "prepare_outputs", "private_dir", "write_private"]
+__all__ = [
+    "RUN_DIR_PREFIX",
+    "append_private",
+    "ledger_used",
+    "mark_ledger_use",
+    "new_private_dir",
+    "prepare",
+    "prepare_outputs",
+    "private_dir",
+    "remove_tree",
+    "write_private",
+]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .settings import Settings
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -25,6 +37,8 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 def private_dir(directory: str | os.PathLike[str]) -> None:
     """Create ``directory`` and any missing parents ``0700``; an existing one is left as it is."""
+    from pathlib import Path  # not on a guarded command's start path unless it writes this file
+
     path = Path(directory)
     missing = []
     while not path.exists():
@@ -66,6 +80,8 @@ def append_private(path: str | os.PathLike[str], data: bytes) -> None:
 
 def write_private(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace ``path``'s content atomically (a new ``0600`` file renamed over it); refuses a symlink."""
+    from pathlib import Path  # not on a guarded command's start path unless it writes this file
+
     target = Path(path)
     if target.is_symlink():
         raise OSError(f"{target} is a symbolic link; quotawrap does not write through links")
@@ -85,6 +101,8 @@ def write_private(path: str | os.PathLike[str], data: bytes) -> None:
 
 def prepare(path: str | os.PathLike[str]) -> str | None:
     """Make ``path`` writable before the run starts; the problem in words, or None when it is fine."""
+    from pathlib import Path  # not on a guarded command's start path unless it writes this file
+
     target = Path(path)
     if target.is_symlink():
         return f"{target} is a symbolic link; quotawrap does not write through links"
@@ -107,3 +125,69 @@ def prepare_outputs(settings: Settings) -> str | None:
         if problem is not None:
             return f"--{name.replace('_', '-')} {path}: {problem}"
     return None
+
+
+# tempfile.gettempdir's order; tempfile and shutil themselves (random, hashlib, the compressors) cost
+# a guarded command ~4.5 ms of imports before its child starts
+_TEMP_VARIABLES = ("TMPDIR", "TEMP", "TMP")
+_TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+RUN_DIR_PREFIX = "quotawrap-run-"  # a run's private directory (QUOTAWRAP_RUN_DIR)
+_LEDGER_MARK = "ledger-opened-"  # then the pid: a process of the run opened the ledger for guarded calls
+_marked_by: int | None = None  # the pid that left its marks (a forked child leaves its own)
+
+
+def mark_ledger_use(environ: Mapping[str, str] | None = None) -> None:
+    """Leave a mark in every run directory this process belongs to (``QUOTAWRAP_RUN_DIR``): it opens the
+    ledger and may hold calls. Made before the first reserve (a file, once per process), so a wrapper
+    that finds none knows no hold of its run can exist, even one of a SIGKILLed child. Never raises."""
+    global _marked_by
+    if _marked_by == os.getpid():
+        return
+    env = os.environ if environ is None else environ
+    for directory in (env.get("QUOTAWRAP_RUN_DIR") or "").split(os.pathsep):
+        if directory:
+            with contextlib.suppress(OSError):
+                mark = os.path.join(directory, f"{_LEDGER_MARK}{os.getpid()}")
+                os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    _marked_by = os.getpid()
+
+
+def ledger_used(run_dir: str) -> bool:
+    """Whether any process of the run opened the ledger (:func:`mark_ledger_use`); True when unsure."""
+    try:
+        return any(name.startswith(_LEDGER_MARK) for name in os.listdir(run_dir))
+    except OSError:
+        return True
+
+
+def new_private_dir(prefix: str) -> str:
+    """A new directory, mode 0700 and never an existing path (``tempfile.mkdtemp``'s promise)."""
+    candidates = [os.environ[name] for name in _TEMP_VARIABLES if os.environ.get(name)]
+    error: OSError | None = None
+    for base in [*candidates, *_TEMP_DIRS, os.getcwd()]:
+        for _attempt in range(100):
+            path = os.path.join(os.path.abspath(base), prefix + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                continue  # another's name: draw again
+            except OSError as exc:  # not there or not writable: the next candidate
+                error = exc
+                break
+            return path
+    raise error or FileExistsError(f"no free name for a {prefix} directory")
+
+
+def remove_tree(path: str) -> None:
+    """``shutil.rmtree(path, ignore_errors=True)`` for the run directory (files, maybe a few directories)."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path):
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    remove_tree(entry.path)
+                else:
+                    os.unlink(entry.path)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)

@@ -7,26 +7,30 @@ forwards signals, waits, charges the holds the run left open and prints the summ
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import re
-import signal
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from types import FrameType
 
-import quotawrap
-
-from ._errors import QuotawrapError
 from ._log import warn
-from .ledger import Ledger, RunTotals, user_state_dir
-from .registry import ProcessWatcher, RunDir, UnguardedProcess, publish_unguarded
+from .ledger import user_state_dir
 from .settings import OPTIONS, Settings, config_path, env_name
-from .sockets import GuardedPeers
+
+# Everything up to the child's spawn is paid by every guarded command: the process watcher, the
+# signal forwarding, the threads and their modules load once the child is on its way; the child
+# is spawned with os.posix_spawn, not subprocess (its module and selectors, ~8 ms).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable, Mapping, Sequence
+    from pathlib import Path
+    from types import FrameType
+    from typing import Any
+
+    from .ledger import Ledger, RunTotals
+    from .registry import UnguardedProcess
+
+    HOOK_DIR: Path  # the hook's directory and the package's home, as paths (module __getattr__ below)
+    PACKAGE_HOME: Path
 
 __all__ = [
     "HOOK_DIR",
@@ -40,10 +44,10 @@ __all__ = [
     "run_child",
 ]
 
-HOOK_DIR = Path(__file__).resolve().parent.parent / "sitecustomize_hook"
-PACKAGE_HOME = Path(quotawrap.__file__).resolve().parent.parent
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_PACKAGE_HOME = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_HOOK_DIR = os.path.join(_PACKAGE_HOME, "sitecustomize_hook")
 _RECLAIM_EVERY_S = 10.0
+_MARK_POLL_S = 0.05  # the reclaimer's look for a process of the run that opened the ledger
 _RECLAIMER_JOIN_S = 0.1  # its connection only: an unjoined one leaves the WAL beside the file, no harm
 _PR_SET_CHILD_SUBREAPER = 36
 # Set by a wrapper for its child: a quotawrap started below with the same run id joins that run
@@ -51,14 +55,23 @@ _PR_SET_CHILD_SUBREAPER = 36
 NESTED_VARIABLE = "QUOTAWRAP_WRAPPED_RUN"
 
 
-def default_unguarded_log(run_id: str) -> Path:
+def __getattr__(name: str) -> Path:
+    """``HOOK_DIR`` and ``PACKAGE_HOME`` as paths (pathlib loads on first use, not on the start path)."""
+    if name in ("HOOK_DIR", "PACKAGE_HOME"):
+        from pathlib import Path
+
+        return Path(_HOOK_DIR if name == "HOOK_DIR" else _PACKAGE_HOME)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def default_unguarded_log(run_id: str) -> str:
     """Where a --fail-open run's children record what they let through while the store was down."""
-    return Path(user_state_dir()) / "unguarded" / f"{run_id}.jsonl"
+    return os.path.join(user_state_dir(), "unguarded", f"{run_id}.jsonl")
 
 
-def default_events_log(run_id: str) -> Path:
+def default_events_log(run_id: str) -> str:
     """Where a run's children record their waits for room and the calls they bounded."""
-    return Path(user_state_dir()) / "events" / f"{run_id}.jsonl"
+    return os.path.join(user_state_dir(), "events", f"{run_id}.jsonl")
 
 
 def new_run_id() -> str:
@@ -68,7 +81,7 @@ def new_run_id() -> str:
 def child_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The child's environment: our hook first on PYTHONPATH (once), settings as QUOTAWRAP_*."""
     env = dict(os.environ if base is None else base)
-    hook = str(HOOK_DIR)
+    hook = _HOOK_DIR
     # Empty entries stay: Python reads them as the working directory, which the program may rely on.
     existing = [
         entry
@@ -76,7 +89,7 @@ def child_environment(settings: Settings, base: Mapping[str, str] | None = None)
         if not entry or os.path.normpath(entry) != hook
     ]
     env["PYTHONPATH"] = os.pathsep.join([hook, *existing])
-    env["QUOTAWRAP_HOME"] = str(PACKAGE_HOME)
+    env["QUOTAWRAP_HOME"] = _PACKAGE_HOME
     found = config_path()
     if found is not None:
         env["QUOTAWRAP_CONFIG"] = str(found)  # the children read the wrapper's file, whatever their cwd
@@ -100,11 +113,26 @@ def _become_subreaper() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        import ctypes
-
-        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
+        return _prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+    except (OSError, AttributeError, ImportError):
         return False
+
+
+def _prctl(option: int, arg: int) -> int:
+    """libc's ``prctl(option, arg, 0, 0, 0)`` through ``_ctypes`` itself: the ``ctypes`` package
+    (its types and their classes) costs a guarded command ~4 ms before its child starts."""
+    import _ctypes
+
+    class _Int(_ctypes._SimpleCData):  # type: ignore[type-arg]  # ctypes.c_int
+        _type_ = "i"
+
+    class _Function(_ctypes.CFuncPtr):  # a CDLL's function returning an int
+        _flags_ = _ctypes.FUNCFLAG_CDECL
+        _restype_ = _Int
+
+    libc: Any = _ctypes.dlopen  # typeshed has no None (this process's own symbols, as CDLL(None))
+    address = _ctypes.dlsym(libc(None, 0), "prctl")
+    return int(_Function(address)(option, arg, 0, 0, 0))
 
 
 def _has_children() -> bool:
@@ -193,12 +221,11 @@ def which(name: str, path: str | None = None) -> str | None:
     return None
 
 
-_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-
-
 def injection_blockers(command: Sequence[str]) -> list[str]:
     """Interpreter flags that stop PYTHONPATH's sitecustomize from running (-I, -E, -S)."""
-    if not command or not _PYTHON.match(Path(command[0]).name):
+    import re
+
+    if not command or not re.match(r"^python(\d+(\.\d+)?)?$", os.path.basename(command[0])):
         return []
     found: list[str] = []
     args = iter(command[1:])
@@ -226,7 +253,7 @@ class ChildResult:
     def __init__(
         self,
         exit_code: int,
-        totals: RunTotals,
+        totals: RunTotals | None,
         resolved_at_exit: int,
         store_error: str | None = None,
         *,
@@ -234,7 +261,7 @@ class ChildResult:
         connections: Sequence[Mapping[str, object]] = (),
     ) -> None:
         self.exit_code = exit_code
-        self.totals = totals
+        self.totals = totals  # None: no process of the run opened the ledger, so every total is zero
         self.resolved_at_exit = resolved_at_exit
         self.store_error = store_error  # the books could not be closed: totals are empty, holds stay open
         self.unguarded_processes = list(unguarded_processes)  # Python processes that ran without the hook
@@ -273,15 +300,48 @@ def run_child(
     executable = which(command[0])
     if executable is None:
         raise FileNotFoundError(command[0])
-    watch_tree = Path("/proc/self/task").is_dir()
+    watch_tree = os.path.isdir("/proc/self/task")
     if not watch_tree:  # elsewhere the process watcher cannot tell; say what argv alone shows
         for flag in injection_blockers(command):
             warn(f"the command runs Python with {flag}: the hook may not load there, so its calls may NOT be guarded")
-    run_dir = RunDir()
+    from .files import RUN_DIR_PREFIX, new_private_dir, remove_tree
+
+    run_dir = new_private_dir(RUN_DIR_PREFIX)
     try:
         return _run(settings, executable, command, ledger, run_dir, watch_tree, extra_env, on_child_exit, while_running)
     finally:
-        run_dir.remove()
+        remove_tree(run_dir)
+
+
+class _Child:
+    """The spawned command: its pid, and its exit status once reaped (``Popen``'s, without subprocess)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        """Reap it (a signal's handler runs meanwhile and the wait goes on); its code, -N for signal N."""
+        _, status = os.waitpid(self.pid, 0)
+        self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+def _spawn(executable: str, argv: Sequence[str], env: Mapping[str, str]) -> _Child:
+    """``subprocess.Popen(argv, executable=..., env=env)``'s child: the descriptors it would close are
+    closed (close_fds: every inheritable one above stderr), SIGPIPE and SIGXFSZ back to their default
+    (restore_signals: Python ignores them), the rest inherited."""
+    import _signal
+
+    close = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"):
+            fd = int(name)
+            with contextlib.suppress(OSError):
+                if fd > 2 and os.get_inheritable(fd):
+                    close.append((os.POSIX_SPAWN_CLOSE, fd))
+    reset = [getattr(_signal, name) for name in ("SIGPIPE", "SIGXFSZ") if hasattr(_signal, name)]
+    return _Child(os.posix_spawn(executable, list(argv), env, file_actions=close, setsigdef=reset))
 
 
 def _run(
@@ -289,7 +349,7 @@ def _run(
     executable: str,
     command: Sequence[str],
     ledger: Ledger,
-    run_dir: RunDir,
+    run_path: str,
     watch_tree: bool,
     extra_env: Mapping[str, str] | None,
     on_child_exit: Callable[[], None] | None,
@@ -300,12 +360,22 @@ def _run(
     env = {**child_environment(settings), **(extra_env or {})}
     # A run inside another run: its processes register with both wrappers, innermost first.
     outer = os.environ.get("QUOTAWRAP_RUN_DIR")
-    env["QUOTAWRAP_RUN_DIR"] = os.pathsep.join([str(run_dir.path), *([outer] if outer else [])])
-    from .settle_relay import SOCKET_VARIABLE, open_relay, relay_path  # the children's settles land here
+    env["QUOTAWRAP_RUN_DIR"] = os.pathsep.join([run_path, *([outer] if outer else [])])
+    from .settle_relay import SOCKET_VARIABLE, relay_path  # the children's settles land here
 
-    env[SOCKET_VARIABLE] = relay_path(str(run_dir.path))  # ours, never an outer run's (it may keep another ledger)
+    env[SOCKET_VARIABLE] = relay_path(run_path)  # ours, never an outer run's (it may keep another ledger)
     reaping = _become_subreaper()
-    process = subprocess.Popen([executable, *command[1:]], env=env)
+    process = _spawn(executable, [executable, *command[1:]], env)
+    # From here on the child runs: what follows is off its start-up path (on the other core).
+    import functools
+    import signal
+    import threading
+
+    from .registry import ProcessWatcher, RunDir, publish_unguarded
+    from .settle_relay import open_relay
+    from .sockets import GuardedPeers
+
+    run_dir = RunDir(run_path)
     # Bound once the child is on its way, off its start-up path: its first guarded call comes tens of ms
     # later, and a settle sent before (or with no relay at all) fails at once and lands in the child.
     relay = open_relay(env[SOCKET_VARIABLE], lambda: ledger, warn)
@@ -314,7 +384,7 @@ def _run(
             process.pid,
             run_dir,
             strict=settings.strict,
-            hook_dir=str(HOOK_DIR),
+            hook_dir=_HOOK_DIR,
             peers=GuardedPeers(settings.base_url),
             on_unguarded=functools.partial(publish_unguarded, settings.events_log),
         ).start()
@@ -329,9 +399,11 @@ def _run(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+    previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     stop = threading.Event()
-    reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop), daemon=True)
+    lean = bool(getattr(ledger, "lean", False))  # run.py's books: the full ledger opens on first use
+    reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop, run_path if lean else None), daemon=True)
     reclaimer.start()
     beside = threading.Thread(target=_beside_child, args=(while_running,), daemon=True)
     if while_running is not None:
@@ -340,9 +412,14 @@ def _run(
     # a nested wrapper shares the outer one's terminal: one live line is enough
     view: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if not (settings.quiet or nested):
-        from .live import LiveView  # only a run that shows it pays for it
 
-        view = LiveView(ledger, settings, settings.run_id)
+        def live_view() -> contextlib.AbstractContextManager[object]:
+            from .live import LiveView  # only a run that shows it pays for it
+
+            assert settings.run_id
+            return LiveView(ledger, settings, settings.run_id)
+
+        view = _ViewOnceUsed(live_view, run_path) if lean else live_view()
     with view:
         try:
             while True:
@@ -368,6 +445,13 @@ def _run(
                 relay.close()  # every settle received lands before the open holds are charged
         unguarded = watcher.stop() if watcher is not None else []
         connections = run_dir.connections()
+        from ._errors import QuotawrapError
+        from .files import ledger_used
+
+        if lean and not nested and not ledger_used(run_path):
+            # No process of the run opened the ledger (each marks the run directory before its first
+            # reserve): no hold of this run exists, nothing to charge, every total is zero.
+            return ChildResult(_exit_code(returncode), None, 0, unguarded_processes=unguarded, connections=connections)
         try:
             # Nested: the outer wrapper closes the run; charging its open holds here would charge calls
             # still in flight elsewhere in the tree, so only holds of dead processes are charged.
@@ -377,6 +461,8 @@ def _run(
             # Nothing is lost: the run's open holds stay in the ledger and the next run, `status` or
             # reclaim charges them (they carry an expiry and their owner's pid).
             warn(f"could not close the run's books: {exc}; its open holds stay and are charged later")
+            from .ledger import RunTotals
+
             return ChildResult(
                 _exit_code(returncode),
                 RunTotals(settings.run_id, {}),
@@ -388,6 +474,41 @@ def _run(
     return ChildResult(_exit_code(returncode), totals, resolved, unguarded_processes=unguarded, connections=connections)
 
 
+class _ViewOnceUsed:
+    """The live view, started once a process of the run opens the ledger: until then it has nothing
+    to show (it draws the models the run called and the calls that waited), and the wrapper need
+    not load the live view's modules and the full ledger beside its child's start."""
+
+    def __init__(self, make: Callable[[], contextlib.AbstractContextManager[object]], run_dir: str) -> None:
+        import threading
+
+        self._make = make
+        self._run_dir = run_dir
+        self._view: contextlib.AbstractContextManager[object] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._wait, name="quotawrap-live-start", daemon=True)
+
+    def _wait(self) -> None:
+        from .files import ledger_used
+
+        while not ledger_used(self._run_dir):
+            if self._stop.wait(_MARK_POLL_S):
+                return
+        view = self._make()
+        view.__enter__()
+        self._view = view
+
+    def __enter__(self) -> _ViewOnceUsed:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._view is not None:
+            self._view.__exit__(None, None, None)
+
+
 def _beside_child(work: Callable[[], None] | None) -> None:
     try:
         if work is not None:
@@ -396,12 +517,21 @@ def _beside_child(work: Callable[[], None] | None) -> None:
         warn(f"could not prepare the run's end: {exc!r}")
 
 
-def _reclaim_loop(ledger: Ledger, stop: threading.Event) -> None:
+def _reclaim_loop(ledger: Ledger, stop: threading.Event, run_dir: str | None) -> None:
     """Charge holds of processes that died (a SIGKILLed grandchild, a crashed run before) while the run goes on.
 
-    The first pass runs at once, beside the child's start rather than before it: until it ends,
-    a dead process's hold can only refuse a call for want of room, never let one overspend.
+    The first pass runs beside the child's start rather than before it: until it ends, a dead
+    process's hold can only refuse a call for want of room, never let one overspend. With
+    ``run_dir`` (the full ledger not opened yet) it waits until a process of the run opens the
+    ledger (:func:`files.ledger_used`): a run that makes no guarded call needs no pass, and its
+    wrapper never loads the full ledger.
     """
+    if run_dir is not None:
+        from .files import ledger_used
+
+        while not ledger_used(run_dir):
+            if stop.wait(_MARK_POLL_S):
+                return
     first = True
     while first or not stop.wait(_RECLAIM_EVERY_S):
         first = False

@@ -8,6 +8,7 @@ audit, sync, retention); what is left here is the terminal: output and one-line 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -43,11 +44,11 @@ def status_command(as_json: bool, **values: Any) -> None:
     settings = command_settings(values)
     ledger = open_ledger(settings)
     ledger.reclaim_orphans(time.time())
-    waiting = waiting_now(default_events_log("any").parent)  # this host's runs, from their events logs
+    waiting = waiting_now(os.path.dirname(default_events_log("any")))  # this host's runs, from their events logs
     for model, count in ledger.waiting(time.time()).items():  # the ledger's lines: every run and host
         waiting[model] = max(count, waiting.get(model, 0))
     rows = model_status(ledger, settings, time.time(), waiting=waiting)
-    unguarded = unguarded_now(default_events_log("any").parent)
+    unguarded = unguarded_now(os.path.dirname(default_events_log("any")))
     if as_json:
         for row in rows:  # the list of model rows stays the output's shape; like the reset time, same in each
             row["unguarded_processes"] = unguarded

@@ -15,29 +15,47 @@ All files are 0600 in a 0700 directory created for the run, and removed with it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import re
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from .sockets import GuardedPeers, open_peers
+from .files import RUN_DIR_PREFIX, new_private_dir, remove_tree
+from .sockets import open_peers
+
+# Loaded once the child runs, beside its start on a 2-core machine: no dataclasses, pathlib, json,
+# signal, and the patterns compiled when a command is first redacted.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+    from .sockets import GuardedPeers
 
 __all__ = ["ProcessWatcher", "RunDir", "UnguardedProcess", "publish_unguarded", "redact_command"]
 
-_PROC = Path("/proc")
 _POLL_S = 0.05  # ~0.5 ms of CPU per poll for 5 processes with 37 threads: under 1% of a core
 _GRACE_S = 5.0  # start-up under heavy load: a hooked interpreter registers within milliseconds
 _SHORT_GRACE_S = 0.5  # when neither the sitecustomize nor the .pth can reach the interpreter
-_PYTHON_EXE = re.compile(r"^python[0-9.]*[dmu]*$")
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|passw(or)?d|auth)[\w-]*$", re.IGNORECASE)
-_SECRET_ASSIGN = re.compile(r"^([\w.-]*(key|token|secret|passw(or)?d|auth)[\w.-]*=).+$", re.IGNORECASE)
-_SECRET_VALUE = re.compile(r"\b(sk-[A-Za-z0-9_-]{6,}|Bearer\s+\S+|ak-[A-Za-z0-9_-]{6,})")
-_URL_USERINFO = re.compile(r"(://)[^/@\s]+@")
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    """The compiled pattern ``name``, compiled on first use (re stays off the run's start path)."""
+    found = _PATTERNS.get(name)
+    if found is None:
+        import re
+
+        sources = {
+            "python_exe": (r"^python[0-9.]*[dmu]*$", 0),
+            "secret_flag": (r"^--?[\w-]*(key|token|secret|passw(or)?d|auth)[\w-]*$", re.IGNORECASE),
+            "secret_assign": (r"^([\w.-]*(key|token|secret|passw(or)?d|auth)[\w.-]*=).+$", re.IGNORECASE),
+            "secret_value": (r"\b(sk-[A-Za-z0-9_-]{6,}|Bearer\s+\S+|ak-[A-Za-z0-9_-]{6,})", 0),
+            "url_userinfo": (r"(://)[^/@\s]+@", 0),
+        }
+        source, flags = sources[name]
+        found = _PATTERNS[name] = re.compile(source, flags)
+    return found
 
 
 def redact_command(argv: list[str]) -> str:
@@ -49,25 +67,34 @@ def redact_command(argv: list[str]) -> str:
             out.append("***")
             hide_next = False
             continue
-        if _SECRET_FLAG.match(arg):
+        if _pattern("secret_flag").match(arg):
             hide_next = True
             out.append(arg)
             continue
-        arg = _SECRET_ASSIGN.sub(r"\1***", arg)
-        arg = _SECRET_VALUE.sub("***", arg)
-        out.append(_URL_USERINFO.sub(r"\1***@", arg))
+        arg = _pattern("secret_assign").sub(r"\1***", arg)
+        arg = _pattern("secret_value").sub("***", arg)
+        out.append(_pattern("url_userinfo").sub(r"\1***@", arg))
     return " ".join(out)
 
 
-@dataclass
 class UnguardedProcess:
-    pid: int
-    command: str
-    reason: str
-    stopped: bool = False
+    """A process of the run that ran without the hook: its pid, command, why, and whether --strict stopped it."""
+
+    __slots__ = ("command", "pid", "reason", "stopped")
+
+    def __init__(self, pid: int, command: str, reason: str, stopped: bool = False) -> None:
+        self.pid, self.command, self.reason, self.stopped = pid, command, reason, stopped
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UnguardedProcess) and self.as_dict() == other.as_dict()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the dataclass was
+
+    def __repr__(self) -> str:
+        return f"UnguardedProcess({', '.join(f'{key}={value!r}' for key, value in self.as_dict().items())})"
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        return {"pid": self.pid, "command": self.command, "reason": self.reason, "stopped": self.stopped}
 
 
 def publish_unguarded(events_log: str | None, record: UnguardedProcess) -> None:
@@ -80,21 +107,28 @@ def publish_unguarded(events_log: str | None, record: UnguardedProcess) -> None:
 class RunDir:
     """The run's private directory, handed to the children as ``QUOTAWRAP_RUN_DIR``."""
 
-    def __init__(self) -> None:
-        self.path = Path(_private_dir("quotawrap-run-"))
+    def __init__(self, path: str | None = None) -> None:
+        """A new directory, or ``path``: one :func:`files.new_private_dir` made for the run."""
+        self.directory = path or new_private_dir(RUN_DIR_PREFIX)
+
+    @property
+    def path(self) -> Path:
+        from pathlib import Path
+
+        return Path(self.directory)
 
     def registered(self, pid: int) -> bytes | None:
-        with contextlib.suppress(OSError):
-            return (self.path / f"proc-{pid}").read_bytes()
-        return None
+        return _read(os.path.join(self.directory, f"proc-{pid}"))
 
     def connections(self) -> list[dict[str, object]]:
         """What the connection guards recorded: one dict per connection, refused or let through."""
-        path = self.path / "connections.jsonl"
-        if not path.is_file():
+        raw = _read(os.path.join(self.directory, "connections.jsonl"))
+        if not raw:
             return []
+        import json
+
         records = []
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in raw.decode("utf-8", errors="replace").splitlines():
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
                 if isinstance(record, dict):
@@ -102,64 +136,28 @@ class RunDir:
         return records
 
     def remove(self) -> None:
-        _remove_tree(str(self.path))
+        remove_tree(self.directory)
 
 
-# tempfile.gettempdir's order; tempfile and shutil themselves (random, hashlib, the compressors) cost
-# a guarded command ~4.5 ms of imports before its child starts
-_TEMP_VARIABLES = ("TMPDIR", "TEMP", "TMP")
-_TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
-
-
-def _private_dir(prefix: str) -> str:
-    """A new directory, mode 0700 and never an existing path (``tempfile.mkdtemp``'s promise)."""
-    candidates = [os.environ[name] for name in _TEMP_VARIABLES if os.environ.get(name)]
-    error: OSError | None = None
-    for base in [*candidates, *_TEMP_DIRS, os.getcwd()]:
-        for _attempt in range(100):
-            path = os.path.join(os.path.abspath(base), prefix + os.urandom(6).hex())
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                continue  # another's name: draw again
-            except OSError as exc:  # not there or not writable: the next candidate
-                error = exc
-                break
-            return path
-    raise error or FileExistsError(f"no free name for a {prefix} directory")
-
-
-def _remove_tree(path: str) -> None:
-    """``shutil.rmtree(path, ignore_errors=True)`` for the run directory (files, maybe a few directories)."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(path):
-            with contextlib.suppress(OSError):
-                if entry.is_dir(follow_symlinks=False):
-                    _remove_tree(entry.path)
-                else:
-                    os.unlink(entry.path)
-    with contextlib.suppress(OSError):
-        os.rmdir(path)
-
-
-def _read(path: Path) -> bytes | None:
+def _read(path: str) -> bytes | None:
     try:
-        return path.read_bytes()
-    except OSError:  # gone, or not ours to read
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:  # gone, or not ours to read (or a directory)
         return None
 
 
 def _children(pid: int) -> Iterator[int]:
-    for task in _iterdir(_PROC / str(pid) / "task"):
-        raw = _read(task / "children")
+    for task in _listdir(f"/proc/{pid}/task"):
+        raw = _read(f"/proc/{pid}/task/{task}/children")
         if raw:
             for word in raw.split():
                 yield int(word)
 
 
-def _iterdir(path: Path) -> list[Path]:
+def _listdir(path: str) -> list[str]:
     try:
-        return list(path.iterdir())
+        return os.listdir(path)
     except OSError:
         return []
 
@@ -181,7 +179,7 @@ def _is_python(pid: int) -> bool:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
         return False
-    return bool(_PYTHON_EXE.match(os.path.basename(exe.removesuffix(" (deleted)"))))
+    return bool(_pattern("python_exe").match(os.path.basename(exe.removesuffix(" (deleted)"))))
 
 
 def _argv(raw: bytes) -> list[str]:
@@ -203,7 +201,7 @@ def _interpreter_flags(argv: list[str]) -> set[str]:
 
 def _certain_reason(pid: int, argv: list[str]) -> str | None:
     """Why the hook cannot load in this process, when that is certain from outside."""
-    environ = _read(_PROC / str(pid) / "environ")
+    environ = _read(f"/proc/{pid}/environ")
     if environ is not None and b"QUOTAWRAP_RUN_ID=" not in environ:
         return "its environment has no QUOTAWRAP_RUN_ID (a cleared or replaced environment)"
     if "S" in _interpreter_flags(argv):
@@ -225,6 +223,8 @@ def _has_pth(pid: int, argv0: str, environ: dict[str, str]) -> bool:
         argv0 = found or argv0
     elif not argv0.startswith("/"):
         argv0 = os.path.join(f"/proc/{pid}/cwd", argv0)
+    from pathlib import Path
+
     prefix = Path(os.path.dirname(argv0)).parent
     return any(prefix.glob("lib/python*/site-packages/quotawrap-hook.pth"))
 
@@ -260,13 +260,20 @@ class ProcessWatcher:
         self.unguarded: list[UnguardedProcess] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="quotawrap-procwatch", daemon=True)
+        self._resolving = False
 
     def start(self) -> ProcessWatcher:
         self.poll()  # at once: a short-lived child may be gone before the first tick
         self._thread.start()
-        if self._peers is not None:  # names resolve off the start-up path; literal addresses count at once
-            threading.Thread(target=self._peers.resolve, name="quotawrap-resolve", daemon=True).start()
         return self
+
+    def _resolve_names(self) -> None:
+        """The guarded names' addresses, looked up once the first process that is not Python shows up
+        (only such a process's connections are checked; literal addresses count at once): a run of
+        Python processes only never pays for the lookups (and their imports) beside its child."""
+        if self._peers is not None and not self._resolving:
+            self._resolving = True
+            threading.Thread(target=self._peers.resolve, name="quotawrap-resolve", daemon=True).start()
 
     def stop(self) -> list[UnguardedProcess]:
         """Stop watching; processes seen but never registered are judged now."""
@@ -291,12 +298,12 @@ class ProcessWatcher:
                     warned = True
 
     def _cannot_load(self, pid: int, argv: list[str]) -> bool:
-        raw = _read(_PROC / str(pid) / "environ")
+        raw = _read(f"/proc/{pid}/environ")
         return raw is not None and _hookless(pid, argv, _environ(raw), self._hook_dir)
 
     def _fork_of_hooked(self, pid: int, cmdline: bytes) -> bool:
         """A fork of a hooked process, not yet exec'd (subprocess between fork and exec) or never."""
-        stat = _read(_PROC / str(pid) / "stat")
+        stat = _read(f"/proc/{pid}/stat")
         if not stat:
             return False
         try:
@@ -313,7 +320,7 @@ class ProcessWatcher:
         now = time.monotonic()
         alive: set[tuple[int, bytes]] = set()
         for pid in _tree(self._root):
-            cmdline = _read(_PROC / str(pid) / "cmdline")
+            cmdline = _read(f"/proc/{pid}/cmdline")
             if not cmdline:
                 continue
             if not _is_python(pid):
@@ -344,7 +351,7 @@ class ProcessWatcher:
         for key in list(self._first_seen):
             if key in alive or key in self._decided or self._is_registered(*key):
                 continue
-            now_running = _read(_PROC / str(key[0]) / "cmdline")
+            now_running = _read(f"/proc/{key[0]}/cmdline")
             if now_running:  # the same pid runs another program: it was caught between fork and exec
                 self._first_seen.pop(key)
                 continue
@@ -355,6 +362,7 @@ class ProcessWatcher:
         key = (pid, cmdline)
         if self._peers is None or key in self._decided:
             return
+        self._resolve_names()
         for peer in open_peers(pid):
             if self._peers.guarded(peer):
                 host, port = peer
@@ -369,7 +377,7 @@ class ProcessWatcher:
         record = UnguardedProcess(pid, redact_command(_argv(cmdline)), reason)
         if alive and self._strict:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)  # --strict: it must not send a single unguarded call
+                os.kill(pid, 9)  # SIGKILL; --strict: it must not send a single unguarded call
                 record.stopped = True
         self.unguarded.append(record)
         if self._on_unguarded is not None:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._log import summary_head
 from .audit import anomalous_line
 from .files import append_private, write_private
 from .ledger import Ledger, ModelTotals, RunTotals
@@ -117,11 +118,15 @@ def format_summary(report: dict[str, Any]) -> str:
     totals = report["totals"]
     watch = report["mode"] == "watch"
     lines = [
-        f"quotawrap: session {report['session']}: {totals['calls']} guarded call(s),"
-        f" {totals['settled_tokens']:,} tokens settled ({format_cny(totals['settled_cost'])}),"
-        f" {totals['blocked_calls']} blocked"
-        + (f", {totals['would_block_calls']} WOULD have been blocked (watch mode)" if watch else "")
-        + (" — and NOT everything went through the guard (below)" if _went_around(totals) else "")
+        summary_head(
+            report["session"],
+            totals["calls"],
+            totals["settled_tokens"],
+            format_cny(totals["settled_cost"]),
+            totals["blocked_calls"],
+            would_block=totals["would_block_calls"] if watch else None,
+            went_around=_went_around(totals),
+        )
     ]
     if report["models"]:
         width = max(len("model"), *(len(name) for name in report["models"]))

@@ -12,10 +12,11 @@ import re
 from . import quota
 from ._errors import ConfigError, QuotawrapError
 from .ledger.base import Ledger, PruneResult
+from .ledger.runs import AUTO_PRUNE_LEASE
 
 __all__ = ["AUTO_LEASE", "auto_prune", "cutoff_day", "describe", "parse_duration"]
 
-AUTO_LEASE = "prune:auto"  # taken for a day and never released: the automatic prune runs at most daily
+AUTO_LEASE = AUTO_PRUNE_LEASE  # taken for a day and never released: the automatic prune runs at most daily
 _UNITS = {"d": 86_400, "h": 3_600}
 _DURATION = re.compile(r"(\d+)\s*([dh])")
 

@@ -16,13 +16,17 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
 
 from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
 from ._log import warn
 from .cli_common import fail, open_ledger
 from .settings import Settings
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, NoReturn
+
 
 __all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "run_guarded"]
 
@@ -30,30 +34,26 @@ EXIT_BLOCKED = 3
 EXIT_NOT_FOUND = 127
 
 
-class _Beside:
-    """``func()`` on a thread from now on, its result collected later: git's answers for the run's tags
-    come while the wrapper imports and opens its ledger (the two git processes run on another core)."""
+def _lean(ledger: Any) -> bool:
+    """Whether ``ledger`` is the run's lean books (:class:`.ledger.runs.RunBooks`), without importing them."""
+    return bool(getattr(ledger, "lean", False))
 
-    def __init__(self, func: Callable[[], Any]) -> None:
-        import threading
 
-        self._func = func
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="quotawrap-beside", daemon=True)
-        self._thread.start()
+def _open_books(settings: Settings) -> Any:
+    """The run's ledger: lean on the usual SQLite store (a current ledger file, no gateway, no balance
+    source), else the full ledger as every subcommand opens it (exit 4 when it cannot be opened)."""
+    from .settings import sync_source
 
-    def _run(self) -> None:
-        try:
-            self._result = self._func()
-        except BaseException as exc:  # handed to the caller of result()
-            self._error = exc
+    store = settings.store or ""
+    if store.startswith("sqlite:///") and not settings.proxy and sync_source(settings) is None:
+        from .ledger.runs import RunBooks, open_runs
 
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._result
+        runs = open_runs(store.removeprefix("sqlite:///"))
+        if runs is not None:
+            from .ledger import open_ledger as open_full
+
+            return RunBooks(store, runs, open_full)
+    return open_ledger(settings)
 
 
 def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: bool = False) -> NoReturn:
@@ -61,7 +61,7 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
 
     ``ends_process``: this interpreter exits with the run (the console script, not a test calling in).
     """
-    from .attribution import automatic_tags, merge_tags, parse_tags
+    from .attribution import begin_automatic_tags, merge_tags, parse_tags
     from .ledger import default_store_url, normalize_store_url
 
     if not 0 <= settings.wait < float("inf"):
@@ -70,11 +70,7 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
         from .serve import without_hook
 
         without_hook()
-    # Imported here, not on the thread: the run needs it anyway, and imports made on two threads
-    # at once contend for the import lock (and garble `-X importtime`).
-    import subprocess  # noqa: F401
-
-    automatic = _Beside(automatic_tags)
+    automatic = begin_automatic_tags()  # git's two queries run beside what follows
     try:
         store = normalize_store_url(settings.store or default_store_url())
         explicit = parse_tags(settings.tag)
@@ -85,16 +81,16 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
     run_id = settings.run_id or new_run_id()
     settings = settings.replace(run_id=run_id, store=store)
     if settings.fail_open and not settings.unguarded_log:
-        settings = settings.replace(unguarded_log=str(default_unguarded_log(run_id)))
+        settings = settings.replace(unguarded_log=default_unguarded_log(run_id))
     own_events_log = not settings.events_log  # ours to delete once the summary has read it
     if own_events_log:
-        settings = settings.replace(events_log=str(default_events_log(run_id)))
+        settings = settings.replace(events_log=default_events_log(run_id))
     from .files import prepare_outputs
 
     if problem := prepare_outputs(settings):  # every file the run writes, checked before anything starts
         fail(problem, EXIT_USAGE)
-    ledger = open_ledger(settings)
-    tags = merge_tags(automatic.result(), explicit)
+    ledger = _open_books(settings)
+    tags = merge_tags(automatic(), explicit)
     settings = settings.replace(tag=tuple(f"{key}={value}" for key, value in tags.items()))
     nested = nested_in(settings)
     _start_run(ledger, settings, command, tags, nested=nested)
@@ -134,15 +130,19 @@ def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: di
 
     from ._host import hostname
     from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
-    from .ledger.base import RunRecord
     from .redact import redact_argv
 
     # the command says which program spent the money; its --api-key does not belong in the ledger
     wrapper = {WRAPPER_PID_TAG: str(os.getpid()), WRAPPER_HOST_TAG: hostname()}
     assert settings.run_id
-    record = RunRecord(settings.run_id, time.time(), command=shlex.join(redact_argv(command)), tags={**tags, **wrapper})
+    line, all_tags = shlex.join(redact_argv(command)), {**tags, **wrapper}
     try:
-        ledger.start_run(record)
+        if _lean(ledger):
+            ledger.start_run(settings.run_id, time.time(), line, all_tags)
+        else:
+            from .ledger.base import RunRecord
+
+            ledger.start_run(RunRecord(settings.run_id, time.time(), command=line, tags=all_tags))
     except QuotawrapError as exc:
         if not settings.fail_open:
             fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)
@@ -151,7 +151,7 @@ def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: di
 
 def _start_sync(ledger: Any, settings: Settings) -> Any:
     """The balance sync loop when a source is configured (None otherwise)."""
-    from .balance import sync_source
+    from .settings import sync_source
 
     if not sync_source(settings):
         return None  # the usual run: the sync module stays unloaded
@@ -207,7 +207,8 @@ def _beside_child(ledger: Any, settings: Settings) -> None:
     if settings.quiet:
         return
     _expiry_warnings(ledger, settings)
-    import quotawrap.report  # noqa: F401
+    if not _lean(ledger):  # lean books: only a run that made calls needs it, and imports it at its end
+        import quotawrap.report  # noqa: F401
 
 
 def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events_log: bool, nested: bool) -> NoReturn:
@@ -216,11 +217,29 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
     if settings.quiet and not (settings.report_json or step_summary or settings.fail_on_block):
         _remove_events_log(settings, own_events_log)  # nobody reads the report: it is not built
         sys.exit(result.exit_code)
+    if (
+        result.totals is None  # no process of the run opened the ledger: nothing was held, called or waited
+        and not (settings.quiet or nested or settings.fail_open or settings.report_json or step_summary)
+        and not (result.unguarded_processes or result.connections)
+    ):
+        from ._log import NO_COST, summary_head
+
+        _remove_events_log(settings, own_events_log)
+        assert settings.run_id
+        would_block = 0 if settings.watch else None
+        _say(summary_head(settings.run_id, 0, 0, NO_COST, 0, would_block=would_block, went_around=False))
+        sys.exit(result.exit_code)
     from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
     from .waiting import read_events
 
+    totals = result.totals
+    if totals is None:  # no process of the run opened the ledger: nothing was held or spent
+        from .ledger import RunTotals
+
+        assert settings.run_id
+        totals = RunTotals(settings.run_id, {})
     report = run_report(
-        result.totals,
+        totals,
         settings=settings,
         exit_code=result.exit_code,
         tags=tags,
@@ -274,6 +293,8 @@ def _start_proxy(settings: Settings, ledger: Any) -> tuple[Any, dict[str, str]]:
 
 def _auto_prune(ledger: Any, settings: Settings) -> None:
     """The ledger's retention bound, at a run's end and at most once a day (``--retention``)."""
+    if _lean(ledger) and ledger.pruned_today(time.time()):
+        return  # another run pruned in the last 24 h: the retention modules and the full ledger stay unloaded
     from .retention import auto_prune, describe
 
     try:

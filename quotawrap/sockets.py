@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
 
-from .intercept.netguard import GuardedAddresses
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from .intercept.netguard import GuardedAddresses
 
 __all__ = ["GuardedPeers", "open_peers", "parse_tcp_table"]
 
@@ -89,8 +92,18 @@ class GuardedPeers:
     """The guarded host:port pairs as addresses: literal ones at once, names once resolved."""
 
     def __init__(self, base_urls: Iterable[str]) -> None:
-        self._addresses = GuardedAddresses(list(base_urls))
-        self._lock = threading.Lock()
+        self._base_urls = list(base_urls)
+        self._built: GuardedAddresses | None = None  # built on first use: the wrapper makes this as its child starts
+        self._lock = threading.RLock()
+
+    @property
+    def _addresses(self) -> GuardedAddresses:
+        with self._lock:
+            if self._built is None:
+                from .intercept.netguard import GuardedAddresses
+
+                self._built = GuardedAddresses(self._base_urls)
+            return self._built
 
     def resolve(self) -> None:
         """Learn the addresses of the guarded names (slow, may fail offline: call it off the start-up path)."""

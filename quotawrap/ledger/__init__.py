@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from .._errors import ConfigError
-from .base import Decision, HoldRequest, Ledger, ModelTotals, RunTotals, model_day_key, run_key
+
+# The records and the interface (``base``: dataclasses) load on first use: a guarded command's
+# start path only needs the store's URL and, on the usual SQLite store, the runs table.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .base import Decision, HoldRequest, Ledger, ModelTotals, RunTotals, model_day_key, run_key
+
+_FROM_BASE = frozenset({"Decision", "HoldRequest", "Ledger", "ModelTotals", "RunTotals", "model_day_key", "run_key"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _FROM_BASE:
+        from . import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Decision",
@@ -45,7 +60,7 @@ def user_state_dir() -> str:
 
 
 def default_store_url() -> str:
-    return f"sqlite:///{Path(user_state_dir()) / 'ledger.sqlite3'}"
+    return f"sqlite:///{os.path.join(user_state_dir(), 'ledger.sqlite3')}"
 
 
 def normalize_store_url(url: str) -> str:
@@ -59,7 +74,7 @@ def normalize_store_url(url: str) -> str:
         raise ConfigError(f"store URL {url!r}: use sqlite:///PATH")
     else:
         path = url
-    return f"sqlite:///{Path(path).expanduser().resolve()}"
+    return f"sqlite:///{os.path.realpath(os.path.expanduser(path))}"  # Path(path).expanduser().resolve()
 
 
 def redact_store_url(url: str) -> str:
@@ -72,6 +87,11 @@ def redact_store_url(url: str) -> str:
 
 
 def open_ledger(url: str) -> Ledger:
+    """The ledger at ``url``. A process of a guarded run marks its run directory first: its wrapper
+    then knows this run may hold calls (:func:`quotawrap.files.mark_ledger_use`)."""
+    from ..files import mark_ledger_use
+
+    mark_ledger_use()
     if url.startswith(("redis://", "rediss://", "unix://")):
         try:
             from .redis import RedisLedger

@@ -36,6 +36,7 @@ from .base import (
     pid_alive,
 )
 from .holds import Deltas, Event, clamp, step
+from .runs import END_RUN, INSERT_RUN, KNOWN_MODELS, LEASE_HOLDER, tags_json
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
 from .sqlite_file import (
     LOCK_WAIT_S,
@@ -483,17 +484,13 @@ class SQLiteLedger:
     def known_models(self) -> list[str]:
         """Every model the ledger has seen a call or a balance for."""
         with self._errors("read"):
-            rows = (
-                self._conn()
-                .execute("SELECT model FROM snapshots UNION SELECT DISTINCT model FROM calls ORDER BY 1")
-                .fetchall()
-            )
+            rows = self._conn().execute(KNOWN_MODELS).fetchall()
         return [model for (model,) in rows]
 
     def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
         """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""
         with self._write("lease") as conn:
-            row = conn.execute("SELECT holder, until FROM leases WHERE name = ?", (name,)).fetchone()
+            row = conn.execute(LEASE_HOLDER, (name,)).fetchone()
             if row is not None and row[0] != holder and row[1] > now:
                 return False
             conn.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?)", (name, holder, now + ttl_s))
@@ -550,13 +547,12 @@ class SQLiteLedger:
     def start_run(self, run: RunRecord) -> None:
         with self._write("run") as conn:
             conn.execute(
-                "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?)",
-                (run.run_id, run.started_at, run.ended_at, run.command, json.dumps(dict(run.tags)), run.exit_code),
+                INSERT_RUN, (run.run_id, run.started_at, run.ended_at, run.command, tags_json(run.tags), run.exit_code)
             )
 
     def end_run(self, run_id: str, exit_code: int, ended_at: float) -> None:
         with self._write("run") as conn:
-            conn.execute("UPDATE runs SET exit_code = ?, ended_at = ? WHERE run_id = ?", (exit_code, ended_at, run_id))
+            conn.execute(END_RUN, (exit_code, ended_at, run_id))
 
     def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]:
         with self._errors("read"):

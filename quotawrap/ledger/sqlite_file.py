@@ -6,12 +6,16 @@ import contextlib
 import os
 import sqlite3
 import stat
-import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 from .._errors import StoreCorrupt, StoreError
+
+# Imported by the wrapper's start path (ledger/runs.py): pathlib and threading load when needed.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Callable
+    from pathlib import Path
 
 __all__ = [
     "LOCK_WAIT_S",
@@ -260,7 +264,7 @@ def identity(path: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def check(path: Path, opened: tuple[int, int], url: str) -> None:
+def check(path: str | os.PathLike[str], opened: tuple[int, int], url: str) -> None:
     """Raise StoreCorrupt when the ledger file is no longer the one opened: gone, replaced, a
     symlink now, or truncated to nothing. SQLite would go on writing to its open file (or its WAL)
     as if nothing happened, and every other process would see a different ledger."""
@@ -285,6 +289,8 @@ def write_lock(path: str) -> threading.RLock:
     """The lock this process's writers of the ledger at ``path`` take around each write transaction."""
     lock = _WRITE_LOCKS.get(path)
     if lock is None:
+        import threading
+
         lock = _WRITE_LOCKS.setdefault(path, threading.RLock())
     return lock
 

@@ -372,13 +372,17 @@ def _run(
     import threading
 
     from .registry import ProcessWatcher, RunDir, publish_unguarded
-    from .settle_relay import open_relay
     from .sockets import GuardedPeers
 
     run_dir = RunDir(run_path)
     # Bound once the child is on its way, off its start-up path: its first guarded call comes tens of ms
     # later, and a settle sent before (or with no relay at all) fails at once and lands in the child.
-    relay = open_relay(env[SOCKET_VARIABLE], lambda: ledger, warn)
+    # Lean books: bound once a process of the run opens the ledger (on the reclaimer's thread), so a
+    # run that makes no guarded call never loads the socket modules beside its child's start.
+    relay = _Relay(env[SOCKET_VARIABLE], ledger)
+    lean = bool(getattr(ledger, "lean", False))  # run.py's books: the full ledger opens on first use
+    if not lean:
+        relay.open()
     watcher = (
         ProcessWatcher(
             process.pid,
@@ -402,8 +406,9 @@ def _run(
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
     previous = {sig: signal.signal(sig, forward) for sig in forwarded}
     stop = threading.Event()
-    lean = bool(getattr(ledger, "lean", False))  # run.py's books: the full ledger opens on first use
-    reclaimer = threading.Thread(target=_reclaim_loop, args=(ledger, stop, run_path if lean else None), daemon=True)
+    reclaimer = threading.Thread(
+        target=_reclaim_loop, args=(ledger, stop, run_path if lean else None, relay), daemon=True
+    )
     reclaimer.start()
     beside = threading.Thread(target=_beside_child, args=(while_running,), daemon=True)
     if while_running is not None:
@@ -441,8 +446,7 @@ def _run(
                 signal.signal(sig, handler)
             if on_child_exit is not None:
                 on_child_exit()
-            if relay is not None:
-                relay.close()  # every settle received lands before the open holds are charged
+            relay.close()  # every settle received lands before the open holds are charged
         unguarded = watcher.stop() if watcher is not None else []
         connections = run_dir.connections()
         from ._errors import QuotawrapError
@@ -472,6 +476,34 @@ def _run(
                 connections=connections,
             )
     return ChildResult(_exit_code(returncode), totals, resolved, unguarded_processes=unguarded, connections=connections)
+
+
+class _Relay:
+    """The run's settle relay (:mod:`.settle_relay`), bound at most once and never after it was closed."""
+
+    def __init__(self, path: str, ledger: Ledger) -> None:
+        import _thread
+
+        self._path = path
+        self._ledger = ledger
+        self._relay: Any = None
+        self._closed = False
+        self._lock = _thread.allocate_lock()
+
+    def open(self) -> None:
+        with self._lock:
+            if self._closed or self._relay is not None:
+                return
+            from .settle_relay import open_relay
+
+            self._relay = open_relay(self._path, lambda: self._ledger, warn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            relay, self._relay = self._relay, None
+        if relay is not None:
+            relay.close()
 
 
 class _ViewOnceUsed:
@@ -517,7 +549,7 @@ def _beside_child(work: Callable[[], None] | None) -> None:
         warn(f"could not prepare the run's end: {exc!r}")
 
 
-def _reclaim_loop(ledger: Ledger, stop: threading.Event, run_dir: str | None) -> None:
+def _reclaim_loop(ledger: Ledger, stop: threading.Event, run_dir: str | None, relay: _Relay) -> None:
     """Charge holds of processes that died (a SIGKILLed grandchild, a crashed run before) while the run goes on.
 
     The first pass runs beside the child's start rather than before it: until it ends, a dead
@@ -532,6 +564,7 @@ def _reclaim_loop(ledger: Ledger, stop: threading.Event, run_dir: str | None) ->
         while not ledger_used(run_dir):
             if stop.wait(_MARK_POLL_S):
                 return
+        relay.open()  # settles sent before it is bound land in their process, as without a relay
     first = True
     while first or not stop.wait(_RECLAIM_EVERY_S):
         first = False

@@ -61,6 +61,8 @@ NOT_BEFORE_THE_CHILD = (
     "platformdirs",  # ledger.user_state_dir applies its XDG rule on Linux
     "uuid",  # a hold id is drawn in the child (uuid imports platform)
     "socket",  # _host.hostname instead; the watcher's name lookups import it once the child runs
+    "subprocess",  # the child and git's queries are spawned with os.posix_spawn
+    "ctypes",  # the subreaper's prctl through _ctypes itself
 )
 
 

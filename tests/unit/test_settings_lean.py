@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from quotawrap._errors import ConfigError
 from quotawrap._log import NO_COST
 from quotawrap.attribution import parse_tags
+from quotawrap.ledger import open_ledger
 from quotawrap.ledger.runs import RunBooks, open_runs, tags_json
 from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.money import format_cny
@@ -119,7 +120,7 @@ def test_the_lean_record_is_the_full_ledgers(tmp_path: Path) -> None:
     ledger.close()
     runs = open_runs(str(path))
     assert runs is not None
-    books = RunBooks(f"sqlite:///{path}", runs)
+    books = RunBooks(f"sqlite:///{path}", runs, open_ledger)
     books.start_run("lean", 1.5, command, tags)
     books.end_run("lean", 3, 2.5)
     assert books.known_models() == [] and not books.pruned_today(0.0)
@@ -151,7 +152,7 @@ def test_the_full_ledger_takes_over_from_the_lean_connection(tmp_path: Path) -> 
     SQLiteLedger(path).close()
     runs = open_runs(str(path))
     assert runs is not None
-    books = RunBooks(f"sqlite:///{path}", runs)
+    books = RunBooks(f"sqlite:///{path}", runs, open_ledger)
     books.start_run("r", 1.0, "true", {})
     assert books.run_totals("r").run_id == "r"  # any other attribute: the full ledger
     books.end_run("r", 0, 2.0)

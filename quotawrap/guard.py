@@ -132,7 +132,14 @@ class Guard(GuardBooks):
                 if self._ledger is None:
                     from .ledger import default_store_url
 
-                    self._ledger = open_ledger(self.settings.store or default_store_url())
+                    ledger = open_ledger(self.settings.store or default_store_url())
+                    if self.settler is not None and self.settler.relay is not None:
+                        # The wrapper lands this child's settles on the same ledger all along: its commits run
+                        # the checkpoints, off the caller's path (SQLite's ledger only; Redis has none).
+                        leave = getattr(ledger, "leave_checkpoints", None)
+                        if leave is not None:
+                            leave()
+                    self._ledger = ledger
         return self._ledger
 
     def land(self, settle: Settle, landed: Callable[[], None] | None) -> None:

@@ -179,7 +179,19 @@ _BEIJING_OFFSET_S = 8 * 3600.0
 
 def beijing_day(ts: float) -> str:
     """The Beijing calendar day of a Unix timestamp, 'YYYY-MM-DD'."""
-    return datetime.fromtimestamp(ts, BEIJING).strftime("%Y-%m-%d")
+    global _last_day
+    start, end, day = _last_day
+    # Asked on every guarded call: the day's text is formatted once per day (a datetime and strftime cost
+    # ~15 µs of a call on a slow machine). A millisecond's margin keeps float rounding at midnight out of it.
+    if start < ts < end:
+        return day
+    day = datetime.fromtimestamp(ts, BEIJING).strftime("%Y-%m-%d")
+    start = beijing_day_start(ts)
+    _last_day = (start + 0.001, start + DAY_S - 0.001, day)
+    return day
+
+
+_last_day: tuple[float, float, str] = (0.0, 0.0, "")  # (after, before, day): the day of the last beijing_day
 
 
 def beijing_day_start(ts: float) -> float:

@@ -38,6 +38,7 @@ SOCKET_VARIABLE = "QUOTAWRAP_SETTLE_SOCKET"
 SOCKET_NAME = "settle.sock"
 MAX_BATCH = 256  # settles per ledger call, as the in-process settler
 LINGER_S = 0.005  # once woken, gather this long: as the in-process settler, so other processes' waiters see no change
+POLL_AT_MOST = 3  # settles per LINGER_S up to which the thread polls for them rather than waking for each
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
 _SYNC = b"\0sync "  # then the path to answer at; never a marshalled settle (which starts with a type code)
@@ -165,32 +166,34 @@ class Relay:
 
     def _run(self) -> None:
         backoff = RETRY_MIN_S
+        polling = False
         while True:
-            try:
-                data = self._sock.recv(_RECEIVE_BYTES)
-            except OSError:
-                return
-            with self._lock:
-                self._take(data)
-                if self._closed:
-                    return  # close() lands the rest
-            # Gather for LINGER_S, reading on: the kernel queues few datagrams (net.unix.max_dgram_qlen,
-            # often 10) and refuses more, which sends a burst's settles back to the children's settlers.
-            deadline = time.monotonic() + LINGER_S
-            while (left := deadline - time.monotonic()) > 0 and not self._closed:
-                self._sock.settimeout(left)
+            if polling:
+                # Settles come steadily, a few per LINGER_S: poll for them. A send to a socket this thread is
+                # blocked on must wake it, which cost the child's send ~30 µs (p90 ~120 µs) on a slow machine,
+                # on the caller's path; a send to a socket nobody waits on is a copy.
+                self._stop.wait(LINGER_S)
+                with self._lock:
+                    if self._closed:
+                        return  # close() lands the rest
+                    taken = self._drain()
+                if not taken:
+                    polling = False  # idle again: wait for the next settle, however long
+                    continue
+            else:
                 try:
                     data = self._sock.recv(_RECEIVE_BYTES)
-                except OSError:  # TimeoutError: the linger is over
-                    break
-                finally:
-                    self._sock.settimeout(None)
+                except OSError:
+                    return
                 with self._lock:
                     self._take(data)
+                    if self._closed:
+                        return  # close() lands the rest
+                taken = 1 + self._linger()
             with self._lock:
                 if self._closed:
                     return
-                self._drain()
+                taken += self._drain()
                 landed = self._land()
             while not landed and not self._stop.wait(backoff):  # the store is away: ask again later
                 backoff = min(backoff * 2, RETRY_MAX_S)
@@ -198,6 +201,26 @@ class Relay:
                     self._drain()
                     landed = self._closed or self._land()
             backoff = RETRY_MIN_S
+            # Faster than that, read each as it comes: the kernel queues few datagrams (net.unix.max_dgram_qlen,
+            # often 10) and refuses more, which sends a burst's settles back to the children's settlers.
+            polling = taken <= POLL_AT_MOST
+
+    def _linger(self) -> int:
+        """Gather for LINGER_S, reading on; how many datagrams."""
+        count = 0
+        deadline = time.monotonic() + LINGER_S
+        while (left := deadline - time.monotonic()) > 0 and not self._closed:
+            self._sock.settimeout(left)
+            try:
+                data = self._sock.recv(_RECEIVE_BYTES)
+            except OSError:  # TimeoutError: the linger is over
+                break
+            finally:
+                self._sock.settimeout(None)
+            with self._lock:
+                self._take(data)
+            count += 1
+        return count
 
     def _take(self, data: bytes) -> None:
         if not data:  # close()'s wake-up call: nothing to decode (nor the settle's modules to import)
@@ -210,16 +233,18 @@ class Relay:
         except Exception:  # not ours: nothing to land (a settle is only ever sent whole)
             self._warn("ignored a malformed datagram on the settle socket")
 
-    def _drain(self) -> None:
-        """Take what the socket holds now, without waiting."""
+    def _drain(self) -> int:
+        """Take what the socket holds now, without waiting; how many datagrams."""
         import socket
 
+        count = 0
         while True:
             try:
                 data = self._sock.recv(_RECEIVE_BYTES, socket.MSG_DONTWAIT)
             except OSError:  # BlockingIOError: empty
-                return
+                return count
             self._take(data)
+            count += 1
 
     def _land(self) -> bool:
         while self._pending:

@@ -69,6 +69,8 @@ class RoomSignal:
         return self._napping == 0
 
     def room_freed(self) -> None:
+        if self._napping == 0:  # every settle asks; a waiter that starts its pause just after polls (unwatched)
+            return
         with self._cond:
             self._cond.notify_all()
 

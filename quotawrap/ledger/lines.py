@@ -45,6 +45,7 @@ __all__ = [
     "decide",
     "line_limit",
     "line_of",
+    "reads_room",
 ]
 
 # Seconds a waiter's place outlives its last poll. Waiters poll at most every LEASE_S / 5 (the
@@ -132,6 +133,13 @@ def decide(
     if can_wait and not never:
         return Answer("wait", tuple(crowd))
     return Answer("refuse", ())
+
+
+def reads_room(aheads: Mapping[LineName, int], *, allowed: bool, can_wait: bool, enforce: bool) -> bool:
+    """Whether :func:`decide` reads ``never`` and ``crowd`` for this call: only a call at the head of its
+    lines that does not fit and may wait. Every other call is decided without them, so a reserve can skip
+    computing them (most calls fit and nobody waits)."""
+    return enforce and not allowed and can_wait and not any(aheads.get(line, 0) > 0 for line in LINES)
 
 
 def line_limit(line: LineName, waiting: int) -> Limit:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from ..quota import Counters, Limit, Verdict, never_fits
 from .base import Decision, HoldRequest
 from .holds import clamp
-from .lines import LEASE_S, Entry, LineName, Outcome, ahead, crowded, decide, line_limit
+from .lines import LEASE_S, Entry, LineName, Outcome, ahead, crowded, decide, line_limit, reads_room
 from .scopes import model_day_key, run_key
 
 __all__ = ["Place", "count_waiting", "leave"]
@@ -45,15 +45,16 @@ class Place:
 
     def decide(self, limits: Sequence[Limit], counters: Mapping[str, Counters], allowed: bool) -> Outcome:
         """lines.decide for this call; joins the lines it says, and leaves them all when the call is taken."""
+        crowd: tuple[LineName, ...]
         request = self._request
         reserve, reserve_cost = clamp(request.reserve), clamp(request.reserve_cost)
+        can_wait = request.can_wait and request.waiter is not None
+        never, crowd = False, ()  # read only where decide reads them (lines.reads_room)
+        if reads_room(self.aheads, allowed=allowed, can_wait=can_wait, enforce=request.enforce):
+            never = never_fits(limits, counters, reserve, reserve_cost=reserve_cost) is not None
+            crowd = crowded(limits, counters, reserve, reserve_cost=reserve_cost)
         answer = decide(
-            self.aheads,
-            allowed=allowed,
-            never=never_fits(limits, counters, reserve, reserve_cost=reserve_cost) is not None,
-            crowd=crowded(limits, counters, reserve, reserve_cost=reserve_cost),
-            can_wait=request.can_wait and request.waiter is not None,
-            enforce=request.enforce,
+            self.aheads, allowed=allowed, never=never, crowd=crowd, can_wait=can_wait, enforce=request.enforce
         )
         if answer.outcome in ("queued", "wait"):
             self.join(answer.join)

@@ -389,3 +389,48 @@ class TestThreadsOfOneProcess:
             thread.join()
         assert results == [True]
         ledger.close()
+
+
+class TestCheckpointsLeftToTheWrapper:
+    """A guarded child whose settles the wrapper lands leaves the WAL's checkpoints to the wrapper's commits,
+    so no reserve's COMMIT copies and syncs the WAL on the caller's path."""
+
+    @staticmethod
+    def _wal_pages_after_calls(path: Path, *, leave: bool) -> int:
+        from tests.unit.test_ledger_contract import limits, request
+
+        ledger = SQLiteLedger(path)
+        if leave:
+            ledger.leave_checkpoints()
+        for _ in range(300):  # some 4,000 pages of WAL: well past SQLite's checkpoint at 1,000
+            hold = ledger.reserve(request(100), limits(run_cap=10**9)).hold_id
+            ledger.release(hold)
+        page = int(ledger._conn().execute("PRAGMA page_size").fetchone()[0])
+        pages = Path(f"{path}-wal").stat().st_size // page  # before close(), which checkpoints and removes it
+        ledger.close()
+        return pages
+
+    def test_a_leaving_ledger_lets_the_wal_grow_past_sqlites_checkpoint(self, tmp_path: Path) -> None:
+        own = self._wal_pages_after_calls(tmp_path / "own.sqlite3", leave=False)
+        left = self._wal_pages_after_calls(tmp_path / "left.sqlite3", leave=True)
+        assert own < 1_500 < 2_500 < left, (own, left)  # checkpointed and restarted, against never
+
+    def test_a_guarded_childs_guard_leaves_them_only_under_a_wrapper(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from quotawrap.ledger.sqlite import BACKSTOP_CHECKPOINT_PAGES
+        from quotawrap.settle_relay import SOCKET_VARIABLE
+
+        store = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+        monkeypatch.delenv(SOCKET_VARIABLE, raising=False)
+        alone = Guard(Settings(store=store), background_settle=True).ledger
+        monkeypatch.setenv(SOCKET_VARIABLE, str(tmp_path / "settle.sock"))
+        relayed = Guard(Settings(store=store), background_settle=True).ledger
+        in_process = Guard(Settings(store=store)).ledger
+
+        def pages(ledger: object) -> int:
+            assert isinstance(ledger, SQLiteLedger)
+            return int(ledger._conn().execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+        assert pages(relayed) == BACKSTOP_CHECKPOINT_PAGES
+        assert pages(alone) == pages(in_process) == 1000

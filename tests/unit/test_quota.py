@@ -112,6 +112,14 @@ class TestBeijingCalendar:
         """The model-day counter is keyed by the Beijing calendar date."""
         assert beijing_day(ts) == day
 
+    def test_beijing_day_remembered_for_one_day_only(self) -> None:
+        """The day's text is kept between calls: every timestamp around two midnights, asked in an
+        order that crosses them both ways, still gets its own calendar day."""
+        midnight = bj(0, 0, 0)
+        stamps = [midnight + offset for offset in (-1.0, -0.0005, 0.0, 0.0005, 1.0, 43_200.0, 86_399.9995, 86_400.0)]
+        for ts in [*stamps, *reversed(stamps), *stamps[::2], *stamps[1::2]]:
+            assert beijing_day(ts) == datetime.fromtimestamp(ts, BEIJING).strftime("%Y-%m-%d"), ts
+
     @pytest.mark.parametrize(
         ("ts", "seconds"),
         [

@@ -10,7 +10,7 @@ import pytest
 
 from quotawrap.files import append_private, prepare, write_private
 from quotawrap.ledger import RunTotals
-from quotawrap.redact import redact_argv, redact_command_line, redact_url
+from quotawrap.redact import key_fingerprint, redact_argv, redact_command_line, redact_url
 from quotawrap.report import run_report
 from quotawrap.settings import Settings
 
@@ -55,6 +55,22 @@ class TestRedact:
         """--report-json's store field never carries the Redis password."""
         report = run_report(RunTotals("r", {}), settings=Settings(store="redis://:s3cret@h:1/0"), exit_code=0)
         assert report["store"] == "redis://:***@h:1/0"
+
+
+def test_key_fingerprint_is_the_keys_own_when_remembered() -> None:
+    """Fingerprints are remembered per Authorization header: asked again, or for another key in between,
+    each key keeps its own (and a fingerprint never shows the key)."""
+    import hashlib
+
+    def expected(secret: str) -> str:
+        return "sha256:" + hashlib.sha256(secret.encode()).hexdigest()[:16]
+
+    keys = [f"sk-test-{n}" for n in range(70)]  # more than are remembered at once
+    for key in [*keys, *reversed(keys)]:
+        fingerprint = key_fingerprint({"authorization": f"Bearer {key}"})
+        assert fingerprint == expected(key) and key not in fingerprint
+    assert key_fingerprint({"Authorization": "Bearer sk-test-3"}) == expected("sk-test-3")
+    assert key_fingerprint({}) is None
 
 
 class TestPrivateFiles:

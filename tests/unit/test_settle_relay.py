@@ -6,14 +6,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
 from quotawrap.quota import Counters
-from quotawrap.settle_relay import Relay, Sender, decode, encode, relay_path
+from quotawrap.settle_relay import LINGER_S, Relay, Sender, decode, encode, relay_path
 from quotawrap.settler import Settler
 from quotawrap.usage import Usage
 from quotawrap.waiting import RoomSignal
@@ -169,3 +169,40 @@ def test_sync_returns_once_the_wrapper_has_landed_what_was_sent_before(tmp_path:
     assert ledger.landed == ["h1"]
     relay.close()
     assert sender.sync(1)  # the wrapper gone: it landed what it took before it closed
+
+
+class _CountingSocket:
+    """The relay's socket, counting the receives that wait (a send to a socket a thread waits on wakes it)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.waiting_receives = 0
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        if not flags:
+            self.waiting_receives += 1
+        data: bytes = self._inner.recv(size, flags)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_settles_that_come_steadily_are_polled_for_not_woken_for(tmp_path: Path) -> None:
+    """A child's settles a few per LINGER_S apart (a sequential agent's): the relay takes them by polling, so
+    a send finds no thread waiting on the socket and wakes none; each still lands, in order."""
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger)
+    counting = _CountingSocket(relay._sock)
+    relay._sock = counting  # type: ignore[assignment]  # test-only: the thread's next receive counts
+    sender = Sender(relay.path)
+    sent = []
+    for i in range(40):
+        assert sender.send(Settle(f"h{i}", "release"))
+        sent.append(f"h{i}")
+        threading.Event().wait(LINGER_S / 2)
+    relay.close()
+    assert ledger.landed == sent
+    # Woken for each settle, the thread would wait ~40 times; polling, only after an idle pause (a slow
+    # machine may stall the sender that long a few times).
+    assert counting.waiting_receives <= 8, counting.waiting_receives

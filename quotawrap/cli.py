@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         gc.disable()
     from ._errors import EXIT_USAGE, ConfigError
     from .cli_common import fail
-    from .settings import load_config_file
+    from .config_file import load_config_file
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -56,7 +56,7 @@ class GuardBooks:
     @property
     def prices(self) -> PriceTable:
         if self._prices is None:
-            from .settings import load_price_table
+            from .config_file import load_price_table
 
             self._prices = with_media_prices(load_price_table(self.settings))
         return self._prices

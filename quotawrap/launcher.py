@@ -12,8 +12,9 @@ import sys
 import time
 
 from ._log import warn
+from .config_file import config_path
 from .ledger import user_state_dir
-from .settings import OPTIONS, Settings, config_path, env_name
+from .settings import OPTIONS, Settings, env_name
 
 # Everything up to the child's spawn is paid by every guarded command: the process watcher, the
 # signal forwarding, the threads and their modules load once the child is on its way; the child

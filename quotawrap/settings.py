@@ -20,10 +20,8 @@ from ._errors import ConfigError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from pathlib import Path
     from typing import Any
 
-    from .prices import PriceTable
     from .quota import QuotaSettings
 
     Check = Callable[[Any], "str | None"]  # a value's problem, or None when it is fine
@@ -32,13 +30,10 @@ __all__ = [
     "ACCESS_KEY_VARIABLES",
     "CONFIG_FILE",
     "OPTIONS",
+    "OPTION_BY_NAME",
     "Option",
     "Settings",
-    "config_path",
-    "config_section",
     "env_name",
-    "load_config_file",
-    "load_price_table",
     "sync_source",
 ]
 
@@ -376,7 +371,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
 )
 
-_BY_NAME = {option.name: option for option in OPTIONS}
+OPTION_BY_NAME = {option.name: option for option in OPTIONS}
 
 
 class Settings:
@@ -437,7 +432,7 @@ class Settings:
 
     def __init__(self, **values: Any) -> None:
         # Every way in (flag, variable, toml, the child's environment, code) ends here.
-        unknown = values.keys() - _BY_NAME.keys() - {"extra"}
+        unknown = values.keys() - OPTION_BY_NAME.keys() - {"extra"}
         if unknown:
             raise TypeError(f"Settings() got an unexpected keyword argument {sorted(unknown)[0]!r}")
         for option in OPTIONS:
@@ -493,7 +488,7 @@ class Settings:
         """Build from already-typed values (click's), ignoring ``None`` for options that have defaults."""
         kwargs: dict[str, Any] = {}
         for name, value in values.items():
-            option = _BY_NAME.get(name)
+            option = OPTION_BY_NAME.get(name)
             if option is None or value is None:
                 continue
             kwargs[name] = tuple(value) if option.multiple else value
@@ -592,65 +587,3 @@ def parse_value(option: Option, raw: Any) -> Any:
         return option.type(raw)
     except (ValueError, TypeError) as exc:  # TypeError: a toml list or table where a number belongs
         raise ConfigError(f"{option.name} ({env_name(option.name)}): {exc}") from exc
-
-
-def config_path(path: str | os.PathLike[str] | None = None) -> Path | None:
-    """The config file in force: ``path``, ``$QUOTAWRAP_CONFIG`` or ``./quotawrap.toml``, if it exists."""
-    candidate = os.fspath(path or os.environ.get("QUOTAWRAP_CONFIG") or CONFIG_FILE)
-    if not os.path.isfile(candidate):
-        return None  # the usual run: pathlib stays unloaded
-    from pathlib import Path
-
-    return Path(candidate).resolve()
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
-
-
-def config_section(name: str) -> dict[str, Any]:
-    """A table of the config file (``[prices]``, ...) for the feature that owns it; {} if absent."""
-    candidate = config_path()
-    section = _read_toml(candidate).get(name, {}) if candidate is not None else {}
-    if not isinstance(section, dict):
-        raise ConfigError(f"{candidate}: [{name}] must be a table")
-    return section
-
-
-def load_config_file(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Read ``quotawrap.toml`` (top-level keys are option names, dashes or underscores).
-
-    Looks at ``$QUOTAWRAP_CONFIG``, else ``./quotawrap.toml``; a missing file is no error.
-    """
-    candidate = config_path(path)
-    if candidate is None:
-        return {}
-    data = _read_toml(candidate)
-    values: dict[str, Any] = {}
-    for key, raw in data.items():
-        name = key.replace("-", "_")
-        option = _BY_NAME.get(name)
-        if option is None:
-            if isinstance(raw, dict):
-                continue  # sections (prices, models) belong to other features
-            raise ConfigError(f"{candidate}: unknown setting {key!r}")
-        try:
-            values[name] = parse_value(option, raw)
-        except ConfigError as exc:
-            raise ConfigError(f"{candidate}: {exc}") from exc
-    return values
-
-
-def load_price_table(settings: Settings) -> PriceTable:
-    """The table in force for a run: bundled prices plus ``[prices]`` of quotawrap.toml, with the policy."""
-    from .prices import load_overrides  # the table is built only when a call needs it
-
-    # Settings checked the policy when it was built
-    return load_overrides(config_section("prices"), unknown_price=settings.unknown_price)  # type: ignore[arg-type]

@@ -30,6 +30,8 @@ __all__ = [
     "INSERT_RUN",
     "KNOWN_MODELS",
     "LEASE_HOLDER",
+    "RUNS_BETWEEN",
+    "RUN_TOTALS",
     "RunBooks",
     "RunsFile",
     "open_runs",
@@ -38,6 +40,25 @@ __all__ = [
 
 INSERT_RUN = "INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?)"
 END_RUN = "UPDATE runs SET exit_code = ?, ended_at = ? WHERE run_id = ?"
+RUNS_BETWEEN = (
+    "SELECT run_id, started_at, ended_at, command, tags, exit_code FROM runs"
+    " WHERE started_at >= ? AND started_at < ? ORDER BY started_at"
+)
+# A run's totals per model, from its calls (the summary and `status` read them).
+RUN_TOTALS = """SELECT model,
+    COUNT(*) FILTER (WHERE state != 'blocked' AND handed_to IS NULL),
+    COUNT(*) FILTER (WHERE state = 'blocked'),
+    SUM(would_block),
+    SUM(charged),
+    SUM(CASE WHEN state = 'held' THEN reserved ELSE 0 END),
+    SUM(overshoot),
+    COUNT(*) FILTER (WHERE state = 'unresolved'),
+    COUNT(*) FILTER (WHERE state = 'released' AND handed_to IS NULL),
+    SUM(COALESCE(prompt_tokens, 0)), SUM(COALESCE(completion_tokens, 0)),
+    SUM(COALESCE(reasoning_tokens, 0)), SUM(COALESCE(cached_tokens, 0)),
+    SUM(charged_cost),
+    COUNT(*) FILTER (WHERE usage_anomaly IS NOT NULL)
+    FROM calls WHERE run_id = ? GROUP BY model ORDER BY model"""
 AUTO_PRUNE_LEASE = "prune:auto"  # taken for a day and never released: the automatic prune runs at most daily
 LEASE_HOLDER = "SELECT holder, until FROM leases WHERE name = ?"
 # every model the ledger has seen a call or a balance for (a run's start asks: can a package expire?)

@@ -36,7 +36,7 @@ from .base import (
     pid_alive,
 )
 from .holds import Deltas, Event, clamp, step
-from .runs import END_RUN, INSERT_RUN, KNOWN_MODELS, LEASE_HOLDER, tags_json
+from .runs import END_RUN, INSERT_RUN, KNOWN_MODELS, LEASE_HOLDER, RUN_TOTALS, RUNS_BETWEEN, tags_json
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
 from .sqlite_file import (
     LOCK_WAIT_S,
@@ -522,20 +522,7 @@ class SQLiteLedger:
             rows = (
                 self._conn()
                 .execute(
-                    """SELECT model,
-                     COUNT(*) FILTER (WHERE state != 'blocked' AND handed_to IS NULL),
-                     COUNT(*) FILTER (WHERE state = 'blocked'),
-                     SUM(would_block),
-                     SUM(charged),
-                     SUM(CASE WHEN state = 'held' THEN reserved ELSE 0 END),
-                     SUM(overshoot),
-                     COUNT(*) FILTER (WHERE state = 'unresolved'),
-                     COUNT(*) FILTER (WHERE state = 'released' AND handed_to IS NULL),
-                     SUM(COALESCE(prompt_tokens, 0)), SUM(COALESCE(completion_tokens, 0)),
-                     SUM(COALESCE(reasoning_tokens, 0)), SUM(COALESCE(cached_tokens, 0)),
-                     SUM(charged_cost),
-                     COUNT(*) FILTER (WHERE usage_anomaly IS NOT NULL)
-                   FROM calls WHERE run_id = ? GROUP BY model ORDER BY model""",
+                    RUN_TOTALS,
                     (run_id,),
                 )
                 .fetchall()
@@ -576,8 +563,7 @@ class SQLiteLedger:
             rows = (
                 self._conn()
                 .execute(
-                    "SELECT run_id, started_at, ended_at, command, tags, exit_code FROM runs"
-                    " WHERE started_at >= ? AND started_at < ? ORDER BY started_at",
+                    RUNS_BETWEEN,
                     (since if since is not None else float("-inf"), until if until is not None else float("inf")),
                 )
                 .fetchall()

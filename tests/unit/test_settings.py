@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from quotawrap import launcher
 from quotawrap._errors import ConfigError
 from quotawrap.cli import cli, main
+from quotawrap.config_file import load_config_file
 from quotawrap.ledger import RunTotals
-from quotawrap.settings import OPTIONS, Option, Settings, env_name, load_config_file, parse_value
+from quotawrap.settings import OPTIONS, Option, Settings, env_name, parse_value
 
 CHILD_OPTIONS = [option for option in OPTIONS if option.child]
 NUMERIC_OPTIONS = [option for option in OPTIONS if option.type in (int, float) and not option.multiple]

@@ -26,18 +26,18 @@ from quotawrap.ledger.runs import RunBooks, open_runs, tags_json
 from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.money import format_cny
 from quotawrap.quota import QuotaSettings
-from quotawrap.settings import _BY_NAME, OPTIONS, Settings, _json_list, _run_id
+from quotawrap.settings import OPTION_BY_NAME, OPTIONS, Settings, _json_list, _run_id
 
 _TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
 
 
 def test_the_limit_options_defaults_are_the_limit_maths() -> None:
     quota = QuotaSettings()
-    assert _BY_NAME["daily_cap"].default == quota.daily_cap
-    assert _BY_NAME["small_buffer"].default == quota.small_buffer
-    assert _BY_NAME["usage_wall"].default == quota.usage_wall
-    assert _BY_NAME["balance_wall"].default == quota.balance_wall
-    assert _BY_NAME["balance_lag"].default == quota.balance_lag_s
+    assert OPTION_BY_NAME["daily_cap"].default == quota.daily_cap
+    assert OPTION_BY_NAME["small_buffer"].default == quota.small_buffer
+    assert OPTION_BY_NAME["usage_wall"].default == quota.usage_wall
+    assert OPTION_BY_NAME["balance_wall"].default == quota.balance_wall
+    assert OPTION_BY_NAME["balance_lag"].default == quota.balance_lag_s
 
 
 def test_every_default_passes_its_own_rule() -> None:

@@ -7,10 +7,10 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from . import quota
+from ._records import Record
 from .estimate import (
     MAX_OUTPUT_TOKENS,
     PREBLOCK_RESERVE_TOKENS,
@@ -32,8 +32,7 @@ TAIL_MIN_TOKENS = 256
 Known = dict[tuple[str, str], dict[str, quota.Counters]]
 
 
-@dataclass(frozen=True)
-class Fresh:
+class Fresh(Record, frozen=True):
     limits: list[quota.Limit]
     counters: dict[str, quota.Counters]
 
@@ -79,8 +78,7 @@ class Room:
         return quota.token_room(self.limits_for(self._snapshot()), {})
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Record, frozen=True):
     estimate: Estimate
     body: dict[str, Any]  # what goes out (the request itself when unchanged)
     bound: int | None  # the whole-output bound set on it, per choice

@@ -25,11 +25,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from . import quota
 from ._errors import QuotawrapError
+from ._records import Record
 from .consume_plan import (
     LEASE_TTL_S,
     ConsumePlan,
@@ -65,8 +66,7 @@ PROMPT = (
 )
 
 
-@dataclass(frozen=True)
-class ConsumeOptions:
+class ConsumeOptions(Record, frozen=True):
     api_key: str
     base_url: str = DEFAULT_BASE_URL
     max_tokens_per_call: int = 16_384
@@ -77,8 +77,7 @@ class ConsumeOptions:
     timeout_s: float = 900.0
 
 
-@dataclass
-class ModelOutcome:
+class ModelOutcome(Record):
     plan: ConsumePlan
     spent: int = 0
     calls: int = 0
@@ -88,8 +87,7 @@ class ModelOutcome:
     failed: bool = False  # stopped by errors, not by the plan, a limit or the clock
 
 
-@dataclass
-class ConsumeResult:
+class ConsumeResult(Record):
     day: str
     run_id: str
     skipped: str | None = None  # why nothing was spent (the day's lease was taken)

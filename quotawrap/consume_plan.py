@@ -11,9 +11,9 @@ lag L) is closed by the same ``balance + usage(t_sync - lag)`` that closes it fo
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from . import quota
+from ._records import Record
 
 __all__ = [
     "DEFAULT_MAX_TOKENS_PER_CALL",
@@ -45,8 +45,7 @@ def lease_name(day: str) -> str:
     return f"consume:last_run:{day}"
 
 
-@dataclass(frozen=True)
-class ConsumePlan:
+class ConsumePlan(Record, frozen=True):
     """One model's plan for today: ``budget`` tokens, and the two clamps that bound it."""
 
     model: str

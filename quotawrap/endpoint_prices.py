@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any, Final
 
+from ._records import Record
 from .estimate import Estimate
 from .prices import Cost, ModelPrice, PriceTable, Tier, UnknownPrice, normalize_model
 from .usage import Usage
@@ -100,8 +101,7 @@ def _micro(amount_cny: Decimal) -> int:
     return math.ceil(amount_cny * 1_000_000)
 
 
-@dataclass(frozen=True)
-class CostRule:
+class CostRule(Record, frozen=True):
     """How one call is priced, fixed when it is reserved (from its endpoint and request)."""
 
     endpoint: str

@@ -17,10 +17,10 @@ import fnmatch
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
+from ._records import Record
 from .estimate import Kind
 
 __all__ = [
@@ -70,8 +70,7 @@ _TASK_PATH = re.compile(re.escape(TASKS_SUFFIX) + r"/([^/]+)$")
 Action = Literal["guard", "poll", "refuse"]
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(Record, frozen=True):
     """What to do with one request to a guarded host."""
 
     action: Action

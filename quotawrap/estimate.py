@@ -42,10 +42,11 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Literal, get_args
 
 from . import media
+from ._records import Record
 from .tokens import count_tokens, utf8_bound
 from .usage import MODEL_MAX_OUTPUT, MODEL_WINDOW, TOKEN_CEILING, UsageBound
 
@@ -74,8 +75,7 @@ Kind = Literal["chat", "responses", "embeddings", "completions", "images", "vide
 Count = Callable[[str, str], int]
 
 
-@dataclass(frozen=True)
-class EstimateSettings:
+class EstimateSettings(Record, frozen=True):
     thinking_floor: int = 4096  # seed THINKING_RESERVE_FLOOR
     default_max_tokens: int = 4096  # Ark's default max_tokens when the request gives none
     image_tokens: int = 2000  # per image part, conservative (Ark doesn't publish its formula; seed §9)
@@ -89,8 +89,7 @@ class EstimateSettings:
                 raise ValueError(f"EstimateSettings.{field.name} must be a non-negative integer, got {value!r}")
 
 
-@dataclass(frozen=True)
-class Estimate:
+class Estimate(Record, frozen=True):
     input_tokens: int
     output_allowance: int
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from ._records import Record
 from .quota import DAY_S, Package
 
 __all__ = [
@@ -27,8 +27,7 @@ __all__ = [
 KEEP_ALIVE_WINDOW_DAYS = 9  # §1.3: below 2M/30 a day, the consumption task works the last 9 days
 
 
-@dataclass(frozen=True)
-class ExpiryAdvice:
+class ExpiryAdvice(Record, frozen=True):
     model: str
     expiring: tuple[Package, ...]  # the model's packages expiring within the window, soonest first
     expiring_tokens: int

@@ -14,11 +14,11 @@ import threading
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from . import endpoints
 from ._log import warn
+from ._records import Record
 from .endpoint_prices import CostRule
 from .ledger import HoldRequest, Ledger
 from .ledger.base import CallRecord, CallState, Decision, Settle
@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["CallContext", "Followup", "GuardedCall"]
 
 
-@dataclass(frozen=True)
-class CallContext:
+class CallContext(Record, frozen=True):
     """What a guarded call was when it was reserved: the audit record's fixed half."""
 
     hold_id: str

@@ -27,11 +27,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TextIO
 
 from . import quota
+from ._records import Record
 from .ledger import Ledger, model_day_key, run_key
 from .settings import Settings
 from .waiting import EventsTail, RunEvents
@@ -157,8 +157,7 @@ def warning_line(label: str, threshold: float, gauge: Gauge) -> str:
 # -- which numbers a line shows ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Gauge:
+class Gauge(Record, frozen=True):
     """One limit and the counters it is checked against."""
 
     settled: int
@@ -176,8 +175,7 @@ class Gauge:
         return fraction(self.settled, self.limit)
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(Record, frozen=True):
     """One poll of the ledger: the run cap (if any) and each model's daily limit, for this run's models."""
 
     run: Gauge | None

@@ -21,11 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
 from ._errors import ConfigError, UnknownPrice
+from ._records import Record
 from .money import UNKNOWN_PRICE_POLICIES, Cost, UnknownPricePolicy, micro_cny
 from .usage import Usage
 
@@ -49,8 +50,7 @@ __all__ = [
 # --------------------------------------------------------------------------- data model
 
 
-@dataclass(frozen=True)
-class Tier:
+class Tier(Record, frozen=True):
     """Prices (CNY per million tokens) for requests whose input is at most ``max_input_tokens``.
 
     ``None`` means no upper bound. Ark additionally discounts the output of short answers in the
@@ -82,8 +82,7 @@ class Tier:
         return self.output
 
 
-@dataclass(frozen=True)
-class ModelPrice:
+class ModelPrice(Record, frozen=True):
     """The price of one model id (or id prefix), with where it came from and when."""
 
     model: str
@@ -240,8 +239,7 @@ def normalize_model(model: str) -> str:
     return model.strip().lower().replace(".", "-").replace("_", "-")
 
 
-@dataclass(frozen=True)
-class PriceTable:
+class PriceTable(Record, frozen=True):
     """Model prices by id with longest-prefix lookup, a default, and an unknown-price policy."""
 
     prices: tuple[ModelPrice, ...] = BUNDLED_PRICES

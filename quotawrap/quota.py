@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from ._errors import ConfigError
+from ._records import Record
 from .money import format_cny
 
 __all__ = [
@@ -74,8 +75,7 @@ Series = Sequence[tuple[float, int]]
 # -- core types (shared with the ledgers: names and semantics are fixed) -----------------------
 
 
-@dataclass(frozen=True)
-class Limit:
+class Limit(Record, frozen=True):
     name: str  # "run_cap", "daily_cap", "snapshot", "usage_wall", "balance_wall"
     scope: Scope
     cap: int
@@ -83,14 +83,12 @@ class Limit:
     detail: str = ""  # how the cap was derived, for messages
 
 
-@dataclass(frozen=True)
-class Counters:
+class Counters(Record, frozen=True):
     settled: int = 0
     in_flight: int = 0
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(Record, frozen=True):
     allowed: bool
     blocking: Limit | None = None  # the first limit that refused the call
 
@@ -207,8 +205,7 @@ def seconds_to_beijing_midnight(ts: float) -> float:
 # -- settings and snapshots ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class QuotaSettings:
+class QuotaSettings(Record, frozen=True):
     daily_cap: int = 2_000_000  # collection cap per model per Beijing day (§1.2)
     small_buffer: int = 50_000  # v6 SMALL_BUFFER: covers package expiry between syncs (§7.5)
     usage_wall: int = 1_950_000  # SOFT_EVICT_USAGE_LIMIT (§7.6)
@@ -233,8 +230,7 @@ class QuotaSettings:
             raise ConfigError(f"balance_lag must be seconds in [0, 86400), got {lag!r}")
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(Record, frozen=True):
     """One balance sync of one model, stored by the ledger."""
 
     balance: int  # balance_at_sync: sum of the packages' AvailableAmount (§5)
@@ -442,8 +438,7 @@ def should_restore(usage: int, effective: int, balance_at_sync: int | None, sett
 DEFAULT_LAG_CANDIDATES_S: Sequence[float] = range(0, 3601, 60)
 
 
-@dataclass(frozen=True)
-class CalibrationDay:
+class CalibrationDay(Record, frozen=True):
     syncs: Sequence[tuple[float, int]]  # (t_sync, balance), one model, one Beijing day
     series: Series  # that day's cumulative usage series
     previous_series: Series = ()  # the day before's, for syncs within the lag of midnight
@@ -518,8 +513,7 @@ def calibrate_lag(
 # -- packages (the ledgers store them; expiry advice lives in quotawrap.expiry) -------------------
 
 
-@dataclass(frozen=True)
-class Package:
+class Package(Record, frozen=True):
     model: str
     available: int  # AvailableAmount left in the package
     expires_at: float

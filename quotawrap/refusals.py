@@ -27,10 +27,10 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 from ._log import warn
+from ._records import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -79,8 +79,7 @@ def unknown_path_message(method: str, path: str) -> str:
     )
 
 
-@dataclass
-class _Refusal:
+class _Refusal(Record):
     at: float
     answer: object  # the SyntheticResponse given
     retries: int = 0

@@ -22,12 +22,12 @@ import itertools
 import os
 import time
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from . import endpoints, quota, readahead
 from ._errors import StoreError
 from ._log import warn
+from ._records import Record
 from .admission import Room, Wait, only_in_flight_in_the_way
 from .endpoint_prices import CostRule
 from .estimate import Estimate, Kind, usage_bound
@@ -59,8 +59,7 @@ _WAITER_PREFIX = os.urandom(8).hex()
 _waiter_numbers = itertools.count()
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(Record, frozen=True):
     """What one call's reserve loop works from (fixed before it starts)."""
 
     found: endpoints.Route

@@ -24,12 +24,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import date, timedelta
 
 from . import quota
 from ._errors import QuotawrapError
 from ._log import warn
+from ._records import Record
 from .balance import BalanceUnavailable, read_balance_command, read_billing_api, sync_source
 from .expiry import expiring_before
 from .ledger import Ledger, model_day_key
@@ -181,8 +181,7 @@ def sync_due(
     return age >= interval
 
 
-@dataclass
-class SyncLoop:
+class SyncLoop(Record):
     """Background sync for the wrapper's run and ``quotawrap sync --loop``."""
 
     ledger: Ledger

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from . import quota
+from ._records import Record
 from .money import format_cny
 
 __all__ = ["SyntheticResponse", "block_message", "blocked_response"]
 
 
-@dataclass(frozen=True)
-class SyntheticResponse:
+class SyntheticResponse(Record, frozen=True):
     """An answer made locally; the request never reaches the network."""
 
     status: int

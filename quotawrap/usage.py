@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Final
+
+from ._records import Record
 
 __all__ = [
     "MODEL_MAX_OUTPUT",
@@ -60,8 +62,7 @@ MODEL_WINDOW: Final = 2**21
 MODEL_MAX_OUTPUT: Final = 2**18
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(Record, frozen=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int  # what is billed: reasoning included
@@ -74,16 +75,14 @@ class Usage:
 # --------------------------------------------------------------------------- validation
 
 
-@dataclass(frozen=True)
-class UsageBound:
+class UsageBound(Record, frozen=True):
     """The most usage one call could have produced, from its request (see ``estimate.usage_bound``)."""
 
     prompt: int
     completion: int
 
 
-@dataclass(frozen=True)
-class Checked:
+class Checked(Record, frozen=True):
     """A usage fit to charge, or None (charge the hold) with the reason it was not."""
 
     usage: Usage | None

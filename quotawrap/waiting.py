@@ -18,11 +18,12 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from ._log import warn
+from ._records import Record
 
 __all__ = [
     "EventLog",
@@ -149,8 +150,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[max(1, math.ceil(q * len(ordered) / 100)) - 1]
 
 
-@dataclass
-class RunEvents:
+class RunEvents(Record):
     """What a run's events log says: waits (finished and still open), bounded calls, superseded refusals."""
 
     waits: list[float] = field(default_factory=list)  # seconds each finished wait took

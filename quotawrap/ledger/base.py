@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal, NamedTuple, Protocol
 
+from .._records import Record
 from ..quota import Counters, Limit, Package, Snapshot, Verdict
 from ..usage import Usage
 from .holds import HoldState
@@ -61,8 +62,7 @@ def new_hold_id() -> str:
     return uuid.uuid4().hex
 
 
-@dataclass(frozen=True)
-class HoldRequest:
+class HoldRequest(Record, frozen=True):
     run_id: str
     model: str
     day: str
@@ -94,8 +94,7 @@ class Settle(NamedTuple):
     anomaly: str | None = None  # usage.check_usage's reason the answer's usage was not believed
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(Record, frozen=True):
     hold_id: str
     verdict: Verdict
     held: bool  # True when a hold was taken (allowed, or --watch)
@@ -105,8 +104,7 @@ class Decision:
     ticket: int | None = None  # its place in every line, once it joined one
 
 
-@dataclass
-class ModelTotals:
+class ModelTotals(Record):
     calls: int = 0
     blocked_calls: int = 0
     would_block_calls: int = 0
@@ -127,8 +125,7 @@ class ModelTotals:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-@dataclass
-class RunTotals:
+class RunTotals(Record):
     run_id: str
     models: dict[str, ModelTotals]
 
@@ -140,8 +137,7 @@ class RunTotals:
         return total
 
 
-@dataclass(frozen=True)
-class CallRecord:
+class CallRecord(Record, frozen=True):
     """One guarded call as the audit trail keeps it (never the API key: only its fingerprint)."""
 
     id: str
@@ -179,8 +175,7 @@ class CallRecord:
         return self.state
 
 
-@dataclass(frozen=True)
-class DayAggregate:
+class DayAggregate(Record, frozen=True):
     """What ``prune`` keeps of one (day, model, tags) group of calls it deleted: the sums a report shows."""
 
     day: str
@@ -204,14 +199,14 @@ class DayAggregate:
         return "(pruned)"  # sessions are not kept per day: `report --by session` groups pruned days here
 
 
-# The sums a report shows per group, in one order for reports, CSV columns and call_aggregates' columns.
+# The sums a report shows per group, in one order for reports, CSV columns and call_aggregates' columns
+# (its declared names, in order: reading its fields would build the record at import).
 REPORT_SUMS: tuple[str, ...] = tuple(
-    name for name in DayAggregate.__dataclass_fields__ if name not in ("day", "model", "tags")
+    name for name in DayAggregate.__annotations__ if name not in ("day", "model", "tags")
 )
 
 
-@dataclass(frozen=True)
-class PruneResult:
+class PruneResult(Record, frozen=True):
     """What ``prune`` deleted (or, dry, would delete); ``note`` says why a store had nothing to do."""
 
     before_day: str
@@ -225,8 +220,7 @@ class PruneResult:
     note: str | None = None
 
 
-@dataclass(frozen=True)
-class RunRecord:
+class RunRecord(Record, frozen=True):
     run_id: str
     started_at: float
     ended_at: float | None = None

@@ -8,7 +8,7 @@ these one to one (``scope_keys``), which is how a verdict's counters are named i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .._records import Record
 
 __all__ = [
     "CounterScope",
@@ -24,22 +24,19 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(Record, frozen=True):
     """The tokens of one run, over every model and day."""
 
     run_id: str
 
 
-@dataclass(frozen=True)
-class RunCost:
+class RunCost(Record, frozen=True):
     """The cost of one run in micro-CNY."""
 
     run_id: str
 
 
-@dataclass(frozen=True)
-class ModelDay:
+class ModelDay(Record, frozen=True):
     """The tokens of one model on one Beijing day (what the provider's daily cap counts)."""
 
     model: str

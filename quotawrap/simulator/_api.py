@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from .._records import Record
 from . import _payloads as payloads
 from ._config import SimConfig
 from ._plan import (
@@ -81,8 +81,7 @@ def fault_error(fault: str, code_override: str | None) -> ArkError | None:
     return ArkError(status, code_override or code, message)
 
 
-@dataclass(frozen=True)
-class Generation:
+class Generation(Record, frozen=True):
     """A validated request: what it costs and how to render it."""
 
     model: str

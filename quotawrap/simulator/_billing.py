@@ -21,9 +21,9 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from .._records import Record
 from ._config import PackageSpec, format_utc
 
 __all__ = [
@@ -43,8 +43,7 @@ RESOURCE_TYPES = frozenset({"Package", "RI", "RSC"})
 STATUSES = frozenset({"NotEffective", "Effective", "FailedToCreate", "UsedUp", "Expired", "Refunded"})
 
 
-@dataclass(frozen=True)
-class BillRecord:
+class BillRecord(Record, frozen=True):
     """One billed generation."""
 
     t: float
@@ -103,8 +102,7 @@ class BillBook:
         }
 
 
-@dataclass(frozen=True)
-class _Balance:
+class _Balance(Record, frozen=True):
     spec: PackageSpec
     index: int  # position in the config: a stable InstanceNo
     remaining: int

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from .._records import Record
 
 __all__ = [
     "FAULTS",
@@ -62,8 +63,7 @@ def _epoch(param: str, value: Any) -> float:
     raise SimConfigError(param, f"expected epoch seconds or yyyy-MM-ddTHH:mm:ssZ, got {value!r}")
 
 
-@dataclass(frozen=True)
-class PackageSpec:
+class PackageSpec(Record, frozen=True):
     """One prepaid token package of one model, as the billing API will report it."""
 
     model: str
@@ -106,8 +106,7 @@ class PackageSpec:
         return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True)
-class SimConfig:
+class SimConfig(Record, frozen=True):
     """How the simulated provider behaves; every field can also be set per request as `x-sim-<field>`."""
 
     latency_s: float = 0.0  # before the first byte of a successful or faulted answer

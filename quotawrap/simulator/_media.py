@@ -21,9 +21,9 @@ import base64
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from .._records import Record
 from . import _payloads as payloads
 from ._api import API_PREFIX, ArkError, Generation, _invalid, _model, _opt_count, _required, _stream
 from ._config import SimConfig
@@ -139,8 +139,7 @@ MEDIA_ENDPOINTS = {
 }
 
 
-@dataclass
-class _Task:
+class _Task(Record):
     id: str
     model: str
     created_at: float

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+from .._records import Record
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -141,8 +142,7 @@ def thinking_disabled(body: dict[str, Any]) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") == "disabled"
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Record, frozen=True):
     """The usage one generation will produce (and be billed for)."""
 
     prompt_tokens: int

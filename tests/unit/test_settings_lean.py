@@ -88,12 +88,14 @@ def test_the_run_id_rule_is_the_pattern(text: str) -> None:
 
 @given(st.text(max_size=12), st.text(max_size=12))
 def test_tag_rules_are_the_patterns(key: str, value: str) -> None:
+    # a tag splits at its first "=": a key holding one moves the rest into the value
+    key, _, value = f"{key}={value}".partition("=")
     key_ok = re.fullmatch(r"[A-Za-z0-9_.-]+", key.strip()) is not None
     value_ok = bool(value.strip()) and re.search(r"[\x00-\x1f\x7f]", value) is None and len(value) <= 256
     try:
         parse_tags([f"{key}={value}"])
     except ConfigError:
-        assert not (key_ok and value_ok) or "=" in key
+        assert not (key_ok and value_ok)
     else:
         assert key_ok and value_ok
 

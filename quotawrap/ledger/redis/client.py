@@ -15,10 +15,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..._errors import StoreError
+from ..._records import Record
 from .options import RedisOptions
 
 __all__ = ["Arg", "Client", "as_int", "as_text", "lua_file"]
@@ -56,8 +56,7 @@ def _map(value: Any) -> dict[str, str]:
     return {as_text(k) or "": as_text(v) or "" for k, v in value.items()}
 
 
-@dataclass
-class _Script:
+class _Script(Record):
     source: str
     sha: str
 

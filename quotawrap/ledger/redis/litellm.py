@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 from ... import quota
+from ..._records import Record
 from ...quota import Snapshot, beijing_day
 from . import records
 from .client import Client
@@ -28,8 +28,7 @@ def _glob_escape(text: str) -> str:
     return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)
 
 
-@dataclass
-class _Scan:
+class _Scan(Record):
     names: list[str]
     scanned_at: float
     last_sum: int = 0

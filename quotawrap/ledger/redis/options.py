@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ..._errors import ConfigError
+from ..._records import Record
 
 __all__ = ["DAY_S", "RedisOptions", "redact", "split_url"]
 
 DAY_S = 86_400
 
 
-@dataclass(frozen=True)
-class RedisOptions:
+class RedisOptions(Record, frozen=True):
     """Settings of a Redis ledger; each may be given as a query parameter of the store URL."""
 
     prefix: str = "qw"  # our own keys: {qw:md:...}, {qw:run:...}, qw:meta, ...

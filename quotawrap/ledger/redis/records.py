@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import cast
 
+from ..._records import Record
 from ...quota import Package, Snapshot
 from ..base import CallRecord, CallState, RunRecord
 
@@ -34,8 +34,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Location:
+class Location(Record, frozen=True):
     """Where a hold lives: its model-day's slot, and its run. Stored as ``day<TAB>model<TAB>run``."""
 
     day: str

@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterable
 from .estimate import MAX_OUTPUT_TOKENS, learned_allowance
 from .ledger import Ledger
 from .ledger.base import CallRecord
+from .ledger.reasoning import reasoning_samples
 
-__all__ = ["HISTORY_CALLS", "HISTORY_S", "AllowanceBook", "model_reasoning", "reasoning_samples"]
+__all__ = ["HISTORY_CALLS", "HISTORY_S", "AllowanceBook", "model_reasoning"]
 
 HISTORY_S = 86_400.0  # the last day: recent enough to be today's prompts, few enough rows to read every 30 s
 HISTORY_CALLS = 1000  # per model, the most recent
@@ -37,19 +38,10 @@ _REFRESH_S = 30.0
 _RECOMPUTE_EVERY = 64
 
 
-def reasoning_samples(records: Iterable[CallRecord]) -> dict[str, list[int]]:
-    """Per model, the reasoning tokens of its settled generating calls, oldest first."""
-    samples: dict[str, list[int]] = {}
-    for record in sorted(records, key=lambda r: r.started_at):
-        if record.state != "settled" or record.completion_tokens is None or record.endpoint == "embeddings":
-            continue
-        samples.setdefault(record.model, []).append(record.reasoning_tokens or 0)
-    return {model: values[-HISTORY_CALLS:] for model, values in samples.items()}
-
-
 def model_reasoning(records: Iterable[CallRecord]) -> dict[str, int]:
     """Per model with history, the p99 of its reasoning (what ``status`` shows)."""
-    learned = {model: learned_allowance(values, floor=0) for model, values in reasoning_samples(records).items()}
+    samples = reasoning_samples(records, HISTORY_CALLS)
+    learned = {model: learned_allowance(values, floor=0) for model, values in samples.items()}
     return {model: value for model, value in learned.items() if value is not None}
 
 
@@ -67,7 +59,7 @@ class AllowanceBook:
         self._clock = clock
         self._refresh_s = refresh_s
         self._lock = threading.Lock()
-        self._read_at: float | None = None
+        self._read_at: dict[str, float] = {}  # per model: a process reads only the models it calls
         self._history: dict[str, list[int]] = {}
         self._recent: dict[str, deque[int]] = {}  # settled here since the last read of the ledger
         self._cut: dict[str, deque[int]] = {}  # lessons of calls our bound cut: kept, the ledger lacks them
@@ -77,7 +69,7 @@ class AllowanceBook:
 
     def reasoning(self, model: str) -> int | None:
         """The p99 of the model's reasoning, or None when the model has no settled call anywhere yet."""
-        self._refresh()
+        self._refresh(model)
         with self._lock:
             known = self._known.get(model)
             if known is not None:
@@ -105,14 +97,15 @@ class AllowanceBook:
             else:
                 self._known.pop(model, None)
 
-    def _refresh(self) -> None:
+    def _refresh(self, model: str) -> None:
         now = self._clock()
         with self._lock:
-            if self._read_at is not None and now - self._read_at < self._refresh_s:
+            read_at = self._read_at.get(model)
+            if read_at is not None and now - read_at < self._refresh_s:
                 return
-            self._read_at = now
-        history = reasoning_samples(self._ledger().call_records(since=now - HISTORY_S))
+            self._read_at[model] = now
+        history = self._ledger().reasoning_history(model, since=now - HISTORY_S, limit=HISTORY_CALLS)
         with self._lock:
-            self._history = history
-            self._recent = {}  # the ledger has them now
-            self._known = {}
+            self._history[model] = history
+            self._recent.pop(model, None)  # the ledger has them now
+            self._known.pop(model, None)

@@ -36,6 +36,7 @@ from .base import (
     pid_alive,
 )
 from .holds import Deltas, Event, clamp, step
+from .reasoning import REASONING_HISTORY
 from .runs import END_RUN, INSERT_RUN, KNOWN_MODELS, LEASE_HOLDER, RUN_TOTALS, RUNS_BETWEEN, tags_json
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
 from .sqlite_file import (
@@ -528,6 +529,11 @@ class SQLiteLedger:
                 .fetchall()
             )
         return RunTotals(run_id, {row[0]: ModelTotals(*(int(v or 0) for v in row[1:])) for row in rows})
+
+    def reasoning_history(self, model: str, *, since: float, limit: int) -> list[int]:
+        with self._errors("read"):
+            rows = self._conn().execute(REASONING_HISTORY, (model, since, limit)).fetchall()
+        return [reasoning for (reasoning,) in reversed(rows)]
 
     def call_records(
         self, *, since: float | None = None, until: float | None = None, run_id: str | None = None

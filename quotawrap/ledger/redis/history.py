@@ -14,6 +14,7 @@ from functools import partial
 
 from ...quota import Package
 from ..base import CallRecord, DayAggregate, ModelTotals, PruneResult, RunRecord, RunTotals
+from ..reasoning import reasoning_samples
 from . import records
 from .client import Client, as_int
 from .keys import Keys
@@ -55,6 +56,9 @@ class RedisHistory:
             totals = ModelTotals(**{name: as_int(raw.get(name)) for name in ModelTotals.__dataclass_fields__})
             models.setdefault(model, ModelTotals()).add(totals)
         return RunTotals(run_id, dict(sorted(models.items())))
+
+    def reasoning_history(self, model: str, *, since: float, limit: int) -> list[int]:
+        return reasoning_samples(self.call_records(since=since), limit).get(model, [])  # capped streams: few
 
     def call_records(
         self, *, since: float | None = None, until: float | None = None, run_id: str | None = None

@@ -368,8 +368,8 @@ def _run(
     reaping = _become_subreaper()
     process = _spawn(executable, [executable, *command[1:]], env)
     # From here on the child runs: what follows is off its start-up path (on the other core).
+    import _signal as signal  # the C module: signal.py wraps it in enums, and enum costs the run ~2 ms
     import functools
-    import signal
     import threading
 
     from .registry import ProcessWatcher, RunDir, publish_unguarded

@@ -7,38 +7,80 @@ An argument is hidden when its name looks secret (``--api-key X``, ``--api-key=X
 
 from __future__ import annotations
 
-import re
-import shlex
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import re
     from collections.abc import Mapping, Sequence
 
-__all__ = ["HIDDEN", "key_fingerprint", "redact_argv", "redact_command_line", "redact_text", "redact_url"]
+__all__ = [
+    "HIDDEN",
+    "join_command",
+    "key_fingerprint",
+    "redact_argv",
+    "redact_command_line",
+    "redact_text",
+    "redact_url",
+]
 
 HIDDEN = "***"
 
-# a name that announces a secret: api-key, api_key, apikey, token, secret, password, passwd, pwd, auth...
-_SECRET_NAME = re.compile(
-    r"(?:^|[-_.])(?:api[-_]?key|access[-_]?key|secret|token|password|passwd|pwd|auth|authorization|"
-    r"credentials?|cookie|private[-_]?key|session[-_]?key|sk)$|^(?:key|pass)$",
-    re.IGNORECASE,
-)
-# values that are secrets whatever they are called
-_SECRET_VALUE = re.compile(
-    r"\b(?:sk-[A-Za-z0-9_\-]{6,}|AKLT[A-Za-z0-9_\-]{8,}|gh[pousr]_[A-Za-z0-9]{10,}|github_pat_[A-Za-z0-9_]{10,}"
-    r"|xox[abposr]-[A-Za-z0-9\-]{8,}|AIza[A-Za-z0-9_\-]{20,})"
-    r"|(?i:\b(?:bearer|basic|token)\s+)[A-Za-z0-9._~+/=\-]{6,}"
-)
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]*:)(?P<password>[^@\s/]+)(?=@)")
-_QUERY_SECRET = re.compile(
-    r"(?P<head>[?&](?:password|passwd|pwd|pass|token|secret|api[-_]?key|access[-_]?key|auth)=)[^&\s)'\"]+",
-    re.IGNORECASE,
-)
+# Every guarded command's start redacts its command line before the run is recorded, and `re` (with
+# the four patterns below) costs that start ~4 ms: an argument holding none of these fragments (in any
+# ASCII case) cannot match a pattern, so a command line of such arguments is kept as it is and `re` stays
+# unloaded. Each pattern needs one: tests/unit/test_redact_and_files.py proves it on generated text.
+_NAME_FRAGMENTS = ("key", "secret", "token", "pass", "pwd", "auth", "credential", "cookie", "sk")
+_VALUE_FRAGMENTS = ("sk-", "ak-", "aklt", "gh", "xox", "aiza", "bearer", "basic", "token", "://")
+
+
+class _Patterns:
+    """The patterns, compiled on first use."""
+
+    def __init__(self) -> None:
+        import re
+
+        # a name that announces a secret: api-key, api_key, apikey, token, secret, password, passwd, pwd, auth...
+        self.secret_name = re.compile(
+            r"(?:^|[-_.])(?:api[-_]?key|access[-_]?key|secret|token|password|passwd|pwd|auth|authorization|"
+            r"credentials?|cookie|private[-_]?key|session[-_]?key|sk)$|^(?:key|pass)$",
+            re.IGNORECASE,
+        )
+        # values that are secrets whatever they are called
+        self.secret_value = re.compile(
+            r"\b(?:sk-[A-Za-z0-9_\-]{6,}|ak-[A-Za-z0-9_\-]{6,}|AKLT[A-Za-z0-9_\-]{8,}|gh[pousr]_[A-Za-z0-9]{10,}|github_pat_[A-Za-z0-9_]{10,}"
+            r"|xox[abposr]-[A-Za-z0-9\-]{8,}|AIza[A-Za-z0-9_\-]{20,})"
+            r"|(?i:\b(?:bearer|basic|token)\s+)[A-Za-z0-9._~+/=\-]{6,}"
+        )
+        self.url_password = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]*:)(?P<password>[^@\s/]+)(?=@)")
+        self.query_secret = re.compile(
+            r"(?P<head>[?&](?:password|passwd|pwd|pass|token|secret|api[-_]?key|access[-_]?key|auth)=)[^&\s)'\"]+",
+            re.IGNORECASE,
+        )
+
+
+_compiled: list[_Patterns] = []
+
+
+def _patterns() -> _Patterns:
+    if not _compiled:
+        _compiled.append(_Patterns())  # two threads may both compile: the same patterns either way
+    return _compiled[0]
+
+
+def plain_argument(arg: str) -> bool:
+    """Whether no rule of this module can hide anything in ``arg`` (checked without ``re``)."""
+    if not arg.isascii():  # re's case folding matches letters beyond ASCII (the long s, the Kelvin sign)
+        return False
+    low = arg.lower()
+    if any(fragment in low for fragment in _VALUE_FRAGMENTS):
+        return False
+    if "=" in arg and ("?" in arg or "&" in arg):  # a query's secret parameter
+        return False
+    named = arg.startswith("-") or "=" in arg  # read as a name (--api-key, token=...)
+    return not (named and any(fragment in low for fragment in _NAME_FRAGMENTS))
 
 
 def _secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name.strip().lstrip("-")))
+    return bool(_patterns().secret_name.search(name.strip().lstrip("-")))
 
 
 def redact_url(url: str) -> str:
@@ -71,9 +113,14 @@ def redact_url(url: str) -> str:
 
 def redact_text(text: str) -> str:
     """Hide secret-looking values anywhere in free text (and passwords in URLs)."""
-    text = _URL_PASSWORD.sub(lambda m: m.group("head") + HIDDEN, text)
-    text = _QUERY_SECRET.sub(lambda m: m.group("head") + HIDDEN, text)
-    return _SECRET_VALUE.sub(lambda m: _keep_scheme(m.group(0)), text)
+    patterns = _patterns()
+    text = patterns.url_password.sub(_head_kept, text)
+    text = patterns.query_secret.sub(_head_kept, text)
+    return patterns.secret_value.sub(lambda m: _keep_scheme(m.group(0)), text)
+
+
+def _head_kept(match: re.Match[str]) -> str:
+    return match.group("head") + HIDDEN
 
 
 def _keep_scheme(found: str) -> str:
@@ -85,6 +132,12 @@ def _keep_scheme(found: str) -> str:
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """The command with secret arguments and values replaced by ``***``."""
+    if all(plain_argument(arg) for arg in argv):
+        return list(argv)
+    return _redact_each(argv)
+
+
+def _redact_each(argv: Sequence[str]) -> list[str]:
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -109,10 +162,21 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 def redact_command_line(line: str) -> str:
     """A stored ``shlex.join``-ed command line, redacted (older ledgers may hold one in clear)."""
+    import shlex
+
     try:
-        return shlex.join(redact_argv(shlex.split(line)))
+        return join_command(redact_argv(shlex.split(line)))
     except ValueError:
         return redact_text(line)
+
+
+# shlex.quote's safe characters (its [^\w@%+=:,./-] with re.ASCII)
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
+
+
+def join_command(argv: Sequence[str]) -> str:
+    """``shlex.join(argv)``, without importing shlex (and re) on a guarded command's start."""
+    return " ".join(arg if arg and _SAFE.issuperset(arg) else "'" + arg.replace("'", "'\"'\"'") + "'" for arg in argv)
 
 
 def key_fingerprint(headers: Mapping[str, str]) -> str | None:

@@ -20,61 +20,31 @@ import threading
 import time
 
 from .files import RUN_DIR_PREFIX, new_private_dir, remove_tree
+from .redact import join_command, redact_argv
 from .sockets import open_peers
 
 # Loaded once the child runs, beside its start on a 2-core machine: no dataclasses, pathlib, json,
 # signal, and the patterns compiled when a command is first redacted.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import re
     from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from .sockets import GuardedPeers
 
-__all__ = ["ProcessWatcher", "RunDir", "UnguardedProcess", "publish_unguarded", "redact_command"]
+__all__ = ["ProcessWatcher", "RunDir", "UnguardedProcess", "publish_unguarded"]
 
 _POLL_S = 0.05  # ~0.5 ms of CPU per poll for 5 processes with 37 threads: under 1% of a core
 _GRACE_S = 5.0  # start-up under heavy load: a hooked interpreter registers within milliseconds
 _SHORT_GRACE_S = 0.5  # when neither the sitecustomize nor the .pth can reach the interpreter
-_PATTERNS: dict[str, re.Pattern[str]] = {}
 
 
-def _pattern(name: str) -> re.Pattern[str]:
-    """The compiled pattern ``name``, compiled on first use (re stays off the run's start path)."""
-    found = _PATTERNS.get(name)
-    if found is None:
-        import re
-
-        sources = {
-            "python_exe": (r"^python[0-9.]*[dmu]*$", 0),
-            "secret_flag": (r"^--?[\w-]*(key|token|secret|passw(or)?d|auth)[\w-]*$", re.IGNORECASE),
-            "secret_assign": (r"^([\w.-]*(key|token|secret|passw(or)?d|auth)[\w.-]*=).+$", re.IGNORECASE),
-            "secret_value": (r"\b(sk-[A-Za-z0-9_-]{6,}|Bearer\s+\S+|ak-[A-Za-z0-9_-]{6,})", 0),
-            "url_userinfo": (r"(://)[^/@\s]+@", 0),
-        }
-        source, flags = sources[name]
-        found = _PATTERNS[name] = re.compile(source, flags)
-    return found
-
-
-def redact_command(argv: list[str]) -> str:
-    """The command for a report: values of secret-looking flags and assignments masked."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        if _pattern("secret_flag").match(arg):
-            hide_next = True
-            out.append(arg)
-            continue
-        arg = _pattern("secret_assign").sub(r"\1***", arg)
-        arg = _pattern("secret_value").sub("***", arg)
-        out.append(_pattern("url_userinfo").sub(r"\1***@", arg))
-    return " ".join(out)
+def _python_name(name: str) -> bool:
+    """Whether an executable's name is a CPython's, ``^python[0-9.]*[dmu]*$``, read without ``re``."""
+    if not name.startswith("python"):
+        return False
+    rest = name[6:].lstrip("0123456789.")
+    return rest.strip("dmu") == ""
 
 
 class UnguardedProcess:
@@ -179,7 +149,7 @@ def _is_python(pid: int) -> bool:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
         return False
-    return bool(_pattern("python_exe").match(os.path.basename(exe.removesuffix(" (deleted)"))))
+    return _python_name(os.path.basename(exe.removesuffix(" (deleted)")))
 
 
 def _argv(raw: bytes) -> list[str]:
@@ -374,7 +344,7 @@ class ProcessWatcher:
     def _judge(self, key: tuple[int, bytes], reason: str, *, alive: bool, kind: str = "Python process") -> None:
         self._decided.add(key)
         pid, cmdline = key
-        record = UnguardedProcess(pid, redact_command(_argv(cmdline)), reason)
+        record = UnguardedProcess(pid, join_command(redact_argv(_argv(cmdline))), reason)
         if alive and self._strict:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, 9)  # SIGKILL; --strict: it must not send a single unguarded call

@@ -126,16 +126,14 @@ def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: di
     """The run's record, written before the child can make a guarded call."""
     if nested:  # a nested wrapper joins the outer run; its record is the outer wrapper's to write
         return
-    import shlex
-
     from ._host import hostname
     from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
-    from .redact import redact_argv
+    from .redact import join_command, redact_argv
 
     # the command says which program spent the money; its --api-key does not belong in the ledger
     wrapper = {WRAPPER_PID_TAG: str(os.getpid()), WRAPPER_HOST_TAG: hostname()}
     assert settings.run_id
-    line, all_tags = shlex.join(redact_argv(command)), {**tags, **wrapper}
+    line, all_tags = join_command(redact_argv(command)), {**tags, **wrapper}
     try:
         if _lean(ledger):
             ledger.start_run(settings.run_id, time.time(), line, all_tags)

@@ -42,6 +42,9 @@ NEVER_LOADED = (
     "dataclasses",
     "typing",
     "json",
+    "re",  # the command line is redacted without it when no argument looks secret (redact.plain_argument)
+    "shlex",
+    "enum",
     "pathlib",
     "subprocess",
     "ctypes",

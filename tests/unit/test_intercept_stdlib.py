@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,10 +15,13 @@ from urllib.parse import urlsplit
 
 import pytest
 import urllib3
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quotawrap.guard import Guard
 from quotawrap.intercept import _scope, netguard, stdlib_adapter
-from quotawrap.registry import _interpreter_flags, redact_command
+from quotawrap.redact import join_command, redact_argv
+from quotawrap.registry import _interpreter_flags, _python_name
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import ledger_rows
 
@@ -176,12 +180,19 @@ class TestGuardedAddresses:
 class TestRegistryHelpers:
     def test_secrets_in_a_command_are_masked(self) -> None:
         """Flag values, KEY=VALUE assignments, sk- tokens and URL credentials never reach a report."""
-        command = redact_command(
-            ["python", "app.py", "--api-key", "abc123", "ARK_API_KEY=xyz", "sk-live-0123456789", "https://u:p@h/x"]
+        command = join_command(
+            redact_argv(
+                ["python", "app.py", "--api-key", "abc123", "ARK_API_KEY=xyz", "sk-live-0123456789", "https://u:p@h/x"]
+            )
         )
         assert "abc123" not in command and "xyz" not in command and "0123456789" not in command
         assert "u:p@" not in command
-        assert command.startswith("python app.py --api-key ***")
+        assert command.startswith("python app.py --api-key '***'")
+
+    @given(st.sampled_from(["python", "pytho", "py", "xpython", ""]), st.text(alphabet="0123456789.dmutw-", max_size=8))
+    def test_a_python_name_is_the_pattern(self, head: str, tail: str) -> None:
+        name = head + tail
+        assert _python_name(name) == bool(re.fullmatch(r"python[0-9.]*[dmu]*", name))
 
     def test_interpreter_flags_stop_at_the_program(self) -> None:
         """-S of the interpreter counts; a -S after -c or the script belongs to the program."""

@@ -1,6 +1,7 @@
 """Cost of the reservation estimate on the hot path. Prints numbers, asserts nothing.
 
     python bench/bench_estimate.py [--runs 5] [--skip-before] [--only first-call|long|micro]
+                                   [--history N] [--baseline CHECKOUT]
 
 * first guarded call in a fresh process and that process's peak RSS (issue 12: +0.2 s, 135 MiB
   against 64 MiB), plain against guarded, and guarded with every input counted by its tokenizer
@@ -131,22 +132,50 @@ def _child(code: str) -> Any:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def first_call(runs: int) -> None:
-    """The first guarded call of a process and its peak RSS: plain, exact (before), cheap (now)."""
+def _fill(store: str, calls: int, model: str) -> None:
+    """``calls`` settled calls of ``model`` today: a busy day's history, as every first call reads it."""
+    from quotawrap.ledger import HoldRequest, open_ledger
+    from quotawrap.ledger.base import Settle
+    from quotawrap.quota import beijing_day
+    from quotawrap.usage import Usage
+
+    ledger, day, settles = open_ledger(store), beijing_day(time.time()), []
+    for index in range(calls):
+        hold = HoldRequest("history", model, day, 100, "chat", os.getpid(), "bench", time.time() + 600, enforce=False)
+        decision = ledger.reserve(hold, lambda _snapshot: ())
+        settles.append(Settle(decision.hold_id, "settle", Usage(50, 40, 90, reasoning_tokens=index % 40)))
+        if len(settles) == 500 or index == calls - 1:
+            ledger.settle_many(settles)
+            settles = []
+    ledger.close()
+
+
+def first_call(runs: int, history: int = 0, baseline: str | None = None) -> None:
+    """The first guarded call of a process and its peak RSS: plain, exact (before), cheap (now); with
+    ``baseline``, another checkout's default (cheap) beside them."""
     print(f"\nfirst call in a fresh process, short prompt, httpx MockTransport (median of {runs} processes)")
     # the wrapper creates the ledger before its child starts: so does this parent
     from quotawrap.ledger import open_ledger
 
     store = f"sqlite:///{tempfile.mkdtemp(prefix='quotawrap-bench-')}/ledger.sqlite3"
     open_ledger(store).close()
+    if history:
+        print(f"  the ledger holds {history:,} settled calls of today for each model (a busy day's history)")
+        for model in MODELS.values():
+            _fill(store, history, model)
     print(f"  {'model':<26} {'variant':<8} {'first call ms':>14} {'+ms vs plain':>13} {'peak RSS MiB':>13} {'+MiB':>6}")
     for model in MODELS.values():
         samples: dict[str, list[list[float]]] = {"plain": [], "exact": [], "cheap": []}
+        roots = {variant: str(REPO_ROOT) for variant in samples}
+        if baseline:
+            samples["baseline"], roots["baseline"] = [], baseline
         for variant in samples:  # warm-up: writes the bytecode cache
-            _child(FIRST_CALL.format(root=str(REPO_ROOT), variant=variant, model=model, store=store))
+            kind = "cheap" if variant == "baseline" else variant
+            _child(FIRST_CALL.format(root=roots[variant], variant=kind, model=model, store=store))
         for _ in range(runs):
             for variant in samples:  # interleaved, so drift hits every variant alike
-                code = FIRST_CALL.format(root=str(REPO_ROOT), variant=variant, model=model, store=store)
+                kind = "cheap" if variant == "baseline" else variant
+                code = FIRST_CALL.format(root=roots[variant], variant=kind, model=model, store=store)
                 samples[variant].append(_child(code))
         took = {variant: statistics.median(s[0] for s in runs_) for variant, runs_ in samples.items()}
         rss = {variant: statistics.median(s[1] for s in runs_) for variant, runs_ in samples.items()}
@@ -268,10 +297,12 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=30_000_000, help="bytes of the long prompt")
     parser.add_argument("--skip-before", action="store_true", help="do not run the slow whole-text path")
     parser.add_argument("--only", choices=["first-call", "long", "micro"])
+    parser.add_argument("--history", type=int, default=0, help="first call: settled calls of today in the ledger")
+    parser.add_argument("--baseline", help="first call: another checkout whose default is timed alongside")
     args = parser.parse_args()
     print(f"Estimate — {machine_line()}; load average at the start: {load_average()}")
     if args.only in (None, "first-call"):
-        first_call(args.runs)
+        first_call(args.runs, args.history, args.baseline)
     if args.only in (None, "long"):
         long_prompt(args.runs, args.size, args.skip_before)
     if args.only in (None, "micro"):

@@ -176,3 +176,10 @@ def test_importing_the_guard_builds_only_what_it_makes() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['EstimateSettings', 'ModelPrice', 'Tier']"
+
+
+def test_an_undocumented_record_reads_as_its_dataclass_before_it_is_built() -> None:
+    kinds = ["required", "factory_list", "default"]
+    record, dataclass = _declare("record", True, kinds, False), _declare("dataclass", True, kinds, False)
+    assert not built(record)
+    assert record.__doc__ == dataclass.__doc__ and "f1: 'list[int]' = <factory>" in str(record.__doc__)

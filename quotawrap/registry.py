@@ -20,7 +20,7 @@ import threading
 import time
 
 from .files import RUN_DIR_PREFIX, new_private_dir, remove_tree
-from .redact import join_command, redact_argv
+from .redact import redact_argv
 from .sockets import open_peers
 
 # Loaded once the child runs, beside its start on a 2-core machine: no dataclasses, pathlib, json,
@@ -344,7 +344,7 @@ class ProcessWatcher:
     def _judge(self, key: tuple[int, bytes], reason: str, *, alive: bool, kind: str = "Python process") -> None:
         self._decided.add(key)
         pid, cmdline = key
-        record = UnguardedProcess(pid, join_command(redact_argv(_argv(cmdline))), reason)
+        record = UnguardedProcess(pid, " ".join(redact_argv(_argv(cmdline))), reason)
         if alive and self._strict:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, 9)  # SIGKILL; --strict: it must not send a single unguarded call

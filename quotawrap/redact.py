@@ -48,7 +48,8 @@ class _Patterns:
         self.secret_value = re.compile(
             r"\b(?:sk-[A-Za-z0-9_\-]{6,}|ak-[A-Za-z0-9_\-]{6,}|AKLT[A-Za-z0-9_\-]{8,}|gh[pousr]_[A-Za-z0-9]{10,}|github_pat_[A-Za-z0-9_]{10,}"
             r"|xox[abposr]-[A-Za-z0-9\-]{8,}|AIza[A-Za-z0-9_\-]{20,})"
-            r"|(?i:\b(?:bearer|basic|token)\s+)[A-Za-z0-9._~+/=\-]{6,}"
+            # an Authorization scheme's credential whatever its length; after "token", six characters at least
+            r"|(?i:\b(?:bearer|basic)\s+)[A-Za-z0-9._~+/=\-]+|(?i:\btoken\s+)[A-Za-z0-9._~+/=\-]{6,}"
         )
         self.url_password = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]*:)(?P<password>[^@\s/]+)(?=@)")
         self.query_secret = re.compile(

@@ -134,6 +134,10 @@ _TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
 
 
 RUN_DIR_PREFIX = "quotawrap-run-"  # a run's private directory (QUOTAWRAP_RUN_DIR)
+# The wrapper's settle relay (settle_relay.Relay): named to the child before it is bound, here so that
+# naming it does not load the relay (and threading) before the child starts.
+SOCKET_VARIABLE = "QUOTAWRAP_SETTLE_SOCKET"
+_SOCKET_NAME = "settle.sock"
 _LEDGER_MARK = "ledger-opened-"  # then the pid: a process of the run opened the ledger for guarded calls
 _marked_by: int | None = None  # the pid that left its marks (a forked child leaves its own)
 
@@ -160,6 +164,11 @@ def ledger_used(run_dir: str) -> bool:
         return any(name.startswith(_LEDGER_MARK) for name in os.listdir(run_dir))
     except OSError:
         return True
+
+
+def relay_path(directory: str) -> str:
+    """Where the wrapper of a run in ``directory`` binds its settle relay's socket."""
+    return os.path.join(directory, _SOCKET_NAME)
 
 
 def new_private_dir(prefix: str) -> str:

@@ -362,7 +362,7 @@ def _run(
     # A run inside another run: its processes register with both wrappers, innermost first.
     outer = os.environ.get("QUOTAWRAP_RUN_DIR")
     env["QUOTAWRAP_RUN_DIR"] = os.pathsep.join([run_path, *([outer] if outer else [])])
-    from .settle_relay import SOCKET_VARIABLE, relay_path  # the children's settles land here
+    from .files import SOCKET_VARIABLE, relay_path  # the children's settles land here
 
     env[SOCKET_VARIABLE] = relay_path(run_path)  # ours, never an outer run's (it may keep another ledger)
     reaping = _become_subreaper()

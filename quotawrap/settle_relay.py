@@ -23,19 +23,19 @@ import threading
 import time
 from collections.abc import Callable
 
+from .files import SOCKET_VARIABLE, relay_path
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
 
     from .ledger.base import Ledger, Settle
 
-# ``socket`` is imported where a socket is made, not here: the wrapper imports this module before its
-# child starts, and socket costs ~2 ms there (the child has it already, through its HTTP client).
+# ``socket`` is imported where a socket is made, not here: the wrapper imports this module beside its
+# child's start, and socket costs ~2 ms there (the child has it already, through its HTTP client).
 
-__all__ = ["SOCKET_VARIABLE", "Relay", "Sender", "decode", "encode"]
+__all__ = ["SOCKET_VARIABLE", "Relay", "Sender", "decode", "encode", "relay_path"]
 
-SOCKET_VARIABLE = "QUOTAWRAP_SETTLE_SOCKET"
-SOCKET_NAME = "settle.sock"
 MAX_BATCH = 256  # settles per ledger call, as the in-process settler
 LINGER_S = 0.005  # once woken, gather this long: as the in-process settler, so other processes' waiters see no change
 POLL_AT_MOST = 3  # settles per LINGER_S up to which the thread polls for them rather than waking for each
@@ -288,11 +288,6 @@ class Relay:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
-
-
-def relay_path(directory: str) -> str:
-    """Where the wrapper of a run in ``directory`` binds its socket (named to the child before it is bound)."""
-    return os.path.join(directory, SOCKET_NAME)
 
 
 def open_relay(path: str, ledger: Callable[[], Ledger], warn: Callable[[str], None]) -> Relay | None:

@@ -65,17 +65,17 @@ _timing = [False]
 
 def _timed(function, label):
     bucket = _samples[label]
-    clock = time.perf_counter_ns
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
 
     @functools.wraps(function)
     def timed(*args, **kwargs):
         if not _timing[0]:
             return function(*args, **kwargs)
-        start = clock()
+        start, cpu = clock(), cpu_clock()
         try:
             return function(*args, **kwargs)
         finally:
-            bucket.append(clock() - start)
+            bucket.append((clock() - start, cpu_clock() - cpu))
 
     return timed
 
@@ -310,17 +310,21 @@ def report(store: str, name: str, runs: list[dict[str, object]], calls: int) -> 
     median = statistics.median(times) / 1e6
     print(f"\n== {store}, {name}: {len(runs)} runs x {calls} calls; agent median {median:.3f} ms/call,", end="")
     print(f" agent CPU {cpu:.0f} µs/call (timers included)")
-    print(f"  {'step':<48} {'median':>8} {'p90':>8} {'mean':>8} {'per call':>8} {'>1ms':>5}")
+    print(f"  {'step (wall µs, then its thread CPU µs)':<48} {'median':>8} {'p90':>8} {'mean':>8}", end="")
+    print(f" {'CPU med':>8} {'CPU mean':>8} {'per call':>8} {'>1ms':>5}")
     for _module, _path, label in STEPS:
-        values = [v for run in runs for v in run["steps"][label]]  # type: ignore[index]
-        if not values:
+        pairs = [pair for run in runs for pair in run["steps"][label]]  # type: ignore[index]
+        if not pairs:
             continue
+        values = [wall for wall, _cpu in pairs]
+        cpus = [cpu for _wall, cpu in pairs]
         per_call = len(values) / (calls * len(runs))
         p90 = statistics.quantiles(values, n=10)[8] if len(values) > 1 else values[0]
         slow = sum(1 for v in values if v >= 1_000_000)
         print(
             f"  {label:<48} {statistics.median(values) / 1e3:>8.1f} {p90 / 1e3:>8.1f}"
-            f" {statistics.mean(values) / 1e3:>8.1f} {per_call:>8.2f} {slow:>5}"
+            f" {statistics.mean(values) / 1e3:>8.1f} {statistics.median(cpus) / 1e3:>8.1f}"
+            f" {statistics.mean(cpus) / 1e3:>8.1f} {per_call:>8.2f} {slow:>5}"
         )
     print("  CPU per timed call, µs (clock ticks over the run):")
     labels = sorted({label for run in runs for label in run["ticks"]})  # type: ignore[attr-defined]

@@ -11,7 +11,9 @@ The runs are interleaved and rotated per round, so drift on a shared machine hit
 are raised out of the way so no call is refused. Prints the median per call of every cell, the median
 added per call against plain and a verdict: at most 0.25 ms (SQLite) and 0.40 ms (Redis).
 CPU µs/call is the agent process's own CPU over its timed calls, every thread (a guarded child's
-settler included): steadier than wall time on a shared machine. The load average is printed before
+settler included): steadier than wall time on a shared machine. +run CPU is the whole run's CPU (the
+wrapper's, which lands the child's settles and competes for the cores, and the agent's; start-up and
+warm-up included) per call made, against the plain run's. The load average is printed before
 and after: on a loaded machine both sides slow down and the difference grows, so compare figures
 measured at a similar load; ``--compare before=DIR`` runs another checkout's guard in the same rounds.
 """
@@ -23,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -104,15 +107,19 @@ def redis_store() -> Iterator[str | None]:
 
 def run_agent(
     argv_prefix: Sequence[str], code: Path, agent: Path, sim_url: str, calls: int, warmup: int, stream: bool
-) -> tuple[list[int], int]:
-    """The agent's per-call nanoseconds and its CPU nanoseconds per call (all its threads)."""
+) -> tuple[list[int], int, int]:
+    """The agent's per-call nanoseconds, its CPU nanoseconds per call (all its threads), and the whole run's
+    (the wrapper's too, start and warm-up included) per call made."""
     argv = [*argv_prefix, sys.executable, str(agent), sim_url, str(calls), str(warmup), "1" if stream else "0", MODEL]
     env = {**os.environ, "PYTHONPATH": str(code)}  # which quotawrap checkout the wrapper and its child import
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=code, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[:3])}...: exit {done.returncode}: {done.stderr[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return list(result["times"]), int(result["cpu_ns"]) // calls
+    whole = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1e9 / (calls + warmup)
+    return list(result["times"]), int(result["cpu_ns"]) // calls, int(whole)
 
 
 def guarded_prefix(store: str, sim_url: str) -> list[str]:
@@ -173,14 +180,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         samples: dict[tuple[str, bool], list[int]] = {(n, s): [] for n in names for s in modes}
         per_round: dict[tuple[str, bool], list[float]] = {(n, s): [] for n in names for s in modes}
         cpu_per_call: dict[tuple[str, bool], list[float]] = {(n, s): [] for n in names for s in modes}
+        run_cpu: dict[tuple[str, bool], list[float]] = {(n, s): [] for n in names for s in modes}
         for round_index in range(args.rounds):
             order = names[round_index % len(names) :] + names[: round_index % len(names)]
             for stream in modes:
                 for name in order:
                     prefix, code = prefixes[name]
-                    times, cpu = run_agent(prefix, code, agent, sim_url, args.calls, args.warmup, stream)
+                    times, cpu, whole = run_agent(prefix, code, agent, sim_url, args.calls, args.warmup, stream)
                     samples[(name, stream)] += times
                     cpu_per_call[(name, stream)].append(cpu / 1e3)
+                    run_cpu[(name, stream)].append(whole / 1e3)
                     per_round[(name, stream)].append(statistics.median(times) / 1e6)
             print(f"  round {round_index + 1}/{args.rounds} done, load {load_average()}", flush=True)
     load_after = load_average()
@@ -189,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"code{suffix or ' (this checkout)'}: {code}")
     print(
         f"{'ledger':<16} {'streamed':<9} {'median ms':>10} {'p90 ms':>8} {'+median ms':>11} {'ratio':>6}"
-        f" {'CPU µs/call':>12} {'+CPU':>6}  verdict"
+        f" {'CPU µs/call':>12} {'+CPU':>6} {'+run CPU':>8}  verdict"
     )
     verdicts = []
     for stream in modes:
@@ -218,9 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             cpu = statistics.median(cpu_per_call[(name, stream)])
             cpu_base = statistics.median(cpu_per_call[("plain", stream)])
             cpu_added = "" if name == "plain" else f"{cpu - cpu_base:+.0f}"
+            whole = statistics.median(run_cpu[(name, stream)]) - statistics.median(run_cpu[("plain", stream)])
+            whole_added = "" if name == "plain" else f"{whole:+.0f}"
             print(
                 f"{name:<16} {streamed:<9} {median:>10.3f} {p90:>8.3f} {added_text:>11} {ratio:>6}"
-                f" {cpu:>12.0f} {cpu_added:>6}  {verdict}"
+                f" {cpu:>12.0f} {cpu_added:>6} {whole_added:>8}  {verdict}"
             )
     print()
     print(f"load average before: {load_before}; after: {load_after}")

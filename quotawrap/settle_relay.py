@@ -39,6 +39,9 @@ __all__ = ["SOCKET_VARIABLE", "Relay", "Sender", "decode", "encode", "relay_path
 MAX_BATCH = 256  # settles per ledger call, as the in-process settler
 LINGER_S = 0.005  # once woken, gather this long: as the in-process settler, so other processes' waiters see no change
 POLL_AT_MOST = 3  # settles per LINGER_S up to which the thread polls for them rather than waking for each
+# While it polls, it lands what it gathered at most this often: other processes' waiters see room freed that
+# much later (this child's own land in the child while one of its calls waits; a sync lands at once).
+LAND_EVERY_S = 0.025
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
 _SYNC = b"\0sync "  # then the path to answer at; never a marshalled settle (which starts with a type code)
@@ -155,7 +158,8 @@ class Relay:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER_BYTES)
         self._sock.bind(self.path)
         self._lock = threading.Lock()  # one batch lands at a time (the thread's, or close()'s)
-        self._pending: list[Settle] = []  # received, not yet landed (a batch the ledger refused)
+        self._pending: list[Settle] = []  # received, not yet landed (gathered, or a batch the ledger refused)
+        self._oldest = 0.0  # when the oldest of them was received
         self._syncs: list[str] = []  # where to answer once the settles received before have landed
         self._failing = False
         self._closed = False
@@ -177,7 +181,19 @@ class Relay:
                     if self._closed:
                         return  # close() lands the rest
                     taken = self._drain()
-                if not taken:
+                    # Landing is the dear part (a ledger transaction, ~0.3-0.45 ms of this process's CPU on
+                    # two shared cores, nearly all of it per batch, not per settle): while they come steadily,
+                    # gather for up to LAND_EVERY_S. Draining stays every LINGER_S (the kernel queues ~10).
+                    gathering = (
+                        0 < taken <= POLL_AT_MOST
+                        and not self._syncs
+                        and len(self._pending) < MAX_BATCH
+                        and time.monotonic() - self._oldest < LAND_EVERY_S
+                    )
+                    idle = not taken and not self._pending and not self._syncs
+                if gathering:
+                    continue
+                if idle:
                     polling = False  # idle again: wait for the next settle, however long
                     continue
             else:
@@ -229,6 +245,8 @@ class Relay:
             self._syncs.append(data[len(_SYNC) :].decode(errors="replace"))
             return
         try:
+            if not self._pending:
+                self._oldest = time.monotonic()
             self._pending.append(decode(data))
         except Exception:  # not ours: nothing to land (a settle is only ever sent whole)
             self._warn("ignored a malformed datagram on the settle socket")

@@ -1071,3 +1071,23 @@ class TestCluster:
         assert md(ledger) == Counters(charged, 0)
         runs = ledger.counters([run_key("host-a-run"), run_key("host-b-run")])
         assert sum(c.settled for c in runs.values()) == charged
+
+
+@pytest.mark.redis
+class TestLandingAnotherProcesssHolds:
+    def test_a_batch_of_holds_it_did_not_reserve_is_located_in_one_round_trip(self, redis_url: str) -> None:
+        """The wrapper lands its child's settles on its own ledger, which reserved none of those holds: where each
+        lives is read for the whole batch in one MGET, not one GET round trip per settle, and each lands exactly."""
+        reserving, landing = RedisLedger(redis_url), RedisLedger(redis_url)
+        holds = [reserving.reserve(request(100), limits(daily=10**9)).hold_id for _ in range(6)]
+        raw = _client(redis_url)
+        raw.config_resetstat()
+        landing.settle_many(
+            [Settle(hold, "settle", usage(40), 0.1, 0) for hold in holds[:5]] + [Settle(holds[5], "release")]
+        )
+        stats = raw.info("commandstats")
+        assert "cmdstat_get" not in stats
+        assert stats["cmdstat_mget"]["calls"] == 1
+        assert md(landing) == Counters(200, 0)
+        reserving.close()
+        landing.close()

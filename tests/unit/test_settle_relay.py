@@ -4,6 +4,7 @@ dropped (a send the wrapper does not take lands in the child), and all in before
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -13,7 +14,7 @@ import pytest
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
 from quotawrap.quota import Counters
-from quotawrap.settle_relay import LINGER_S, Relay, Sender, decode, encode, relay_path
+from quotawrap.settle_relay import LAND_EVERY_S, LINGER_S, Relay, Sender, decode, encode, relay_path
 from quotawrap.settler import Settler
 from quotawrap.usage import Usage
 from quotawrap.waiting import RoomSignal
@@ -206,3 +207,42 @@ def test_settles_that_come_steadily_are_polled_for_not_woken_for(tmp_path: Path)
     # Woken for each settle, the thread would wait ~40 times; polling, only after an idle pause (a slow
     # machine may stall the sender that long a few times).
     assert counting.waiting_receives <= 8, counting.waiting_receives
+
+
+def test_settles_that_come_steadily_land_in_batches_of_several(tmp_path: Path) -> None:
+    """While settles come steadily, the relay gathers them for up to LAND_EVERY_S and lands them in one ledger
+    call: a landing is a transaction (BEGIN ... COMMIT) whatever its size, so landing each poll's one or two
+    would cost the wrapper several times the CPU, on the cores the child needs. Each still lands, in order,
+    and none waits much longer than LAND_EVERY_S."""
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger)
+    sender = Sender(relay.path)
+    sent = []
+    for i in range(60):
+        assert sender.send(Settle(f"h{i}", "release"))
+        sent.append(f"h{i}")
+        threading.Event().wait(LINGER_S / 2)
+    # the relay lands what it gathered while the flow goes on (a waiter of another process sees it soon)
+    assert ledger.landed, "nothing landed while the settles kept coming"
+    relay.close()
+    assert ledger.landed == sent
+    # One batch per LINGER_S poll would be ~30 batches (more on a slow machine); gathering for LAND_EVERY_S,
+    # about 60 * LINGER_S / 2 / LAND_EVERY_S = 6.
+    assert len(ledger.batches) <= 15, [len(batch) for batch in ledger.batches]
+
+
+def test_a_sync_lands_what_was_gathered_at_once(tmp_path: Path) -> None:
+    """Guard.flush (a sync request) does not wait for the gathering to end: what precedes it lands now."""
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger)
+    sender = Sender(relay.path)
+    try:
+        for i in range(3):  # a steady flow: the relay polls and gathers
+            assert sender.send(Settle(f"h{i}", "release"))
+            threading.Event().wait(LINGER_S / 2)
+        started = time.monotonic()
+        assert sender.sync(5.0)
+        assert ledger.landed == ["h0", "h1", "h2"]
+        assert time.monotonic() - started < LAND_EVERY_S + 4 * LINGER_S
+    finally:
+        relay.close()

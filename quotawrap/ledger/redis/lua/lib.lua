@@ -254,8 +254,9 @@ local function parse_run_hold(text)
 end
 
 -- Check the run limits and take the run's share of the hold. Returns (run counters before, taken).
-local function run_gate(run_counters_key, run_holds_key, run_model_days_key, a)
-  local run = run_counters(run_counters_key)
+-- seen (optional): the run counters as this script already read them (run_counters' table).
+local function run_gate(run_counters_key, run_holds_key, run_model_days_key, a, seen)
+  local run = seen or run_counters(run_counters_key)
   local mine = redis.call('HGET', run_holds_key, a.hold_id)
   if mine then  -- a retried reserve: report the counters as they were before it
     local _, reserved, _, reserved_cost = parse_run_hold(mine)
@@ -299,9 +300,11 @@ end
 -- Check every limit and take the model-day's share of the hold.
 -- k: counters open pids hold run_totals audit. run: the run counters the gate saw; foreign: the
 -- LiteLLM limiter's usage of this model-day; line_refused: refuse it for the waiting line (blocking -1).
+-- seen (optional): {settled, in flight} of k.counters as this script already read them.
 -- Returns {blocking, settled seen, in flight seen, held}.
-local function md_reserve(k, a, run, foreign, line_refused)
-  local md_settled, md_in_flight = counters(k.counters)
+local function md_reserve(k, a, run, foreign, line_refused, seen)
+  local md_settled, md_in_flight
+  if seen then md_settled, md_in_flight = seen[1], seen[2] else md_settled, md_in_flight = counters(k.counters) end
   md_settled = md_settled + foreign
   local prior = redis.call('HMGET', k.hold, 'state', 'blocking', 'reserved')
   if prior[1] then  -- a retried reserve: the same answer again

@@ -19,20 +19,26 @@ local fingerprint = (redis.call('HGET', KEYS[4], 'synced_at') or '') .. '|' .. (
 if fingerprint ~= ARGV[2] then return {-1} end
 local foreign = sum_keys(20)
 local outcome, ahead_run, ahead_md, waiter, ticket = '', 0, 0, false, false
+local seen_run, seen_md = nil, nil  -- the counters as the lines' answer read them: the gate and the hold reuse them
 if a.enforce == '1' then
-  local now = server_now()
-  local run_entries, md_entries = line_read(KEYS[15], KEYS[16], now), line_read(KEYS[17], KEYS[18], now)
+  -- Nearly always both lines are empty (no key): one EXISTS instead of the clock and two reads.
+  local now, run_entries, md_entries = false, {}, {}
+  if redis.call('EXISTS', KEYS[15], KEYS[17]) > 0 then
+    now = server_now()
+    run_entries, md_entries = line_read(KEYS[15], KEYS[16], now), line_read(KEYS[17], KEYS[18], now)
+  end
   waiter, ticket = line_self(a, now, run_entries, md_entries)
   ahead_run, ahead_md = line_ahead(run_entries, waiter, ticket, now), line_ahead(md_entries, waiter, ticket, now)
   if ahead_run + ahead_md > 0 or a.can_wait == '1' then  -- else the lines cannot change the limits' answer
     local run = run_counters(KEYS[7])
     local md_settled, md_in_flight = counters(KEYS[10])
+    seen_run, seen_md = run, {md_settled, md_in_flight}
     local join_run, join_md, refused
     outcome, join_run, join_md, refused = line_answer(a, run, md_settled + foreign, md_in_flight, ahead_run,
       ahead_md)
     if outcome == 'queued' or outcome == 'wait' then
       if not ticket then ticket = redis.call('INCR', KEYS[19]) end
-      local until_ = now + a.lease
+      local until_ = (now or server_now()) + a.lease
       line_stay(KEYS[15], KEYS[16], waiter, ticket, until_, join_run, a.line_ttl)
       line_stay(KEYS[17], KEYS[18], waiter, ticket, until_, join_md, a.line_ttl)
       return {refused, md_settled + foreign, md_in_flight, 0, run[1], run[2], foreign, run[3], run[4], ahead_run, ahead_md,
@@ -40,10 +46,10 @@ if a.enforce == '1' then
     end
   end
 end
-local run, taken = run_gate(KEYS[7], KEYS[8], KEYS[9], a)
+local run, taken = run_gate(KEYS[7], KEYS[8], KEYS[9], a, seen_run)
 local k = {counters = KEYS[10], open = KEYS[11], pids = KEYS[12], hold = KEYS[1], run_totals = KEYS[13],
   audit = KEYS[14]}
-local r = md_reserve(k, a, run, foreign, outcome == 'line_refused')
+local r = md_reserve(k, a, run, foreign, outcome == 'line_refused', seen_md)
 if r[4] == 1 then
   redis.call('SET', KEYS[2], a.day .. '\t' .. a.model .. '\t' .. a.run, 'EXAT', a.expire_at)
   if waiter and ticket then

@@ -148,8 +148,11 @@ def _getter(names: tuple[str, ...]) -> Callable[[object], tuple[Any, ...]]:
 def _init_function(klass: type, declared: tuple[Field[Any], ...], *, frozen: bool) -> Callable[..., None]:
     """The class's __init__, written out for its fields and compiled: it runs on every call."""
     params = ["self"]
-    body = ["  values = self.__dict__"] if frozen else []
-    namespace: dict[str, Any] = {"FACTORY": _FACTORY}
+    body: list[str] = []
+    # A frozen one sets its fields through object.__setattr__, as a dataclass does: writing to
+    # self.__dict__ would make the instance's dict a real one, and reading an attribute of such an
+    # instance costs ~3x (CPython keeps a fresh instance's attributes inline while __dict__ is unread).
+    namespace: dict[str, Any] = {"FACTORY": _FACTORY, "set_field": object.__setattr__}
     annotations: dict[str, Any] = {}
     for declared_field in declared:
         name = declared_field.name
@@ -167,7 +170,7 @@ def _init_function(klass: type, declared: tuple[Field[Any], ...], *, frozen: boo
             value = f"{value} if {name} is FACTORY else {name}" if default == "FACTORY" else name
         elif default != "FACTORY":
             continue  # init=False: its class attribute answers (as dataclass leaves it), or __post_init__ sets it
-        body.append(f"  values[{name!r}] = {value}" if frozen else f"  self.{name} = {value}")
+        body.append(f"  set_field(self, {name!r}, {value})" if frozen else f"  self.{name} = {value}")
     if hasattr(klass, "__post_init__"):
         body.append("  self.__post_init__()")
     source = f"def __init__({', '.join(params)}):\n" + ("\n".join(body) or "  pass") + "\n"

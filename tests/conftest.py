@@ -135,3 +135,23 @@ def ledger_rows(store_url: str, sql: str, params: tuple[object, ...] = ()) -> li
     path = store_url.removeprefix("sqlite:///")
     with sqlite3.connect(path) as conn:
         return conn.execute(sql, params).fetchall()
+
+
+def hold_request(model: str, *, endpoint: str = "chat", reserve: int = 1_000, enforce: bool = True) -> Any:
+    """A HoldRequest of today for ``model``, as a guarded call of this process would make it."""
+    import time
+
+    from quotawrap.ledger import HoldRequest
+    from quotawrap.quota import beijing_day
+
+    return HoldRequest(
+        run_id="r",
+        model=model,
+        day=beijing_day(time.time()),
+        reserve=reserve,
+        endpoint=endpoint,
+        pid=os.getpid(),
+        host="h",
+        expires_at=time.time() + 600,
+        enforce=enforce,
+    )

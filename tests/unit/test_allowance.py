@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,10 +9,9 @@ import pytest
 
 from quotawrap.allowance import AllowanceBook, model_reasoning
 from quotawrap.estimate import MAX_OUTPUT_TOKENS
-from quotawrap.ledger import HoldRequest
 from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.quota import beijing_day
 from quotawrap.usage import Usage
+from tests.conftest import hold_request
 
 MODEL = "deepseek-v4-flash"
 
@@ -27,16 +24,7 @@ def ledger(tmp_path: Path) -> Iterator[SQLiteLedger]:
 
 
 def _settle(ledger: SQLiteLedger, reasoning: int, *, model: str = MODEL, endpoint: str = "chat") -> None:
-    hold = HoldRequest(
-        run_id="r",
-        model=model,
-        day=beijing_day(time.time()),
-        reserve=100_000,
-        endpoint=endpoint,
-        pid=os.getpid(),
-        host="h",
-        expires_at=time.time() + 60,
-    )
+    hold = hold_request(model, endpoint=endpoint, reserve=100_000)
     decision = ledger.reserve(hold, lambda _snapshot: [])
     output = reasoning + 100
     ledger.settle(decision.hold_id, Usage(10, output, 10 + output, reasoning_tokens=reasoning))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -13,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotawrap.ledger import HoldRequest, Ledger, open_ledger
+from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.reasoning import reasoning_samples
 from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.quota import beijing_day
 from quotawrap.usage import Usage
+from tests.conftest import hold_request
 from tests.redis_server import flushed, session_url
 
 MODELS = ("model-a", "model-b")
@@ -27,17 +26,7 @@ OUTCOMES = ("settle", "unknown", "release", "open")
 
 
 def _call(ledger: Ledger, model: str, endpoint: str, outcome: str, reasoning: int | None) -> None:
-    hold = HoldRequest(
-        run_id="r",
-        model=model,
-        day=beijing_day(time.time()),
-        reserve=1_000,
-        endpoint=endpoint,
-        pid=os.getpid(),
-        host="h",
-        expires_at=time.time() + 600,
-        enforce=False,
-    )
+    hold = hold_request(model, endpoint=endpoint, enforce=False)
     hold_id = ledger.reserve(hold, lambda _snapshot: []).hold_id
     if outcome == "settle":
         ledger.settle(hold_id, Usage(10, 20, 30, reasoning_tokens=reasoning or 0))

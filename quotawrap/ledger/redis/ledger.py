@@ -438,7 +438,7 @@ class RedisLedger(RedisHistory):
         """Charge actual usage and cost (micro-CNY; without usage or cost the reserved cost). Idempotent."""
         at = self._locate(hold_id)
         if at is not None:
-            self._transition(at, hold_id, "settle", usage, latency_s, cost, _anomaly_note(anomaly))
+            self._transition(at, hold_id, "settle", usage, latency_s, cost, records.anomaly_note(anomaly))
 
     def release(self, hold_id: str, *, handed_to: str | None = None) -> None:
         at = self._locate(hold_id)
@@ -463,10 +463,10 @@ class RedisLedger(RedisHistory):
             if at is None:
                 continue
             keys += self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
-            if event == "release":
-                args += self._transition_args(at, hold_id, "release")
-            else:
-                args += self._transition_args(at, hold_id, "settle", usage, latency_s, cost, _anomaly_note(anomaly))
+            note = records.anomaly_note(anomaly)
+            args += self._transition_args(
+                at, hold_id, event, *(() if event == "release" else (usage, latency_s, cost, note))
+            )
         if args:
             # one script, one round trip; each transition is idempotent, so a retried batch never counts one twice
             client.retrying("settle", partial(client.script, "transition_many", keys, args))
@@ -599,7 +599,3 @@ class RedisLedger(RedisHistory):
     def close(self) -> None:
         self._epoch = None
         self._client.close()
-
-
-def _anomaly_note(anomaly: str | None) -> tuple[str, str] | None:
-    return None if anomaly is None else ("anomaly", anomaly)

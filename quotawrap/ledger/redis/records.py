@@ -82,6 +82,11 @@ def _optional_float(text: str | None) -> float | None:
     return None if text in (None, "") else float(text or 0)
 
 
+def anomaly_note(anomaly: str | None) -> tuple[str, str] | None:
+    """The hold's field that keeps why a settle's usage was not believed (none when it was)."""
+    return None if anomaly is None else ("anomaly", anomaly)
+
+
 def call_record(model: str, day: str, f: Mapping[str, str]) -> CallRecord:
     """A CallRecord from an audit stream entry or an open hold's hash."""
     return CallRecord(

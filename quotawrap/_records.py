@@ -129,7 +129,7 @@ def _build_one(klass: type, *, frozen: bool) -> None:
     for name, method in methods.items():
         if name in own and name != "__hash__":
             continue  # the class's own, as a dataclass keeps it
-        if method is not None:
+        if method is not None and method not in (_refuse_assignment, _refuse_deletion):  # those are shared
             method.__qualname__ = f"{klass.__qualname__}.{name}"
         setattr(klass, name, method)
     if undocumented:

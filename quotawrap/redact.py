@@ -16,6 +16,7 @@ __all__ = [
     "HIDDEN",
     "join_command",
     "key_fingerprint",
+    "plain_argument",
     "redact_argv",
     "redact_command_line",
     "redact_text",

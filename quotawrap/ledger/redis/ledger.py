@@ -64,11 +64,6 @@ def _lease_ttl(ttl_s: float) -> int:
     return int(max(ttl_s, 0)) + 3600
 
 
-def _limit_args(ordered: Sequence[Limit]) -> list[list[str | int]]:
-    """The limits as lib.lua's blocking() reads them, in quota.ordered's order."""
-    return [[limit.scope, limit.kind, int(limit.cap), limit.name] for limit in ordered]
-
-
 class RedisLedger(RedisHistory):
     """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
 
@@ -211,7 +206,7 @@ class RedisLedger(RedisHistory):
             "audit_max": self.options.audit_max,
             "blocked_ttl": BLOCKED_MARK_TTL_S,
             "reserve_cost": clamp(int(request.reserve_cost)),
-            "limits": _limit_args(ordered),
+            "limits": records.limit_args(ordered),
             **line_args(request),
         }
         return json.dumps(fields, separators=(",", ":"))

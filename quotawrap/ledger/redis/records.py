@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import cast
 
 from ..._records import Record
-from ...quota import Package, Snapshot
+from ...quota import Limit, Package, Snapshot
 from ..base import CallRecord, CallState, RunRecord
 
 __all__ = [
@@ -80,6 +80,11 @@ def _optional_int(text: str | None) -> int | None:
 
 def _optional_float(text: str | None) -> float | None:
     return None if text in (None, "") else float(text or 0)
+
+
+def limit_args(ordered: Sequence[Limit]) -> list[list[str | int]]:
+    """The limits as lib.lua's blocking() reads them, in quota.ordered's order."""
+    return [[limit.scope, limit.kind, int(limit.cap), limit.name] for limit in ordered]
 
 
 def anomaly_note(anomaly: str | None) -> tuple[str, str] | None:

@@ -451,7 +451,7 @@ class Guard(GuardBooks):
         elif body is not request:
             new_body = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         if plan.bound is not None:
-            self._events.write({"ev": "bound", "model": model, "bound": plan.bound, "pid": os.getpid()})
+            self._events.bound(model, plan.bound)
         context = CallContext.of_hold(hold, decision, now, plan.bound)
         guarded = GuardedCall(
             self.ledger,

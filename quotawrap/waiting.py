@@ -92,11 +92,24 @@ class EventLog:
         self._ident = (0, 0)  # (st_dev, st_ino) of the file self._fd was opened on
         self._closer: weakref.finalize[[int, tuple[int, int]], EventLog] | None = None
         self._open_lock = threading.Lock()
+        self._last_bound: tuple[tuple[str, int, int], bytes] | None = None
 
     def write(self, event: dict[str, Any]) -> None:
+        if self.path:
+            self._append((json.dumps(event, separators=(",", ":")) + "\n").encode())
+
+    def bound(self, model: str, bound: int) -> None:
+        """The ``bound`` event: one per bounded call, most of them alike, so the last line is kept encoded."""
         if not self.path:
             return
-        line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
+        key = (model, bound, os.getpid())
+        last = self._last_bound
+        if last is None or last[0] != key:
+            event = {"ev": "bound", "model": model, "bound": bound, "pid": key[2]}
+            last = self._last_bound = (key, (json.dumps(event, separators=(",", ":")) + "\n").encode())
+        self._append(last[1])
+
+    def _append(self, line: bytes) -> None:
         try:
             fd = self._fd
             if fd is None or _opened_on(fd) != self._ident:  # the first line, or no longer our file

@@ -162,6 +162,14 @@ class TestReserve:
         assert decision.counters["run"] == Counters(0, 0)
         assert rc(ledger) == Counters(0, 300) and md(ledger) == Counters(0, 300)
 
+    def test_hold_ids_are_random_hex_of_a_uuid4s_length(self, ledger: Ledger) -> None:
+        """Each request draws its own id, 32 hex digits as ``uuid4().hex`` had them; each is held apart."""
+        ids = {request(1).hold_id for _ in range(1000)}
+        assert len(ids) == 1000 and all(len(i) == 32 and i == i.lower() and int(i, 16) >= 0 for i in ids)
+        first, second = request(10), request(20)
+        assert ledger.reserve(first, limits(daily=1000)).held and ledger.reserve(second, limits(daily=1000)).held
+        assert md(ledger) == Counters(0, 30)
+
     def test_exact_fit_then_one_over(self, ledger: Ledger) -> None:
         """settled + in flight + reserve == cap fits; one token more is refused."""
         assert ledger.reserve(request(600), limits(daily=1000)).held

@@ -137,6 +137,26 @@ def ledger_rows(store_url: str, sql: str, params: tuple[object, ...] = ()) -> li
         return conn.execute(sql, params).fetchall()
 
 
+def sigkill_mid_stream(sim: ArkSimulator, store: str) -> tuple[str, tuple[object, ...]]:
+    """A guarded child SIGKILLed while its stream is read: once the wrapper has ended as its child did
+    and no hold stays open, the wrapper's stderr and the call's (state, charged, reserved)."""
+    import signal
+
+    proc = start_cli(
+        "--store", store, "--base-url", sim.url, "--", *child("slow_stream.py"),
+        env={"SIM_URL": sim.url, "CHUNK_DELAY": "0.2"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("STREAMING"), proc.stderr.read() if proc.stderr else line
+    os.kill(int(line.split()[1]), signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL, stderr
+    assert ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'held'") == [(0,)]
+    (call,) = ledger_rows(store, "SELECT state, charged, reserved FROM calls")
+    return stderr, call
+
+
 def hold_request(model: str, *, endpoint: str = "chat", reserve: int = 1_000, enforce: bool = True) -> Any:
     """A HoldRequest of today for ``model``, as a guarded call of this process would make it."""
     import time

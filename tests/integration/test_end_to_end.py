@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import CHILDREN, child, ledger_rows, run_quotawrap, start_cli
+from tests.conftest import CHILDREN, child, ledger_rows, run_quotawrap, sigkill_mid_stream, start_cli
 
 MODEL = "deepseek-v4-flash"
 
@@ -75,23 +75,7 @@ class TestConcurrentCap:
 class TestCrashSafety:
     def test_sigkill_mid_stream_leaves_no_open_hold(self, sim: ArkSimulator, store: str) -> None:
         """A child SIGKILLed mid-stream: the wrapper charges its hold; nothing stays held; charge >= bill."""
-        proc = start_cli(
-            "--store",
-            store,
-            "--base-url",
-            sim.url,
-            "--",
-            *child("slow_stream.py"),
-            env={"SIM_URL": sim.url, "CHUNK_DELAY": "0.2"},
-        )
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("STREAMING"), proc.stderr.read() if proc.stderr else line
-        os.kill(int(line.split()[1]), signal.SIGKILL)
-        _, stderr = proc.communicate(timeout=60)
-        assert proc.returncode == 128 + signal.SIGKILL, stderr
-        assert ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'held'") == [(0,)]
-        (state, charged, reserved) = ledger_rows(store, "SELECT state, charged, reserved FROM calls")[0]
+        _, (state, charged, reserved) = sigkill_mid_stream(sim, store)
         assert state == "unresolved"
         assert charged == reserved
         assert charged >= sim.billed_total() > 0

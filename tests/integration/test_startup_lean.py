@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, ledger_rows, run_cli, start_cli
+from tests.conftest import ledger_rows, run_cli, sigkill_mid_stream
 
 _DRIVER = r"""
 import atexit, sys
@@ -107,23 +106,7 @@ def test_a_sigkilled_child_that_reserved_has_its_hold_charged(sim: ArkSimulator,
     """The child marks the run directory before its first reserve: the wrapper's end finds the mark,
     loads the full ledger and charges the hold the SIGKILL left open (on an existing ledger)."""
     _existing_ledger(store)
-    proc = start_cli(
-        "--store",
-        store,
-        "--base-url",
-        sim.url,
-        "--",
-        *child("slow_stream.py"),
-        env={"SIM_URL": sim.url, "CHUNK_DELAY": "0.2"},
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("STREAMING"), proc.stderr.read() if proc.stderr else line
-    os.kill(int(line.split()[1]), signal.SIGKILL)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGKILL, stderr
-    assert ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'held'") == [(0,)]
-    (state, charged, reserved) = ledger_rows(store, "SELECT state, charged, reserved FROM calls")[0]
+    stderr, (state, charged, reserved) = sigkill_mid_stream(sim, store)
     assert state == "unresolved" and charged == reserved > 0
     assert "1 guarded call(s)" in stderr
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 import respx
+from hypothesis import given
+from hypothesis import strategies as st
 
 from quotawrap.guard import Guard
 from quotawrap.intercept import get_guard, httpx_adapter, set_guard
@@ -734,3 +736,34 @@ class TestPatching:
         """set_guard installs the guard get_guard hands to every adapter."""
         guard = make_guard()
         assert get_guard() is guard
+
+
+_NAMES = st.sampled_from(
+    ["Content-Length", "content-length", "Transfer-Encoding", "Accept-Encoding", "X-A", "x-a", "Host"]
+)
+
+
+@pytest.mark.parametrize("module_name", ["httpx", "httpx2"])
+@given(items=st.lists(st.tuples(_NAMES, st.sampled_from(["1", "gzip", "chunked", "v"])), max_size=8))
+def test_body_headers_edits_the_entry_list_as_the_mapping_would(module_name: str, items: list[tuple[str, str]]) -> None:
+    """The one-pass edit of httpx's entry list gives the headers that pop and set through the mapping give
+    (same names, values and repeats; order aside), and leaves the caller's headers as they were."""
+    module = importlib.import_module(module_name)
+    headers = module.Headers(items)
+    before = headers.multi_items()
+    overrides = {"accept-encoding": "identity"}
+
+    class Plain(dict[str, str]):  # lowercase names, no entry list: edited through the mapping
+        def copy(self) -> Plain:
+            return Plain(self)
+
+    expected = headers.copy()
+    for name in ("content-length", "transfer-encoding"):
+        expected.pop(name, None)
+    expected.update({**overrides, "content-length": "42"})
+    fast = httpx_adapter.body_headers(headers, overrides, 42)
+    assert sorted((k.lower(), v) for k, v in fast.multi_items()) == sorted(expected.multi_items())
+    assert headers.multi_items() == before
+    plain = httpx_adapter.body_headers(Plain({k.lower(): v for k, v in items}), overrides, 42)
+    assert type(plain) is Plain and plain["content-length"] == "42" and plain["accept-encoding"] == "identity"
+    assert all(name.lower() != "transfer-encoding" for name in plain)

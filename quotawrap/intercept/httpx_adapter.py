@@ -171,9 +171,10 @@ def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type, stac
 
     def _guarded(self: Any, request: Any) -> Any:
         guard = get_guard()
-        if guard is None or not guard.wants(request.method, str(request.url)):
+        url = str(request.url)  # httpx builds the string anew on every str()
+        if guard is None or not guard.wants(request.method, url):
             return original(self, request)
-        call = guard.begin(request.method, str(request.url), request.headers, request.read())
+        call = guard.begin(request.method, url, request.headers, request.read())
         if call is None:
             return original(self, request)
         if call.blocked is not None:
@@ -210,10 +211,11 @@ def _make_async(module: ModuleType, original: Callable[..., Any], tee: type, sta
 
     async def _guarded(self: Any, request: Any) -> Any:
         guard = get_guard()
-        if guard is None or not guard.wants(request.method, str(request.url)):
+        url = str(request.url)  # httpx builds the string anew on every str()
+        if guard is None or not guard.wants(request.method, url):
             return await original(self, request)
         # Each reservation is one synchronous ledger transaction; waiting for room between them awaits.
-        call = await guard.abegin(request.method, str(request.url), request.headers, await request.aread())
+        call = await guard.abegin(request.method, url, request.headers, await request.aread())
         if call is None:
             return await original(self, request)
         if call.blocked is not None:

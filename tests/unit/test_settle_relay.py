@@ -189,7 +189,8 @@ class _CountingSocket:
         return getattr(self._inner, name)
 
 
-def test_settles_that_come_steadily_are_polled_for_not_woken_for(tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_linger", [2, 4])  # 4: a sequential agent on a fast loopback (~1 call per ms)
+def test_settles_that_come_steadily_are_polled_for_not_woken_for(tmp_path: Path, per_linger: int) -> None:
     """A child's settles a few per LINGER_S apart (a sequential agent's): the relay takes them by polling, so
     a send finds no thread waiting on the socket and wakes none; each still lands, in order."""
     ledger = Recording()
@@ -201,7 +202,7 @@ def test_settles_that_come_steadily_are_polled_for_not_woken_for(tmp_path: Path)
     for i in range(40):
         assert sender.send(Settle(f"h{i}", "release"))
         sent.append(f"h{i}")
-        threading.Event().wait(LINGER_S / 2)
+        threading.Event().wait(LINGER_S / per_linger)
     relay.close()
     assert ledger.landed == sent
     # Woken for each settle, the thread would wait ~40 times; polling, only after an idle pause (a slow

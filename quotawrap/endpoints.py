@@ -202,9 +202,19 @@ def wants_usage(body: Mapping[str, Any]) -> bool:
     return bool(options.get("include_usage")) or bool(options.get("chunk_include_usage"))
 
 
+# json.dumps with any option builds a new encoder on every call: a request body changed on a guarded call's
+# path is encoded by this one.
+_BODY_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """A request body as the guard sends it on: compact JSON, UTF-8 (``json.dumps`` with those options)."""
+    return _BODY_ENCODER.encode(body).encode()
+
+
 def with_usage_requested(body: Mapping[str, Any]) -> bytes:
     """The request body re-encoded with ``stream_options.include_usage`` switched on."""
     existing = body.get("stream_options")
     options = dict(existing) if isinstance(existing, Mapping) else {}
     options["include_usage"] = True
-    return json.dumps({**body, "stream_options": options}, ensure_ascii=False, separators=(",", ":")).encode()
+    return encode_body({**body, "stream_options": options})

@@ -23,7 +23,6 @@ Failure policy (documented in README "Failure modes"):
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -449,7 +448,7 @@ class Guard(GuardBooks):
             new_body = endpoints.with_usage_requested(body)
             hide = True
         elif body is not request:
-            new_body = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+            new_body = endpoints.encode_body(body)
         if plan.bound is not None:
             self._events.bound(model, plan.bound)
         context = CallContext.of_hold(hold, decision, now, plan.bound)

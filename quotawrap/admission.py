@@ -18,6 +18,7 @@ from .estimate import (
     EstimateSettings,
     Kind,
     bounded,
+    bounded_output,
     output_allowance,
 )
 from .ledger import HoldRequest, Ledger
@@ -117,7 +118,7 @@ def plan_output(
         wanted = max(settings.thinking_floor, answer + reasoning)
     # Ark's range ends at MAX_OUTPUT_TOKENS, but never cut below the answer the caller asked for
     wanted = max(answer, min(MAX_OUTPUT_TOKENS, wanted))
-    choices = output_allowance(kind, bounded(kind, request, 1), settings)
+    choices = bounded_output(kind, request, 1)
     space = token_space()
     floor = min(settings.thinking_floor, wanted)
     allowance = wanted
@@ -129,8 +130,10 @@ def plan_output(
             allowance = fitted  # a cap's last room: all of it, rather than a refusal (see the docstring)
         else:
             allowance = floor
-    body = bounded(kind, request, max(1, allowance))
-    return Plan(Estimate(estimate.input_tokens, output_allowance(kind, body, settings)), body, allowance)
+    sent = max(1, allowance)
+    return Plan(
+        Estimate(estimate.input_tokens, bounded_output(kind, request, sent)), bounded(kind, request, sent), allowance
+    )
 
 
 class Wait:

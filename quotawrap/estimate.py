@@ -58,6 +58,7 @@ __all__ = [
     "Kind",
     "bound_field",
     "bounded",
+    "bounded_output",
     "estimate_request",
     "learned_allowance",
     "output_allowance",
@@ -148,6 +149,18 @@ def bounded(kind: Kind, body: Mapping[str, Any], allowance: int) -> dict[str, An
     if field is None:
         raise ValueError(f"a {kind} request has no field bounding its output")
     return {**body, field: allowance}
+
+
+def bounded_output(kind: Kind, body: Mapping[str, Any], allowance: int) -> int:
+    """``output_allowance(kind, bounded(kind, body, allowance))`` without building that body (every bounded
+    call asks, twice): ``allowance`` (at least 1) per choice, times the choices where the field bounds each."""
+    field = bound_field(kind)
+    if field is None:
+        raise ValueError(f"a {kind} request has no field bounding its output")
+    _check_body(body)
+    if isinstance(allowance, bool) or not isinstance(allowance, int) or not 1 <= allowance < TOKEN_CEILING:
+        raise ValueError(f"an output bound must be a whole number of tokens from 1, got {allowance!r}")
+    return allowance if kind == "responses" else allowance * _choices(kind, body)
 
 
 def learned_allowance(outputs: Sequence[int], *, floor: int, ceiling: int = MAX_OUTPUT_TOKENS) -> int | None:

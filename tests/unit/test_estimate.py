@@ -11,6 +11,8 @@ from quotawrap.estimate import (
     Estimate,
     EstimateSettings,
     Kind,
+    bounded,
+    bounded_output,
     estimate_request,
     output_allowance,
     thinking_disabled,
@@ -531,3 +533,38 @@ class TestCheapAndEarly:
         text = "word " * 2_000_000  # 10 MB, about 2M tokens
         estimate = estimate_request("chat", chat(user(text)), stop_above=50_000)
         assert 50_000 < estimate.input_tokens < 50_000 + 2 * 65_536
+
+
+_CHOICE_VALUES = st.one_of(
+    st.none(), st.integers(-2, 9), st.sampled_from([2.0, 2.5, True, "3", 10**12]), st.integers(0, 3).map(float)
+)
+
+
+@settings(max_examples=300)
+@given(
+    kind=st.sampled_from(["chat", "responses", "embeddings"]),
+    n=_CHOICE_VALUES,
+    max_tokens=st.one_of(st.none(), st.integers(1, 9000)),
+    allowance=st.one_of(st.integers(-1, 70_000), st.sampled_from([10**12, True, 3.0])),
+)
+def test_bounded_output_is_the_allowance_of_the_bounded_body(
+    kind: str, n: object, max_tokens: object, allowance: object
+) -> None:
+    """``bounded_output`` answers what ``output_allowance`` answers of the body ``bounded`` makes, or refuses
+    (ValueError) where building and judging that body would: the planner asks it without building the body."""
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    if n is not None:
+        body["n"] = n
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    try:
+        expected: object = output_allowance(kind, bounded(kind, body, allowance), EstimateSettings())  # type: ignore[arg-type]
+        if not (isinstance(allowance, int) and not isinstance(allowance, bool) and allowance >= 1):
+            expected = "refused"  # a bound below 1 (or not a count) is never set: the planner sends at least 1
+    except ValueError:
+        expected = "refused"
+    try:
+        got: object = bounded_output(kind, body, allowance)  # type: ignore[arg-type]
+    except ValueError:
+        got = "refused"
+    assert got == expected

@@ -30,7 +30,7 @@ HIDDEN = "***"
 # ASCII case) cannot match a pattern, so a command line of such arguments is kept as it is and `re` stays
 # unloaded. Each pattern needs one: tests/unit/test_redact_and_files.py proves it on generated text.
 _NAME_FRAGMENTS = ("key", "secret", "token", "pass", "pwd", "auth", "credential", "cookie", "sk")
-_VALUE_FRAGMENTS = ("sk-", "ak-", "aklt", "gh", "xox", "aiza", "bearer", "basic", "token", "://")
+_VALUE_FRAGMENTS = ("sk-", "ak-", "aklt", "gh", "github_pat", "xox", "aiza", "bearer", "basic", "token", "://")
 
 
 class _Patterns:

@@ -780,6 +780,22 @@ class TestScriptReload:
         assert md(redis_ledger) == Counters(60, 100)
 
 
+@pytest.mark.redis
+def test_single_node_reserve_indexes_in_its_script(
+    redis_ledger: RedisLedger, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a single node the reserve script indexes the model-day and the model: no round trip of their own."""
+
+    def no_own_command(*args: object) -> None:
+        raise AssertionError("indexed in a command of its own")
+
+    monkeypatch.setattr(redis_ledger._client, "zadd", no_own_command)
+    monkeypatch.setattr(redis_ledger._client, "sadd", no_own_command)
+    assert redis_ledger.reserve(request(100, model="indexed-model"), limits(daily=1000)).held
+    assert redis_ledger.known_models() == ["indexed-model"]
+    assert _client(redis_url).zrange("qw:active", 0, -1) == [f"{DAY}\tindexed-model"]
+
+
 class TestFailClosed:
     def test_unreachable_store_raises_store_error(self) -> None:
         """A dead Redis gives a StoreError naming the store, never a bare redis exception."""

@@ -27,11 +27,14 @@ LIMITS = (
 )
 
 
-def _reference(request: HoldRequest, walls_first: Sequence[Limit], expires: int, now: float) -> dict[str, Any]:
+def _reference(
+    request: HoldRequest, walls_first: Sequence[Limit], expires: int, now: float, index_at: float | None
+) -> dict[str, Any]:
     """Every field encoded at once, as the ledger did before the parts were cached."""
     options = RedisOptions()
     return {
         "hold_id": request.hold_id,
+        "index_at": "" if index_at is None else repr(index_at),
         "run": request.run_id,
         "reserve": clamp(int(request.reserve)),
         "enforce": "1" if request.enforce else "0",
@@ -89,8 +92,9 @@ def test_the_cached_encoding_decodes_to_every_field() -> None:
         assert walls_first == ordered(limits)
         now = rng.choice((1_764_600_000.125, 5.0, 0.1))
         expires = rng.choice((1_764_800_000, 0))
-        got = json.loads(encoder.encode(request, encoded_limits, expires, now))
-        assert got == _reference(request, walls_first, expires, now)
+        index_at = rng.choice((None, 1_764_600_000.5))
+        got = json.loads(encoder.encode(request, encoded_limits, expires, now, index_at))
+        assert got == _reference(request, walls_first, expires, now, index_at)
 
 
 def test_limits_are_ordered_again_once_the_list_changes() -> None:

@@ -211,13 +211,17 @@ class RedisLedger(RedisHistory):
         """Single node: one script checks every limit and takes the hold in both slots."""
         client, day, model = self._client, request.day, request.model
         expires = expire_at(day, request.expires_at)
-        self._touch_active(day, model)
+        index_at = self._index_due(day, model)  # the script indexes them: no round trip of their own
         fresh = False
         for _ in range(5):
             fingerprint, snapshot = self._snapshot_for_reserve(model, fresh=fresh)
             ordered, limits = self._args.ordered(limits_for(snapshot))
             keys = self._keys.reserve_one(day, model, request.run_id, request.hold_id, self._foreign.names(model, day))
-            args = (self._epoch or "", fingerprint, self._args.encode(request, limits, expires, self._clock()))
+            args = (
+                self._epoch or "",
+                fingerprint,
+                self._args.encode(request, limits, expires, self._clock(), index_at),
+            )
             result = client.retrying("reserve", partial(client.script, "reserve_one", keys, args))
             code = int(result[0])  # a decision has 13 fields (blocking -1: the waiting line), the errors 1 or 2
             if code == -1 and len(result) == 1:  # the snapshot changed since it was read: read it again
@@ -227,6 +231,8 @@ class RedisLedger(RedisHistory):
                 raise self._lost(day)
             if code == -3 and len(result) == 2:
                 raise self._lost_error(day, float(as_text(result[1]) or 0))
+            if index_at is not None:
+                self._active_seen[records.model_day_member(day, model)] = index_at
             self._foreign.seen(model, day, int(result[6]))  # the usage series adds it to our own settled
             md = Counters(int(result[1]), int(result[2]))
             run = [int(result[4]), int(result[5]), int(result[7]), int(result[8])]
@@ -285,13 +291,20 @@ class RedisLedger(RedisHistory):
         args: list[Arg] = [hold_id, target, charged, charged_cost, self.options.run_ttl_s]
         self._client.retrying("settle", lambda: self._client.script("run_apply", self._keys.run_apply(run_id), args))
 
-    def _touch_active(self, day: str, model: str) -> None:
-        """Index the model-day (for reclaim_orphans) and the model (known_models), once a minute per process."""
-        member = records.model_day_member(day, model)
+    def _index_due(self, day: str, model: str) -> float | None:
+        """Now, when the model-day (for reclaim_orphans) and the model (known_models) are due to be indexed:
+        once a minute per process."""
         now = time.time()
-        if now - self._active_seen.get(member, 0.0) < 60:
+        if now - self._active_seen.get(records.model_day_member(day, model), 0.0) < 60:
+            return None
+        return now
+
+    def _touch_active(self, day: str, model: str) -> None:
+        """Cluster: index the model-day and the model in their own commands (reserve_one does it on a single node)."""
+        now = self._index_due(day, model)
+        if now is None:
             return
-        client = self._client
+        client, member = self._client, records.model_day_member(day, model)
 
         def index() -> None:
             client.zadd(self._keys.active(), member, now)

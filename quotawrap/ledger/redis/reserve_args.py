@@ -96,11 +96,13 @@ class ReserveArgs:
         self._tags = (items, encoded)
         return encoded
 
-    def encode(self, request: HoldRequest, limits: str, expires: int, now: float) -> str:
-        """The JSON argument; ``limits``: ``ordered``'s encoding, ``expires``: keys.expire_at of the call."""
+    def encode(self, request: HoldRequest, limits: str, expires: int, now: float, index_at: float | None = None) -> str:
+        """The JSON argument; ``limits``: ``ordered``'s encoding, ``expires``: keys.expire_at of the call,
+        ``index_at``: when reserve_one should index the model-day and the model (None: not now)."""
         waiter = request.waiter
         return (
             f'{{"hold_id":{_text(request.hold_id)},"reserve":{clamp(int(request.reserve))},'
+            f'"index_at":"{"" if index_at is None else repr(float(index_at))}",'
             f'"reserve_cost":{clamp(int(request.reserve_cost))},"expires":"{float(request.expires_at)!r}",'
             f'"now":{_text(repr(now))},"expire_at":{int(expires)},"tags":{self._tags_part(request.tags)},'
             f'"limits":{limits},"waiter":{_text(waiter or "")},"ticket":{int(request.ticket or 0)},'

@@ -106,3 +106,17 @@ def test_limits_are_ordered_again_once_the_list_changes() -> None:
     again, encoded = encoder.ordered(limits)
     assert again == [LIMITS[2], LIMITS[0]]
     assert json.loads(encoded) == [["model_day", "wall", 1_950_000, "usage_wall"], ["run", "hold", 5_000, "run_cap"]]
+
+
+def test_scripts_are_packed_as_redis_py_packs_them() -> None:
+    """Client._send packs with hiredis directly when redis-py would: the bytes a connection's own packer gives."""
+    import redis
+
+    from quotawrap.ledger.redis.client import _packer
+
+    pack = _packer()
+    command = ("EVALSHA", "a" * 40, 2, "{qw:md:2026-12-01:ünï}:c", "qw:loc:x", "e", 'j"s\\on', 7, 0.5, -3)
+    connection = redis.Connection()
+    expected = b"".join(connection.pack_command(*command))
+    assert pack is not None  # hiredis is installed for the tests, as for the benchmarks
+    assert pack(command) == expected

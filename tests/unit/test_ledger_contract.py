@@ -654,7 +654,7 @@ def waiter(hold: HoldRequest, name: str, ticket: int | None = None, *, can_wait:
 def short_lease(monkeypatch: pytest.MonkeyPatch) -> float:
     """Leases of 0.3 s, so a test can let one run out."""
     monkeypatch.setattr("quotawrap.ledger.sqlite_lines.LEASE_S", 0.3)
-    monkeypatch.setattr("quotawrap.ledger.redis.lines.LEASE_S", 0.3)
+    monkeypatch.setattr("quotawrap.ledger.redis.reserve_args.LEASE_S", 0.3)
     return 0.3
 
 
@@ -786,6 +786,22 @@ class TestScriptReload:
         redis_ledger.settle(first.hold_id, usage(60))
         assert second.held and client.script_exists(script.sha) == [True]
         assert md(redis_ledger) == Counters(60, 100)
+
+
+@pytest.mark.redis
+def test_single_node_reserve_indexes_in_its_script(
+    redis_ledger: RedisLedger, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a single node the reserve script indexes the model-day and the model: no round trip of their own."""
+
+    def no_own_command(*args: object) -> None:
+        raise AssertionError("indexed in a command of its own")
+
+    monkeypatch.setattr(redis_ledger._client, "zadd", no_own_command)
+    monkeypatch.setattr(redis_ledger._client, "sadd", no_own_command)
+    assert redis_ledger.reserve(request(100, model="indexed-model"), limits(daily=1000)).held
+    assert redis_ledger.known_models() == ["indexed-model"]
+    assert _client(redis_url).zrange("qw:active", 0, -1) == [f"{DAY}\tindexed-model"]
 
 
 class TestFailClosed:

@@ -56,6 +56,21 @@ def _map(value: Any) -> dict[str, str]:
     return {as_text(k) or "": as_text(v) or "" for k, v in value.items()}
 
 
+def _packer() -> Callable[..., Any] | None:
+    """hiredis's packer when redis-py packs with it too, else None (the connection's own packer).
+
+    The bytes are the same either way: redis-py's hiredis path is this function behind a pass over every
+    argument for bytearray and memoryview (never ours), ~4 µs of the client's CPU per reserve (~35 arguments).
+    """
+    from redis.utils import HIREDIS_AVAILABLE  # the flag redis-py's connections choose their packer by
+
+    if not HIREDIS_AVAILABLE:
+        return None
+    from hiredis import pack_command
+
+    return pack_command
+
+
 class _Script(Record):
     source: str
     sha: str
@@ -105,6 +120,7 @@ class Client:
                 # looked up once: script() runs for every reserve and settle
                 self._no_script: type[Exception] = NoScriptError
                 self._error_reply: type[Exception] = ResponseError
+                self._pack = _packer()
                 with self.errors("connect"):
                     self._redis, self.cluster = self._open()
 
@@ -225,7 +241,8 @@ class Client:
             return self._redis.execute_command(*command)
         conn = self._connection()
         try:
-            conn.send_command(*command)
+            pack = self._pack
+            conn.send_packed_command(conn.pack_command(*command) if pack is None else (pack(command),))
             return conn.read_response()
         except self._error_reply:
             raise  # an error reply: the connection is still in step

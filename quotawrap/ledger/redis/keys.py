@@ -176,7 +176,7 @@ class Keys:
         keys = self._cache.get(cache_key)
         if keys is not None:
             return keys
-        if script == "reserve_one":  # KEYS[3..19]
+        if script == "reserve_one":  # KEYS[3..21]
             keys = (
                 self.meta(),
                 self.snapshot(model),
@@ -192,6 +192,8 @@ class Keys:
                 *self.run_line(run_id),
                 *self.md_line(day, model),
                 self.tickets(),
+                self.active(),
+                self.models(),
             )
         else:  # transition_one's KEYS[2..10]; md_transition's are the first six
             keys = (

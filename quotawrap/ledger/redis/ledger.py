@@ -45,16 +45,16 @@ from . import records
 from .client import Arg, Client, as_int, as_text
 from .history import RedisHistory
 from .keys import Keys, expire_at
-from .lines import NO_LINE, LineReply, count_waiting, leave, leave_lines, line_args, with_ticket
+from .lines import NO_LINE, LineReply, count_waiting, leave, leave_lines, with_ticket
 from .litellm import THEIR_SNAPSHOT_TTL_S, ForeignUsage, pick_snapshot, with_our_lag
 from .options import DAY_S, RedisOptions, redact, split_url
 from .records import Location
+from .reserve_args import ReserveArgs
 
 __all__ = ["RedisLedger"]
 
 OWN_DAILY_USAGE_TTL_S = 48 * 3600  # the LiteLLM limiter's TTL for daily_usage keys (seed §6.1)
 OUR_SNAPSHOT_TTL_S = 48 * 3600
-BLOCKED_MARK_TTL_S = 60  # long enough for a retried reserve to find its first answer
 SNAPSHOT_REUSE_S = 1.0  # a process re-reads the balance snapshot at least this often (the script checks it anyway)
 SYNC_HISTORY_MAX = 1000
 ACTIVE_KEEP_S = 3 * DAY_S
@@ -79,6 +79,7 @@ class RedisLedger(RedisHistory):
         self._host = socket.gethostname()
         self._client = Client(client_url, self._store, self.options)
         self._keys = Keys(self.options)
+        self._args = ReserveArgs(self.options)
         self._foreign = ForeignUsage(self._client, self._keys)
         self._epoch: str | None = None
         self._lost_at: float | None = None  # when this ledger saw the store come back empty
@@ -185,32 +186,6 @@ class RedisLedger(RedisHistory):
 
     # -- reserve -------------------------------------------------------------------------------
 
-    def _reserve_args(self, request: HoldRequest, ordered: Sequence[Limit], expires: int) -> str:
-        """The Lua reserve_args() record, as one JSON argument."""
-        fields = {
-            "hold_id": request.hold_id,
-            "run": request.run_id,
-            "reserve": clamp(int(request.reserve)),
-            "enforce": "1" if request.enforce else "0",
-            "day": request.day,
-            "model": request.model,
-            "expires": repr(float(request.expires_at)),
-            "pid": str(int(request.pid)),
-            "host": request.host,
-            "now": repr(self._clock()),
-            "endpoint": request.endpoint,
-            "key_fingerprint": request.key_fingerprint or "",
-            "tags": json.dumps(dict(request.tags)) if request.tags else "",
-            "expire_at": expires,
-            "run_ttl": self.options.run_ttl_s,
-            "audit_max": self.options.audit_max,
-            "blocked_ttl": BLOCKED_MARK_TTL_S,
-            "reserve_cost": clamp(int(request.reserve_cost)),
-            "limits": records.limit_args(ordered),
-            **line_args(request),
-        }
-        return json.dumps(fields, separators=(",", ":"))
-
     def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         if self._redis().cluster:
             return self._reserve_cluster(request, limits_for)
@@ -236,13 +211,17 @@ class RedisLedger(RedisHistory):
         """Single node: one script checks every limit and takes the hold in both slots."""
         client, day, model = self._client, request.day, request.model
         expires = expire_at(day, request.expires_at)
-        self._touch_active(day, model)
+        index_at = self._index_due(day, model)  # the script indexes them: no round trip of their own
         fresh = False
         for _ in range(5):
             fingerprint, snapshot = self._snapshot_for_reserve(model, fresh=fresh)
-            ordered = quota.ordered(limits_for(snapshot))
+            ordered, limits = self._args.ordered(limits_for(snapshot))
             keys = self._keys.reserve_one(day, model, request.run_id, request.hold_id, self._foreign.names(model, day))
-            args = (self._epoch or "", fingerprint, self._reserve_args(request, ordered, expires))
+            args = (
+                self._epoch or "",
+                fingerprint,
+                self._args.encode(request, limits, expires, self._clock(), index_at),
+            )
             result = client.retrying("reserve", partial(client.script, "reserve_one", keys, args))
             code = int(result[0])  # a decision has 13 fields (blocking -1: the waiting line), the errors 1 or 2
             if code == -1 and len(result) == 1:  # the snapshot changed since it was read: read it again
@@ -252,6 +231,8 @@ class RedisLedger(RedisHistory):
                 raise self._lost(day)
             if code == -3 and len(result) == 2:
                 raise self._lost_error(day, float(as_text(result[1]) or 0))
+            if index_at is not None:
+                self._active_seen[records.model_day_member(day, model)] = index_at
             self._foreign.seen(model, day, int(result[6]))  # the usage series adds it to our own settled
             md = Counters(int(result[1]), int(result[2]))
             run = [int(result[4]), int(result[5]), int(result[7]), int(result[8])]
@@ -272,9 +253,9 @@ class RedisLedger(RedisHistory):
         client.retrying("read", lambda: self._check_meta(day))
         request = with_ticket(client, self._keys, request)
         _, snapshot = self._snapshot_for_reserve(model, fresh=True)
-        ordered = quota.ordered(limits_for(snapshot))
+        ordered, limits = self._args.ordered(limits_for(snapshot))
         foreign = client.retrying("read", lambda: self._foreign.total(model, day))
-        args = self._reserve_args(request, ordered, expires)
+        args = self._args.encode(request, limits, expires, self._clock())
         location = Location(day, model, run_id).encode()
         client.retrying("reserve", lambda: client.set(self._keys.location(hold_id), location, exat=expires))
         self._touch_active(day, model)
@@ -310,13 +291,20 @@ class RedisLedger(RedisHistory):
         args: list[Arg] = [hold_id, target, charged, charged_cost, self.options.run_ttl_s]
         self._client.retrying("settle", lambda: self._client.script("run_apply", self._keys.run_apply(run_id), args))
 
-    def _touch_active(self, day: str, model: str) -> None:
-        """Index the model-day (for reclaim_orphans) and the model (known_models), once a minute per process."""
-        member = records.model_day_member(day, model)
+    def _index_due(self, day: str, model: str) -> float | None:
+        """Now, when the model-day (for reclaim_orphans) and the model (known_models) are due to be indexed:
+        once a minute per process."""
         now = time.time()
-        if now - self._active_seen.get(member, 0.0) < 60:
+        if now - self._active_seen.get(records.model_day_member(day, model), 0.0) < 60:
+            return None
+        return now
+
+    def _touch_active(self, day: str, model: str) -> None:
+        """Cluster: index the model-day and the model in their own commands (reserve_one does it on a single node)."""
+        now = self._index_due(day, model)
+        if now is None:
             return
-        client = self._client
+        client, member = self._client, records.model_day_member(day, model)
 
         def index() -> None:
             client.zadd(self._keys.active(), member, now)

@@ -14,25 +14,14 @@ from typing import NamedTuple
 
 from ...quota import Counters, Limit, Verdict
 from ..base import Decision, HoldRequest
-from ..lines import LEASE_S, LineName, line_limit
+from ..lines import LineName, line_limit
 from .client import Client
 from .keys import Keys
 from .records import parse_model_day_member
 
-__all__ = ["NO_LINE", "LineReply", "count_waiting", "leave", "leave_lines", "line_args", "with_ticket"]
+__all__ = ["NO_LINE", "LineReply", "count_waiting", "leave", "leave_lines", "with_ticket"]
 
 LINE_TTL_S = 86_400  # a line nobody joined for a day is dropped (a live one is renewed by every poll)
-
-
-def line_args(request: HoldRequest) -> dict[str, object]:
-    """The reserve_args fields of the call's place in line ("" and 0: none)."""
-    return {
-        "waiter": request.waiter or "",
-        "ticket": request.ticket or 0,
-        "can_wait": "1" if request.can_wait and request.waiter else "0",
-        "lease": LEASE_S,
-        "line_ttl": LINE_TTL_S,
-    }
 
 
 class LineReply(NamedTuple):

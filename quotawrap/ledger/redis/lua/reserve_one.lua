@@ -4,7 +4,8 @@
 --       7 run counters  8 run holds  9 run model-days
 --       10 md counters  11 md open  12 md pids  13 md run totals  14 md audit
 --       15 run line  16 run line leases  17 md line  18 md line leases  19 the ticket sequence
---       20.. the LiteLLM limiter's daily_usage keys of this model-day
+--       20 the active model-days index  21 the known models  22.. the LiteLLM limiter's daily_usage keys
+--       of this model-day
 -- ARGV: 1 epoch  2 snapshot fingerprint  3 the call (reserve_args JSON)
 -- Returns {blocking, md settled, md in flight, held, run settled, run in flight, foreign, run cost settled,
 -- run cost in flight, waiters ahead in the run line, in the md line, the lines' outcome, ticket};
@@ -17,7 +18,11 @@ local theirs = redis.call('MGET', KEYS[5], KEYS[6])
 local fingerprint = (redis.call('HGET', KEYS[4], 'synced_at') or '') .. '|' .. (theirs[1] or '') .. '|'
   .. (theirs[2] or '')
 if fingerprint ~= ARGV[2] then return {-1} end
-local foreign = sum_keys(20)
+if a.index_at ~= '' then  -- once a minute per process: the model-day for reclaim_orphans, the model for known_models
+  redis.call('ZADD', KEYS[20], a.index_at, a.day .. '\t' .. a.model)
+  redis.call('SADD', KEYS[21], a.model)
+end
+local foreign = sum_keys(22)
 local outcome, ahead_run, ahead_md, waiter, ticket = '', 0, 0, false, false
 local seen_run, seen_md = nil, nil  -- the counters as the lines' answer read them: the gate and the hold reuse them
 if a.enforce == '1' then

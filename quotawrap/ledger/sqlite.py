@@ -54,7 +54,7 @@ from .sqlite_file import (
     retry_locked,
     write_lock,
 )
-from .sqlite_lines import Place, count_waiting
+from .sqlite_lines import Place, WaiterRow, count_waiting
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
@@ -71,6 +71,22 @@ _RECORD_FIELDS = (
     *("blocked_by", "key_fingerprint", "tags", "started_at", "ended_at", "latency_s", "pid", "host"),
     *("usage_anomaly", "handed_to"),
 )
+
+
+# Everything a reserve reads, in one statement: each statement costs a microsecond or more of set-up
+# (Python's and SQLite's), and `key IN (...)` builds a temporary index on every run, so the lookups are
+# equalities joined by UNION ALL. Parameters: the run, model-day and run-cost counter keys (the run and
+# model-day keys name the call's two waiting lines too), the model, whether the lines are read (the
+# call enforces). Rows: (0, key, settled, in_flight), (1, the snapshot's fields), (2, line, ticket,
+# waiter, until): one per counter, snapshot and waiter found.
+_RESERVE_READS = """
+SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?1
+UNION ALL SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?2
+UNION ALL SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?3
+UNION ALL SELECT 1, balance, usage_at_sync, lagged_usage, synced_at, day, source FROM snapshots WHERE model = ?4
+UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?1
+UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?2
+"""
 
 
 def _record(row: Sequence[Any]) -> CallRecord:
@@ -273,12 +289,21 @@ class SQLiteLedger:
         scopes = scope_keys(request.run_id, request.model, request.day)
         reserve, reserve_cost = clamp(request.reserve), clamp(request.reserve_cost)
         with self._write("reserve") as conn:
-            counters = self._read_counters(conn, tuple(scopes.values()))
-            snapshot = self._read_snapshot(conn, request.model)
+            found: dict[str, Counters] = {}
+            snapshot: Snapshot | None = None
+            waiting: list[WaiterRow] = []
+            keys = (scopes["run"], scopes["model_day"], scopes["run_cost"], request.model, request.enforce)
+            for kind, *row in conn.execute(_RESERVE_READS, keys):
+                if kind == 0:
+                    found[row[0]] = Counters(row[1], row[2])
+                elif kind == 1:
+                    snapshot = Snapshot(*row)
+                else:
+                    waiting.append((row[0], row[1], row[2], row[3]))
             limits = limits_for(snapshot)
-            scoped = {kind: counters[key] for kind, key in scopes.items()}
+            scoped = {kind: found[key] if key in found else Counters() for kind, key in scopes.items()}
             result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)
-            place = Place(conn, request, self._clock())
+            place = Place(conn, request, self._clock(), waiting)
             outcome = place.decide(limits, scoped, result.allowed)
             if outcome in ("queued", "wait"):
                 return place.decision(result, scoped)

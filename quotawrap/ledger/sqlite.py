@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -87,6 +87,30 @@ UNION ALL SELECT 1, balance, usage_at_sync, lagged_usage, synced_at, day, source
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?1
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?2
 """
+
+
+# SQLiteLedger._bump's statement for two and three counters, built once (every reserve and settle runs one).
+_BUMP = {
+    count: f"INSERT INTO counters (key, settled, in_flight) VALUES {','.join(['(?, ?, ?)'] * count)}"
+    " ON CONFLICT (key) DO UPDATE SET settled = settled + excluded.settled, in_flight = in_flight + excluded.in_flight"
+    for count in (2, 3)
+}
+
+
+_TAGS_JSON: dict[tuple[tuple[str, str], ...], str] = {}
+
+
+def _tags_json(tags: Mapping[str, str]) -> str | None:
+    """A call's tags as its row keeps them, encoded once per set (a process's calls all carry its --tag's)."""
+    if not tags:
+        return None
+    key = tuple(tags.items())
+    text = _TAGS_JSON.get(key)
+    if text is None:
+        if len(_TAGS_JSON) >= 64:  # bounded: a caller may tag its calls in ways without end
+            _TAGS_JSON.clear()
+        text = _TAGS_JSON[key] = json.dumps(dict(tags))  # as the row kept them before
+    return text
 
 
 def _record(row: Sequence[Any]) -> CallRecord:
@@ -249,12 +273,7 @@ class SQLiteLedger:
     @staticmethod
     def _bump(conn: sqlite3.Connection, *rows: tuple[str, int, int]) -> None:
         """Add (settled, in_flight) to each key's counters: one statement for all (a reserve's two or three)."""
-        conn.execute(
-            f"INSERT INTO counters (key, settled, in_flight) VALUES {','.join(['(?, ?, ?)'] * len(rows))}"
-            " ON CONFLICT (key) DO UPDATE"
-            " SET settled = settled + excluded.settled, in_flight = in_flight + excluded.in_flight",
-            [value for row in rows for value in row],
-        )
+        conn.execute(_BUMP[len(rows)], [value for row in rows for value in row])
 
     @staticmethod
     def _read_snapshot(conn: sqlite3.Connection, model: str) -> Snapshot | None:
@@ -328,7 +347,7 @@ class SQLiteLedger:
                     request.pid,
                     request.host,
                     request.key_fingerprint,
-                    json.dumps(dict(request.tags)) if request.tags else None,
+                    _tags_json(request.tags),
                     self._clock(),
                     request.expires_at,
                 ),

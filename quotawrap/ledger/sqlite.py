@@ -294,12 +294,11 @@ class SQLiteLedger:
         if deltas.cost_settled or deltas.cost_in_flight:
             rows.append((run_cost_key(run_id), deltas.cost_settled, deltas.cost_in_flight))
         self._bump(conn, *rows)
-        if deltas.settled:
-            cumulative = conn.execute("SELECT settled FROM counters WHERE key = ?", (day_key,)).fetchone()[0]
+        if deltas.settled:  # the model-day's new total, read where the bump just left it: one statement
             conn.execute(
-                "INSERT INTO usage_series VALUES (?, ?, ?, ?) ON CONFLICT (model, day, minute) "
-                "DO UPDATE SET cumulative = excluded.cumulative",
-                (model, day, int(self._clock() // 60), cumulative),
+                "INSERT INTO usage_series SELECT ?, ?, ?, settled FROM counters WHERE key = ?"
+                " ON CONFLICT (model, day, minute) DO UPDATE SET cumulative = excluded.cumulative",
+                (model, day, int(self._clock() // 60), day_key),
             )
 
     # -- the Ledger interface ------------------------------------------------------------------

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -54,7 +54,8 @@ from .sqlite_file import (
     retry_locked,
     write_lock,
 )
-from .sqlite_lines import Place, WaiterRow, count_waiting
+from .sqlite_lines import Place, count_waiting
+from .sqlite_reserve import BUMP, read_for_reserve, tags_column
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
@@ -71,46 +72,6 @@ _RECORD_FIELDS = (
     *("blocked_by", "key_fingerprint", "tags", "started_at", "ended_at", "latency_s", "pid", "host"),
     *("usage_anomaly", "handed_to"),
 )
-
-
-# Everything a reserve reads, in one statement: each statement costs a microsecond or more of set-up
-# (Python's and SQLite's), and `key IN (...)` builds a temporary index on every run, so the lookups are
-# equalities joined by UNION ALL. Parameters: the run, model-day and run-cost counter keys (the run and
-# model-day keys name the call's two waiting lines too), the model, whether the lines are read (the
-# call enforces). Rows: (0, key, settled, in_flight), (1, the snapshot's fields), (2, line, ticket,
-# waiter, until): one per counter, snapshot and waiter found.
-_RESERVE_READS = """
-SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?1
-UNION ALL SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?2
-UNION ALL SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?3
-UNION ALL SELECT 1, balance, usage_at_sync, lagged_usage, synced_at, day, source FROM snapshots WHERE model = ?4
-UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?1
-UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?2
-"""
-
-
-# SQLiteLedger._bump's statement for two and three counters, built once (every reserve and settle runs one).
-_BUMP = {
-    count: f"INSERT INTO counters (key, settled, in_flight) VALUES {','.join(['(?, ?, ?)'] * count)}"
-    " ON CONFLICT (key) DO UPDATE SET settled = settled + excluded.settled, in_flight = in_flight + excluded.in_flight"
-    for count in (2, 3)
-}
-
-
-_TAGS_JSON: dict[tuple[tuple[str, str], ...], str] = {}
-
-
-def _tags_json(tags: Mapping[str, str]) -> str | None:
-    """A call's tags as its row keeps them, encoded once per set (a process's calls all carry its --tag's)."""
-    if not tags:
-        return None
-    key = tuple(tags.items())
-    text = _TAGS_JSON.get(key)
-    if text is None:
-        if len(_TAGS_JSON) >= 64:  # bounded: a caller may tag its calls in ways without end
-            _TAGS_JSON.clear()
-        text = _TAGS_JSON[key] = json.dumps(dict(tags))  # as the row kept them before
-    return text
 
 
 def _record(row: Sequence[Any]) -> CallRecord:
@@ -273,7 +234,7 @@ class SQLiteLedger:
     @staticmethod
     def _bump(conn: sqlite3.Connection, *rows: tuple[str, int, int]) -> None:
         """Add (settled, in_flight) to each key's counters: one statement for all (a reserve's two or three)."""
-        conn.execute(_BUMP[len(rows)], [value for row in rows for value in row])
+        conn.execute(BUMP[len(rows)], [value for row in rows for value in row])
 
     @staticmethod
     def _read_snapshot(conn: sqlite3.Connection, model: str) -> Snapshot | None:
@@ -307,19 +268,8 @@ class SQLiteLedger:
         scopes = scope_keys(request.run_id, request.model, request.day)
         reserve, reserve_cost = clamp(request.reserve), clamp(request.reserve_cost)
         with self._write("reserve") as conn:
-            found: dict[str, Counters] = {}
-            snapshot: Snapshot | None = None
-            waiting: list[WaiterRow] = []
-            keys = (scopes["run"], scopes["model_day"], scopes["run_cost"], request.model, request.enforce)
-            for kind, *row in conn.execute(_RESERVE_READS, keys):
-                if kind == 0:
-                    found[row[0]] = Counters(row[1], row[2])
-                elif kind == 1:
-                    snapshot = Snapshot(*row)
-                else:
-                    waiting.append((row[0], row[1], row[2], row[3]))
+            scoped, snapshot, waiting = read_for_reserve(conn, scopes, request.model, request.enforce)
             limits = limits_for(snapshot)
-            scoped = {kind: found[key] if key in found else Counters() for kind, key in scopes.items()}
             result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)
             place = Place(conn, request, self._clock(), waiting)
             outcome = place.decide(limits, scoped, result.allowed)
@@ -346,7 +296,7 @@ class SQLiteLedger:
                     request.pid,
                     request.host,
                     request.key_fingerprint,
-                    _tags_json(request.tags),
+                    tags_column(request.tags),
                     self._clock(),
                     request.expires_at,
                 ),

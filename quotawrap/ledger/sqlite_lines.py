@@ -23,7 +23,8 @@ class Place:
     def __init__(
         self, conn: sqlite3.Connection, request: HoldRequest, now: float, waiting: Iterable[WaiterRow]
     ) -> None:
-        """``waiting``: the rows of the call's two lines, read in the reserve's transaction (its ``_RESERVE_READS``)."""
+        """``waiting``: the rows of the call's two lines, read in the reserve's transaction
+        (``sqlite_reserve.read_for_reserve``)."""
         lines: dict[LineName, str] = {
             "run": run_key(request.run_id),
             "model_day": model_day_key(request.model, request.day),

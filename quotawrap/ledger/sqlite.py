@@ -55,6 +55,7 @@ from .sqlite_file import (
     write_lock,
 )
 from .sqlite_lines import Place, count_waiting
+from .sqlite_reserve import BUMP, read_for_reserve, tags_column
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
@@ -233,12 +234,7 @@ class SQLiteLedger:
     @staticmethod
     def _bump(conn: sqlite3.Connection, *rows: tuple[str, int, int]) -> None:
         """Add (settled, in_flight) to each key's counters: one statement for all (a reserve's two or three)."""
-        conn.execute(
-            f"INSERT INTO counters (key, settled, in_flight) VALUES {','.join(['(?, ?, ?)'] * len(rows))}"
-            " ON CONFLICT (key) DO UPDATE"
-            " SET settled = settled + excluded.settled, in_flight = in_flight + excluded.in_flight",
-            [value for row in rows for value in row],
-        )
+        conn.execute(BUMP[len(rows)], [value for row in rows for value in row])
 
     @staticmethod
     def _read_snapshot(conn: sqlite3.Connection, model: str) -> Snapshot | None:
@@ -259,12 +255,11 @@ class SQLiteLedger:
         if deltas.cost_settled or deltas.cost_in_flight:
             rows.append((run_cost_key(run_id), deltas.cost_settled, deltas.cost_in_flight))
         self._bump(conn, *rows)
-        if deltas.settled:
-            cumulative = conn.execute("SELECT settled FROM counters WHERE key = ?", (day_key,)).fetchone()[0]
+        if deltas.settled:  # the model-day's new total, read where the bump just left it: one statement
             conn.execute(
-                "INSERT INTO usage_series VALUES (?, ?, ?, ?) ON CONFLICT (model, day, minute) "
-                "DO UPDATE SET cumulative = excluded.cumulative",
-                (model, day, int(self._clock() // 60), cumulative),
+                "INSERT INTO usage_series SELECT ?, ?, ?, settled FROM counters WHERE key = ?"
+                " ON CONFLICT (model, day, minute) DO UPDATE SET cumulative = excluded.cumulative",
+                (model, day, int(self._clock() // 60), day_key),
             )
 
     # -- the Ledger interface ------------------------------------------------------------------
@@ -273,12 +268,10 @@ class SQLiteLedger:
         scopes = scope_keys(request.run_id, request.model, request.day)
         reserve, reserve_cost = clamp(request.reserve), clamp(request.reserve_cost)
         with self._write("reserve") as conn:
-            counters = self._read_counters(conn, tuple(scopes.values()))
-            snapshot = self._read_snapshot(conn, request.model)
+            scoped, snapshot, waiting = read_for_reserve(conn, scopes, request.model, request.enforce)
             limits = limits_for(snapshot)
-            scoped = {kind: counters[key] for kind, key in scopes.items()}
             result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)
-            place = Place(conn, request, self._clock())
+            place = Place(conn, request, self._clock(), waiting)
             outcome = place.decide(limits, scoped, result.allowed)
             if outcome in ("queued", "wait"):
                 return place.decision(result, scoped)
@@ -303,7 +296,7 @@ class SQLiteLedger:
                     request.pid,
                     request.host,
                     request.key_fingerprint,
-                    json.dumps(dict(request.tags)) if request.tags else None,
+                    tags_column(request.tags),
                     self._clock(),
                     request.expires_at,
                 ),

@@ -23,6 +23,7 @@ __all__ = [
     "LOCK_WAIT_S",
     "MIGRATIONS",
     "OPEN_BUSY_MS",
+    "PAGE_SIZE",
     "SCHEMA_VERSION",
     "apply_migration",
     "check",
@@ -36,6 +37,13 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = "5"
+
+# The page size of a new ledger. A reserve dirties one page of each b-tree it writes (the calls table and
+# its four indexes, the counters), and its COMMIT copies and checksums each whole page into the WAL:
+# 2 KiB pages cut ~5 µs of CPU per reserve and ~10 on a day's 100,000 calls, against SQLite's 4 KiB,
+# with no slower report (1 KiB gained little more and deepens every tree). A ledger created with
+# another size keeps it (WAL mode cannot change it).
+PAGE_SIZE = 2048
 
 _AGGREGATES_TABLE = """CREATE TABLE IF NOT EXISTS call_aggregates (
     day TEXT NOT NULL, model TEXT NOT NULL, tags TEXT NOT NULL,
@@ -248,6 +256,7 @@ def create(path: Path) -> None:
     try:
         conn = sqlite3.connect(name, isolation_level=None)
         try:
+            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # before anything is written: fixed from then on
             conn.execute("PRAGMA journal_mode=WAL")
             create_schema(conn)
         finally:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..quota import Counters, Limit, Verdict, never_fits
 from .base import Decision, HoldRequest
@@ -12,15 +12,19 @@ from .holds import clamp
 from .lines import LEASE_S, Entry, LineName, Outcome, ahead, crowded, decide, line_limit, reads_room
 from .scopes import model_day_key, run_key
 
-__all__ = ["Place", "count_waiting", "leave"]
+__all__ = ["Place", "WaiterRow", "count_waiting", "leave"]
 
-_LINES = "SELECT line, ticket, waiter, until FROM waiters WHERE line IN (?, ?)"  # both lines in one statement
+WaiterRow = tuple[str, int, str, float]  # (line, ticket, waiter, until): one waiter's row in one line
 
 
 class Place:
     """A call's place in the lines of its run and model-day, inside the reserve's transaction."""
 
-    def __init__(self, conn: sqlite3.Connection, request: HoldRequest, now: float) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, request: HoldRequest, now: float, waiting: Iterable[WaiterRow]
+    ) -> None:
+        """``waiting``: the rows of the call's two lines, read in the reserve's transaction
+        (``sqlite_reserve.read_for_reserve``)."""
         lines: dict[LineName, str] = {
             "run": run_key(request.run_id),
             "model_day": model_day_key(request.model, request.day),
@@ -32,8 +36,8 @@ class Place:
             return
         names = {line: name for name, line in lines.items()}
         read: dict[LineName, list[Entry]] = {"run": [], "model_day": []}
-        for line, *entry in conn.execute(_LINES, (lines["run"], lines["model_day"])):
-            read[names[line]].append(Entry(*entry))
+        for line, ticket, waiter, until in waiting:
+            read[names[line]].append(Entry(ticket, waiter, until))
         for entries in read.values():
             for entry in entries:
                 if entry.waiter == request.waiter and entry.until > now and self.ticket is None:

@@ -23,6 +23,8 @@ from quotawrap._errors import StoreCorrupt, StoreError
 from quotawrap.guard import Guard
 from quotawrap.ledger import HoldRequest, model_day_key
 from quotawrap.ledger.sqlite import SCHEMA_VERSION, SQLiteLedger
+from quotawrap.ledger.sqlite_file import _SCHEMA, PAGE_SIZE
+from quotawrap.quota import Counters
 from quotawrap.settings import Settings
 from quotawrap.usage import Usage
 
@@ -185,6 +187,25 @@ class TestRefusesWhatIsNotALedger:
         second.close()
         with sqlite3.connect(path) as conn:
             assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (SCHEMA_VERSION,)
+
+    def test_new_ledger_has_small_pages_and_an_older_one_keeps_its_own(self, tmp_path: Path) -> None:
+        """A new ledger is made of PAGE_SIZE pages (less for each commit to copy); a ledger made before, of
+        SQLite's 4 KiB pages, opens, keeps them and its data, and takes holds as before."""
+        new = SQLiteLedger(tmp_path / "new.sqlite3")
+        assert new._conn().execute("PRAGMA page_size").fetchone() == (PAGE_SIZE,) != (4096,)
+        new.close()
+        old_path = tmp_path / "old.sqlite3"
+        with sqlite3.connect(old_path) as conn:  # as the ledger made it before: SQLite's default page size
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA + f"INSERT INTO meta VALUES ('schema', '{SCHEMA_VERSION}');")
+            conn.execute("INSERT INTO counters VALUES (?, 40, 0)", (model_day_key(MODEL, DAY),))
+        conn.close()
+        old = SQLiteLedger(old_path)
+        decision = old.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
+        old.settle(decision.hold_id, Usage(10, 5, 15))
+        assert old._conn().execute("PRAGMA page_size").fetchone() == (4096,)
+        assert old.counters([model_day_key(MODEL, DAY)])[model_day_key(MODEL, DAY)] == Counters(55, 0)
+        old.close()
 
     @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
     def test_concurrent_first_opens(self, tmp_path: Path) -> None:

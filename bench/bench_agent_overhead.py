@@ -8,8 +8,9 @@ timed inside the agent with ``perf_counter_ns``, and prints its per-call nanosec
 (``python agent.py``) and guarded (``quotawrap run --quiet --store ... -- python agent.py``), with the
 SQLite ledger and with Redis (a private ``redis-server`` on a free loopback port), streamed and not.
 The runs are interleaved and rotated per round, so drift on a shared machine hits them alike; caps
-are raised out of the way so no call is refused. Prints the median per call of every cell, the median
-added per call against plain and a verdict: at most 0.25 ms (SQLite) and 0.40 ms (Redis).
+are raised out of the way so no call is refused. Prints the median per call of every cell (its p90, p99
+and mean too: the tail a change may trade for the median), the median added per call against plain and
+a verdict: at most 0.25 ms (SQLite) and 0.40 ms (Redis).
 CPU µs/call is the agent process's own CPU over its timed calls, every thread (a guarded child's
 settler included): steadier than wall time on a shared machine. +run CPU is the whole run's CPU (the
 wrapper's, which lands the child's settles and competes for the cores, and the agent's; start-up and
@@ -197,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for suffix, code in checkouts.items():
         print(f"code{suffix or ' (this checkout)'}: {code}")
     print(
-        f"{'ledger':<16} {'streamed':<9} {'median ms':>10} {'p90 ms':>8} {'+median ms':>11} {'ratio':>6}"
+        f"{'ledger':<16} {'streamed':<9} {'median ms':>10} {'p90 ms':>8} {'p99 ms':>8} {'mean ms':>8}"
+        f" {'+median ms':>11} {'ratio':>6}"
         f" {'CPU µs/call':>12} {'+CPU':>6} {'+run CPU':>8}  verdict"
     )
     verdicts = []
@@ -207,6 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             values = samples[(name, stream)]
             median = statistics.median(values) / 1e6
             p90 = statistics.quantiles(values, n=10)[8] / 1e6
+            p99 = statistics.quantiles(values, n=100)[98] / 1e6
+            mean = statistics.fmean(values) / 1e6
             added = median - base
             verdict = ""
             if name != "plain":
@@ -230,8 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             whole = statistics.median(run_cpu[(name, stream)]) - statistics.median(run_cpu[("plain", stream)])
             whole_added = "" if name == "plain" else f"{whole:+.0f}"
             print(
-                f"{name:<16} {streamed:<9} {median:>10.3f} {p90:>8.3f} {added_text:>11} {ratio:>6}"
-                f" {cpu:>12.0f} {cpu_added:>6} {whole_added:>8}  {verdict}"
+                f"{name:<16} {streamed:<9} {median:>10.3f} {p90:>8.3f} {p99:>8.3f} {mean:>8.3f}"
+                f" {added_text:>11} {ratio:>6} {cpu:>12.0f} {cpu_added:>6} {whole_added:>8}  {verdict}"
             )
     print()
     print(f"load average before: {load_before}; after: {load_after}")

@@ -42,11 +42,10 @@ LINGER_S = 0.005  # once woken, gather this long: as the in-process settler, so 
 # loopback sends ~5 (each wake-up cost its send ~10 µs and the wrapper ~50 µs per settle), and 6 of the kernel's
 # usual 10 queued leaves room for a burst; a datagram the full queue refuses goes to the child's own settler.
 POLL_AT_MOST = 6
-# While it polls, it lands what it gathered at most this often, right after a settle arrives (its process has
-# just finished a call and is some hundreds of µs from its next reserve): other processes' waiters see room freed
-# that much later (this child's own land in the child while one of its calls waits; a sync lands at once). Every
-# 25 ms, its ~1.3 ms SQLite transactions met 2% of a sequential agent's reserves, each then asleep 1 ms or more
-# in SQLite's busy handler; every 5 ms none met, at 1.5x the wrapper's CPU per settle.
+# While it polls, it lands what it gathered at most this often: other processes' waiters see room freed that
+# much later (this child's own land in the child while one of its calls waits; a sync lands at once). A reserve
+# that meets a landing waits for it, and the longer the batch the likelier and the longer: every 25 ms, ~1.3 ms
+# SQLite transactions met 2% of a sequential agent's reserves (and Redis queued ~1.5% behind ~1.6 ms of script).
 LAND_EVERY_S = 0.010
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
@@ -202,9 +201,11 @@ class Relay:
                 if idle:
                     polling = False  # idle again: wait for the next settle, however long
                     continue
-                if not self._syncs:
-                    # Land right after the next settle arrives: its process has just finished a call and
-                    # is some hundreds of µs from its next reserve, which the landing then seldom meets.
+                if not self._syncs and self._ledger().writers_sleep_when_busy:
+                    # A reserve that meets it sleeps 1 ms or more (SQLite's busy handler): land right after the
+                    # next settle arrives, when its process has just finished a call and is some hundreds of µs
+                    # from its next reserve (7 of 3,000 met it, against 50-90 landing at any moment). Redis
+                    # queues a reserve behind the batch instead: there, just before the next reserve is the worst.
                     taken += self._next(LINGER_S)
             else:
                 try:

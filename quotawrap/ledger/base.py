@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
-from typing import Literal, NamedTuple, Protocol
+from typing import ClassVar, Literal, NamedTuple, Protocol
 
 from .._records import Record
 from ..quota import Counters, Limit, Package, Snapshot, Verdict
@@ -233,6 +233,9 @@ class Ledger(Protocol):
     """A shared, atomic store of holds and counters. Every method is safe across threads and processes."""
 
     url: str
+    # A writer that meets another's write sleeps until it may go on (SQLite's busy handler: 1 ms and more),
+    # so a batch of settles is best landed while guarded calls are between their writes (settle_relay).
+    writers_sleep_when_busy: ClassVar[bool]
 
     def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         """Check every limit and take the hold in one atomic step."""

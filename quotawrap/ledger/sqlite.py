@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from .._errors import StoreCorrupt, StoreError
 from .._host import hostname
@@ -119,6 +119,8 @@ class _Transaction:
 
 class SQLiteLedger:
     """Ledger in one SQLite file; safe across threads (a connection per thread) and processes."""
+
+    writers_sleep_when_busy: ClassVar[bool] = True  # SQLite's busy handler
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import partial
+from typing import ClassVar
 
 from ... import quota
 from ..._errors import ConfigError, StoreError
@@ -66,6 +67,8 @@ def _lease_ttl(ttl_s: float) -> int:
 
 class RedisLedger(RedisHistory):
     """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
+
+    writers_sleep_when_busy: ClassVar[bool] = False  # the server queues a command behind the script it runs
 
     def __init__(self, url: str, *, clock: Callable[[], float] = time.time, **options: object) -> None:
         self.url = url

@@ -167,6 +167,7 @@ class Relay:
         self._oldest = 0.0  # when the oldest of them was received
         self._syncs: list[str] = []  # where to answer once the settles received before have landed
         self._failing = False
+        self._aim: bool | None = None  # see _aimed
         self._closed = False
         self._stop = threading.Event()
         self.landed = 0
@@ -201,7 +202,7 @@ class Relay:
                 if idle:
                     polling = False  # idle again: wait for the next settle, however long
                     continue
-                if not self._syncs and self._ledger().writers_sleep_when_busy:
+                if not self._syncs and self._aimed():
                     # A reserve that meets it sleeps 1 ms or more (SQLite's busy handler): land right after the
                     # next settle arrives, when its process has just finished a call and is some hundreds of µs
                     # from its next reserve (7 of 3,000 met it, against 50-90 landing at any moment). Redis
@@ -231,6 +232,16 @@ class Relay:
             # Faster than that, read each as it comes: the kernel queues few datagrams (net.unix.max_dgram_qlen,
             # often 10) and refuses more, which sends a burst's settles back to the children's settlers.
             polling = taken <= POLL_AT_MOST
+
+    def _aimed(self) -> bool:
+        """Whether a landing waits for the next settle: the ledger's busy writers sleep. Asked once it can tell
+        (the run's lean books open the full ledger to answer, and a store gone meanwhile raises)."""
+        if self._aim is None:
+            try:
+                self._aim = bool(self._ledger().writers_sleep_when_busy)
+            except Exception:  # _land reports the store's trouble; landing at any moment is safe
+                return False
+        return self._aim
 
     def _next(self, timeout: float) -> int:
         """Wait up to ``timeout`` for one datagram; how many (0 or 1)."""

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from quotawrap._errors import StoreError
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
 from quotawrap.quota import Counters
@@ -242,6 +243,33 @@ def test_settles_that_come_steadily_land_in_batches_of_several(tmp_path: Path, s
     # One batch per LINGER_S poll would be ~30 batches (more on a slow machine); gathering for LAND_EVERY_S,
     # about 60 * LINGER_S / 2 / LAND_EVERY_S = 15.
     assert len(ledger.batches) <= 60 * LINGER_S / 2 / LAND_EVERY_S + 3, [len(batch) for batch in ledger.batches]
+
+
+def test_a_ledger_that_cannot_yet_tell_how_it_waits_still_gets_its_settles(tmp_path: Path) -> None:
+    """The run's lean books open the full ledger to answer ``writers_sleep_when_busy``, and a store gone
+    meanwhile raises: the relay lands at any moment until it can tell, and lands while the flow goes on."""
+
+    class Unsure(Recording):
+        asked = 0
+
+        @property
+        def writers_sleep_when_busy(self) -> bool:  # type: ignore[override]
+            self.asked += 1
+            if self.asked <= 3:
+                raise StoreError("the store is away", store="sqlite:///x")
+            return True
+
+    ledger = Unsure()
+    relay = _relay(tmp_path, ledger)
+    sender = Sender(relay.path)
+    sent = []
+    for i in range(40):
+        assert sender.send(Settle(f"h{i}", "release"))
+        sent.append(f"h{i}")
+        threading.Event().wait(LINGER_S / 2)
+    assert ledger.landed, "nothing landed while the settles kept coming"
+    relay.close()
+    assert ledger.landed == sent and ledger.asked > 3
 
 
 def test_a_sync_lands_what_was_gathered_at_once(tmp_path: Path) -> None:

@@ -200,6 +200,16 @@ class _CountingSocket:
         return getattr(self._inner, name)
 
 
+def _send_steadily(sender: Sender, count: int, apart: float) -> list[str]:
+    """``count`` releases ``apart`` seconds apart, as a sequential agent's calls end; their hold ids."""
+    sent = []
+    for i in range(count):
+        assert sender.send(Settle(f"h{i}", "release"))
+        sent.append(f"h{i}")
+        threading.Event().wait(apart)
+    return sent
+
+
 @pytest.mark.parametrize("per_linger", [2, 4])  # 4: a sequential agent on a fast loopback (~1 call per ms)
 def test_settles_that_come_steadily_are_polled_for_not_woken_for(tmp_path: Path, per_linger: int) -> None:
     """A child's settles a few per LINGER_S apart (a sequential agent's): the relay takes them by polling, so
@@ -209,11 +219,7 @@ def test_settles_that_come_steadily_are_polled_for_not_woken_for(tmp_path: Path,
     counting = _CountingSocket(relay._sock)
     relay._sock = counting  # type: ignore[assignment]  # test-only: the thread's next receive counts
     sender = Sender(relay.path)
-    sent = []
-    for i in range(40):
-        assert sender.send(Settle(f"h{i}", "release"))
-        sent.append(f"h{i}")
-        threading.Event().wait(LINGER_S / per_linger)
+    sent = _send_steadily(sender, 40, LINGER_S / per_linger)
     relay.close()
     assert ledger.landed == sent
     # Woken for each settle, the thread would wait ~40 times; polling, only after an idle pause (a slow
@@ -231,11 +237,7 @@ def test_settles_that_come_steadily_land_in_batches_of_several(tmp_path: Path, s
     ledger.writers_sleep_when_busy = sleeps
     relay = _relay(tmp_path, ledger)
     sender = Sender(relay.path)
-    sent = []
-    for i in range(60):
-        assert sender.send(Settle(f"h{i}", "release"))
-        sent.append(f"h{i}")
-        threading.Event().wait(LINGER_S / 2)
+    sent = _send_steadily(sender, 60, LINGER_S / 2)
     # the relay lands what it gathered while the flow goes on (a waiter of another process sees it soon)
     assert ledger.landed, "nothing landed while the settles kept coming"
     relay.close()
@@ -262,11 +264,7 @@ def test_a_ledger_that_cannot_yet_tell_how_it_waits_still_gets_its_settles(tmp_p
     ledger = Unsure()
     relay = _relay(tmp_path, ledger)
     sender = Sender(relay.path)
-    sent = []
-    for i in range(40):
-        assert sender.send(Settle(f"h{i}", "release"))
-        sent.append(f"h{i}")
-        threading.Event().wait(LINGER_S / 2)
+    sent = _send_steadily(sender, 40, LINGER_S / 2)
     assert ledger.landed, "nothing landed while the settles kept coming"
     relay.close()
     assert ledger.landed == sent and ledger.asked > 3
@@ -278,9 +276,7 @@ def test_a_sync_lands_what_was_gathered_at_once(tmp_path: Path) -> None:
     relay = _relay(tmp_path, ledger)
     sender = Sender(relay.path)
     try:
-        for i in range(3):  # a steady flow: the relay polls and gathers
-            assert sender.send(Settle(f"h{i}", "release"))
-            threading.Event().wait(LINGER_S / 2)
+        _send_steadily(sender, 3, LINGER_S / 2)  # a steady flow: the relay polls and gathers
         started = time.monotonic()
         assert sender.sync(5.0)
         assert ledger.landed == ["h0", "h1", "h2"]

@@ -55,33 +55,15 @@ STEPS = [
     ("quotawrap.guarded_call", "GuardedCall._audit_landed", "  after the send (learn, audit)"),
 ]
 
-AGENT_PROFILE = r"""
+# The timers both processes install (the agent around the guard's steps, the wrapper around the relay's):
+# each (module, attribute path, label) step is replaced by a wrapper that appends (wall ns, thread CPU ns)
+# to samples[label] while enabled(), then calls after(label, args) if given. Missing steps are skipped.
+PATCHING = r"""
 import functools, importlib, json, os, sys, time
 
-STEPS = json.loads(os.environ["QW_STEPS"])
-_samples = {label: [] for _m, _a, label in STEPS}
-_timing = [False]
 
-
-def _timed(function, label):
-    bucket = _samples[label]
-    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
-
-    @functools.wraps(function)
-    def timed(*args, **kwargs):
-        if not _timing[0]:
-            return function(*args, **kwargs)
-        start, cpu = clock(), cpu_clock()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            bucket.append((clock() - start, cpu_clock() - cpu))
-
-    return timed
-
-
-def _install():
-    for module_name, path, label in STEPS:
+def patch(steps, samples, enabled=lambda: True, after=None):
+    for module_name, path, label in steps:
         try:
             owner = importlib.import_module(module_name)
             *parents, name = path.split(".")
@@ -90,9 +72,37 @@ def _install():
             original = getattr(owner, name)
         except (ImportError, AttributeError):
             continue
-        if isinstance(original, staticmethod):
+        if isinstance(vars(owner).get(name), staticmethod):  # set back on the class, it would take self
             continue
-        setattr(owner, name, _timed(original, label))
+        setattr(owner, name, timed(original, label, samples[label], enabled, after))
+
+
+def timed(function, label, bucket, enabled, after):
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        if not enabled():
+            return function(*args, **kwargs)
+        start, cpu = clock(), cpu_clock()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            bucket.append((clock() - start, cpu_clock() - cpu))
+            if after is not None:
+                after(label, args)
+
+    return wrapper
+"""
+
+AGENT_PROFILE = r"""
+STEPS = json.loads(os.environ["QW_STEPS"])
+_samples = {label: [] for _m, _a, label in STEPS}
+_timing = [False]
+
+
+def _install():
+    patch(STEPS, _samples, lambda: _timing[0])
 
 
 def _cpu(pid):
@@ -112,6 +122,7 @@ WRAPPER_STEPS = [
     ("quotawrap.settle_relay", "Relay._drain", "relay: drain the socket"),
     ("quotawrap.settle_relay", "Relay._take", "relay: decode one"),
     ("quotawrap.settle_relay", "Relay._linger", "relay: linger"),
+    ("quotawrap.settle_relay", "Relay._next", "relay: wait for the next settle"),
     ("quotawrap.ledger.sqlite", "SQLiteLedger.settle_many", "SQLite settle_many"),
     ("quotawrap.ledger.sqlite", "_Transaction.__enter__", "  lock + BEGIN IMMEDIATE"),
     ("quotawrap.ledger.sqlite", "_Transaction.__exit__", "  COMMIT"),
@@ -121,38 +132,19 @@ WRAPPER_STEPS = [
 # Runs ``quotawrap run ...`` with timers (wall and the thread's own CPU) around the relay's steps; writes them
 # to $QW_WRAPPER_OUT at exit, with the number of settles landed.
 WRAPPER_SHIM = r"""
-import atexit, functools, importlib, json, os, runpy, sys, time
+import atexit, runpy
 
 STEPS = json.loads(os.environ["QW_WRAPPER_STEPS"])
 samples = {label: [] for _m, _a, label in STEPS}
 landed = [0]
 
 
-def timed(function, label):
-    bucket = samples[label]
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            bucket.append((time.perf_counter_ns() - wall, time.thread_time_ns() - cpu))
-            if label.endswith("settle_many"):
-                landed[0] += len(args[1])
-
-    return wrapper
+def count_landed(label, args):
+    if label.endswith("settle_many"):
+        landed[0] += len(args[1])
 
 
-for module_name, path, label in STEPS:
-    try:
-        owner = importlib.import_module(module_name)
-        *parents, name = path.split(".")
-        for parent in parents:
-            owner = getattr(owner, parent)
-        setattr(owner, name, timed(getattr(owner, name), label))
-    except (ImportError, AttributeError):
-        pass
+patch(STEPS, samples, after=count_landed)
 
 
 @atexit.register
@@ -213,7 +205,7 @@ def run_profiled(
 
     out = agent.with_name("wrapper.json")
     shim = agent.with_name("wrapper_shim.py")
-    shim.write_text(WRAPPER_SHIM)
+    shim.write_text(PATCHING + WRAPPER_SHIM)
     assert prefix[1:3] == ["-m", "quotawrap"]
     argv = [prefix[0], str(shim), *prefix[3:], sys.executable, str(agent), sim_url, str(calls), str(warmup), "0", MODEL]
     env = {**os.environ, "PYTHONPATH": str(code), "QW_STEPS": json.dumps(STEPS), "QW_PIDS": json.dumps(pids)}
@@ -254,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         sim_pid = _simulator_pid(sim_url)
         agent = Path(tmp) / "agent.py"
-        agent.write_text(AGENT_PROFILE + AGENT_LOOP)
+        agent.write_text(PATCHING + AGENT_PROFILE + AGENT_LOOP)
         os.environ["XDG_STATE_HOME"] = str(Path(tmp) / "state")
         cells: list[tuple[str, str, list[str], Path, dict[str, int]]] = []
         for store in stores:

@@ -260,16 +260,7 @@ class Relay:
         """Gather for LINGER_S, reading on; how many datagrams."""
         count = 0
         deadline = time.monotonic() + LINGER_S
-        while (left := deadline - time.monotonic()) > 0 and not self._closed:
-            self._sock.settimeout(left)
-            try:
-                data = self._sock.recv(_RECEIVE_BYTES)
-            except OSError:  # TimeoutError: the linger is over
-                break
-            finally:
-                self._sock.settimeout(None)
-            with self._lock:
-                self._take(data)
+        while (left := deadline - time.monotonic()) > 0 and not self._closed and self._next(left):
             count += 1
         return count
 

@@ -96,7 +96,7 @@ class EventLog:
 
     def write(self, event: dict[str, Any]) -> None:
         if self.path:
-            self._append((json.dumps(event, separators=(",", ":")) + "\n").encode())
+            self._append(_line(event))
 
     def bound(self, model: str, bound: int) -> None:
         """The ``bound`` event: one per bounded call, most of them alike, so the last line is kept encoded."""
@@ -106,7 +106,7 @@ class EventLog:
         last = self._last_bound
         if last is None or last[0] != key:
             event = {"ev": "bound", "model": model, "bound": bound, "pid": key[2]}
-            last = self._last_bound = (key, (json.dumps(event, separators=(",", ":")) + "\n").encode())
+            last = self._last_bound = (key, _line(event))
         self._append(last[1])
 
     def _append(self, line: bytes) -> None:
@@ -135,6 +135,10 @@ class EventLog:
             self._fd, self._ident = fd, (stat.st_dev, stat.st_ino)
             self._closer = weakref.finalize(self, _close_if_ours, fd, self._ident)
             return fd
+
+
+def _line(event: dict[str, Any]) -> bytes:
+    return (json.dumps(event, separators=(",", ":")) + "\n").encode()
 
 
 def _opened_on(fd: int) -> tuple[int, int] | None:

@@ -55,7 +55,7 @@ from .sqlite_file import (
     write_lock,
 )
 from .sqlite_lines import Place, count_waiting
-from .sqlite_reserve import BUMP, read_for_reserve, tags_column
+from .sqlite_reserve import BUMP, SNAPSHOT_COLUMNS, read_for_reserve, tags_column
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
@@ -240,14 +240,8 @@ class SQLiteLedger:
 
     @staticmethod
     def _read_snapshot(conn: sqlite3.Connection, model: str) -> Snapshot | None:
-        row = conn.execute(
-            "SELECT balance, usage_at_sync, lagged_usage, synced_at, day, source FROM snapshots WHERE model = ?",
-            (model,),
-        ).fetchone()
-        if row is None:
-            return None
-        balance, usage_at_sync, lagged, synced_at, day, source = row
-        return Snapshot(balance, usage_at_sync, lagged, synced_at, day, source)
+        row = conn.execute(f"SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE model = ?", (model,)).fetchone()
+        return None if row is None else Snapshot(*row)
 
     def _charge(self, conn: sqlite3.Connection, call: tuple[str, str, str], deltas: Deltas) -> None:
         """Add a transition's deltas to every counter the call belongs to, and the usage series."""

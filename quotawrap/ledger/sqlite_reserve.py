@@ -14,18 +14,20 @@ from collections.abc import Mapping
 from ..quota import Counters, Snapshot
 from .sqlite_lines import WaiterRow
 
-__all__ = ["BUMP", "read_for_reserve", "tags_column"]
+__all__ = ["BUMP", "SNAPSHOT_COLUMNS", "read_for_reserve", "tags_column"]
+
+SNAPSHOT_COLUMNS = "balance, usage_at_sync, lagged_usage, synced_at, day, source"  # Snapshot's fields, in order
 
 # Everything a reserve reads, in one statement. ``key IN (...)`` builds a temporary index on every run,
 # so the lookups are equalities joined by UNION ALL. Parameters: the run, model-day and run-cost counter
 # keys (the run and model-day keys name the call's two waiting lines too), the model, whether the lines
 # are read (the call enforces). Rows: (0, key, settled, in_flight), (1, the snapshot's fields), (2, line,
 # ticket, waiter, until): one per counter, snapshot and waiter found.
-_RESERVE_READS = """
+_RESERVE_READS = f"""
 SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?1
 UNION ALL SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?2
 UNION ALL SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?3
-UNION ALL SELECT 1, balance, usage_at_sync, lagged_usage, synced_at, day, source FROM snapshots WHERE model = ?4
+UNION ALL SELECT 1, {SNAPSHOT_COLUMNS} FROM snapshots WHERE model = ?4
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?1
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?2
 """

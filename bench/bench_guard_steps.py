@@ -122,7 +122,7 @@ WRAPPER_STEPS = [
     ("quotawrap.settle_relay", "Relay._drain", "relay: drain the socket"),
     ("quotawrap.settle_relay", "Relay._take", "relay: decode one"),
     ("quotawrap.settle_relay", "Relay._linger", "relay: linger"),
-    ("quotawrap.settle_relay", "Relay._next", "relay: wait for the next settle"),
+    ("quotawrap.settle_relay", "Relay._next", "relay: wait for one settle (in linger too)"),
     ("quotawrap.ledger.sqlite", "SQLiteLedger.settle_many", "SQLite settle_many"),
     ("quotawrap.ledger.sqlite", "_Transaction.__enter__", "  lock + BEGIN IMMEDIATE"),
     ("quotawrap.ledger.sqlite", "_Transaction.__exit__", "  COMMIT"),

@@ -131,6 +131,16 @@ def run_python(script: str, *, cwd: str | Path, env: dict[str, str]) -> tuple[An
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+def beijing_noon() -> float:
+    """Noon of today's Beijing day: a test whose clock runs on for minutes or hours from it stays in one quota
+    day, whenever the suite runs (from time.time() it crossed Beijing midnight when run after ~23:00)."""
+    from datetime import datetime
+
+    from quotawrap.quota import BEIJING
+
+    return datetime.now(BEIJING).replace(hour=12, minute=0, second=0, microsecond=0).timestamp()
+
+
 def ledger_rows(store_url: str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
     path = store_url.removeprefix("sqlite:///")
     with sqlite3.connect(path) as conn:

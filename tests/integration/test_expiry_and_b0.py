@@ -18,7 +18,7 @@ from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator, PackageSpec
 from quotawrap.sync import EXPIRY_LEAD_S, EXPIRY_MARGIN_S, SyncLoop, sync_due, sync_once
 from quotawrap.usage import Usage
-from tests.conftest import run_cli
+from tests.conftest import beijing_noon, run_cli
 
 MODEL = "deepseek-v4-flash"
 DAY_S = 86_400.0
@@ -70,7 +70,7 @@ class TestExpiryAwarePool:
 
     def test_a_sync_is_due_just_after_each_known_expiry(self, sim: ArkSimulator, store: str) -> None:
         """Between cadence syncs, a package's ExpiryTime - lead and + margin each make the next check sync."""
-        now = time.time()
+        now = beijing_noon()  # the checks span half an hour, and a new Beijing day makes any sync due
         snap = quota.Snapshot(1_000_000, 0, 0, now, quota.beijing_day(now))
         settings = Settings()
         package = quota.Package(MODEL, 300_000, now + 1200)
@@ -86,7 +86,7 @@ class TestExpiryAwarePool:
         self, sim: ArkSimulator, store: str, credentials: None
     ) -> None:
         """The background loop syncs off-cadence just before and just after an expiry; the pool drops first."""
-        start = time.time()
+        start = beijing_noon()  # the ticks span over an hour, and a new Beijing day makes any sync due
         sim.set_packages(
             [
                 PackageSpec(MODEL, 400_000, start - 29 * DAY_S, start + 3600),

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
+from quotawrap.ledger.sqlite_file import EVERY_CALL
 from quotawrap.simulator import ArkSimulator, SimConfig, serve
 
 CHILDREN = Path(__file__).parent / "integration" / "children"
@@ -162,7 +163,7 @@ def sigkill_mid_stream(sim: ArkSimulator, store: str) -> tuple[str, tuple[object
     os.kill(int(line.split()[1]), signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGKILL, stderr
-    assert ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'held'") == [(0,)]
+    assert ledger_rows(store, f"SELECT COUNT(*) FROM {EVERY_CALL} WHERE state = 'held'") == [(0,)]
     (call,) = ledger_rows(store, "SELECT state, charged, reserved FROM calls")
     return stderr, call
 

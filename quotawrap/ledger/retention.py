@@ -2,8 +2,8 @@
 
 One Beijing day per ``BEGIN IMMEDIATE`` transaction: the aggregation reads and the deletes happen
 under the write lock, so two prunes at once (or a prune and guarded calls) never count a call twice
-or lose one, and a large backlog never holds the lock for longer than one day's rows. Open holds
-(``held``) are never pruned: they still carry in-flight tokens and will be settled or reclaimed.
+or lose one, and a large backlog never holds the lock for longer than one day's rows. Open holds (the
+holds table) are never pruned: they still carry in-flight tokens and will be settled or reclaimed.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ __all__ = ["SUMS", "aggregate_calls", "prune_sqlite", "read_aggregates"]
 # the columns of call_aggregates after (day, model, tags)
 SUMS = REPORT_SUMS
 
-_FINAL = "state != 'held'"
 _CALL_COLUMNS = (
     "model, tags, state, overshoot, charged, charged_cost, usage_anomaly, handed_to, prompt_tokens,"
     " completion_tokens, reasoning_tokens, cached_tokens"
@@ -58,7 +57,7 @@ def aggregate_calls(rows: Iterable[Sequence[Any]]) -> dict[tuple[str, str], list
 
 def _prune_day(conn: sqlite3.Connection, day: str, dry_run: bool) -> tuple[int, int, int, int]:
     """(calls, aggregate rows, series rows, sync rows) of one day, deleted unless ``dry_run``."""
-    rows = conn.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE day = ? AND {_FINAL}", (day,)).fetchall()
+    rows = conn.execute(f"SELECT {_CALL_COLUMNS} FROM calls WHERE day = ?", (day,)).fetchall()
     groups = aggregate_calls(rows)
     series = conn.execute("SELECT COUNT(*) FROM usage_series WHERE day = ?", (day,)).fetchone()[0]
     syncs = conn.execute("SELECT COUNT(*) FROM sync_history WHERE day = ?", (day,)).fetchone()[0]
@@ -72,7 +71,7 @@ def _prune_day(conn: sqlite3.Connection, day: str, dry_run: bool) -> tuple[int, 
                 f" ON CONFLICT (day, model, tags) DO UPDATE SET {updates}",
                 (day, model, tags, *sums),
             )
-        conn.execute(f"DELETE FROM calls WHERE day = ? AND {_FINAL}", (day,))
+        conn.execute("DELETE FROM calls WHERE day = ?", (day,))
         conn.execute("DELETE FROM usage_series WHERE day = ?", (day,))
         conn.execute("DELETE FROM sync_history WHERE day = ?", (day,))
     return len(rows), len(groups), series, syncs
@@ -84,7 +83,8 @@ def _prune_runs(conn: sqlite3.Connection, before_ts: float, dry_run: bool) -> in
         run_id
         for (run_id,) in conn.execute(
             "SELECT run_id FROM runs WHERE started_at < ? AND ended_at IS NOT NULL"
-            " AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.run_id = runs.run_id)",
+            " AND NOT EXISTS (SELECT 1 FROM calls WHERE calls.run_id = runs.run_id)"
+            " AND NOT EXISTS (SELECT 1 FROM holds WHERE holds.run_id = runs.run_id)",
             (before_ts,),
         )
     ]
@@ -103,7 +103,7 @@ def prune_sqlite(ledger: Any, before_day: str, before_ts: float, *, dry_run: boo
         days = [
             day
             for (day,) in ledger._conn().execute(
-                f"SELECT DISTINCT day FROM calls WHERE day < ? AND {_FINAL}"
+                "SELECT DISTINCT day FROM calls WHERE day < ?"
                 " UNION SELECT DISTINCT day FROM usage_series WHERE day < ?"
                 " UNION SELECT DISTINCT day FROM sync_history WHERE day < ? ORDER BY 1",
                 (before_day, before_day, before_day),

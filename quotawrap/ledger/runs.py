@@ -17,7 +17,7 @@ from __future__ import annotations
 import _sqlite3 as sqlite3
 import os
 
-from .sqlite_file import OPEN_BUSY_MS, SCHEMA_VERSION, check, retry_locked
+from .sqlite_file import EVERY_CALL, OPEN_BUSY_MS, SCHEMA_VERSION, check, retry_locked
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ RUNS_BETWEEN = (
     " WHERE started_at >= ? AND started_at < ? ORDER BY started_at"
 )
 # A run's totals per model, from its calls (the summary and `status` read them).
-RUN_TOTALS = """SELECT model,
+RUN_TOTALS = f"""SELECT model,
     COUNT(*) FILTER (WHERE state != 'blocked' AND handed_to IS NULL),
     COUNT(*) FILTER (WHERE state = 'blocked'),
     SUM(would_block),
@@ -58,11 +58,11 @@ RUN_TOTALS = """SELECT model,
     SUM(COALESCE(reasoning_tokens, 0)), SUM(COALESCE(cached_tokens, 0)),
     SUM(charged_cost),
     COUNT(*) FILTER (WHERE usage_anomaly IS NOT NULL)
-    FROM calls WHERE run_id = ? GROUP BY model ORDER BY model"""
+    FROM {EVERY_CALL} WHERE run_id = ? GROUP BY model ORDER BY model"""
 AUTO_PRUNE_LEASE = "prune:auto"  # taken for a day and never released: the automatic prune runs at most daily
 LEASE_HOLDER = "SELECT holder, until FROM leases WHERE name = ?"
 # every model the ledger has seen a call or a balance for (a run's start asks: can a package expire?)
-KNOWN_MODELS = "SELECT model FROM snapshots UNION SELECT DISTINCT model FROM calls ORDER BY 1"
+KNOWN_MODELS = "SELECT model FROM snapshots UNION SELECT model FROM holds UNION SELECT model FROM calls ORDER BY 1"
 _HEADER = b"SQLite format 3\0"
 
 

@@ -40,6 +40,7 @@ from .reasoning import REASONING_HISTORY
 from .runs import END_RUN, INSERT_RUN, KNOWN_MODELS, LEASE_HOLDER, RUN_TOTALS, RUNS_BETWEEN, tags_json
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
 from .sqlite_file import (
+    EVERY_CALL,
     LOCK_WAIT_S,
     MIGRATIONS,
     OPEN_BUSY_MS,
@@ -55,7 +56,18 @@ from .sqlite_file import (
     write_lock,
 )
 from .sqlite_lines import Place, count_waiting
-from .sqlite_reserve import BUMP, SNAPSHOT_COLUMNS, read_for_reserve, tags_column
+from .sqlite_reserve import (
+    BUMP,
+    HOLD_COLUMNS,
+    HOLD_ROW,
+    MOVE_HELD,
+    RESERVE_INTO_CALLS,
+    RESERVE_INTO_HOLDS,
+    SNAPSHOT_COLUMNS,
+    UPDATE_FINAL,
+    read_for_reserve,
+    tags_column,
+)
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
@@ -72,6 +84,7 @@ _RECORD_FIELDS = (
     *("blocked_by", "key_fingerprint", "tags", "started_at", "ended_at", "latency_s", "pid", "host"),
     *("usage_anomaly", "handed_to"),
 )
+_RECORDS = ", ".join(_RECORD_FIELDS)
 
 
 def _record(row: Sequence[Any]) -> CallRecord:
@@ -275,9 +288,7 @@ class SQLiteLedger:
                 result = place.refusal()
             held = outcome == "take"
             conn.execute(
-                "INSERT INTO calls (id, run_id, model, day, endpoint, state, reserved, reserved_cost,"
-                " would_block, blocked_by, pid, host, key_fingerprint, tags, started_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                RESERVE_INTO_HOLDS if held else RESERVE_INTO_CALLS,
                 (
                     request.hold_id,
                     request.run_id,
@@ -310,8 +321,6 @@ class SQLiteLedger:
         with self._errors("read"):
             return count_waiting(self._conn(), now)
 
-    _HOLD_COLUMNS = "id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost"
-
     def _step(
         self,
         conn: sqlite3.Connection,
@@ -323,8 +332,8 @@ class SQLiteLedger:
         anomaly: str | None = None,
         handed_to: str | None = None,
     ) -> bool:
-        """Apply holds.step to one call row (``_HOLD_COLUMNS``); whether it changed anything."""
-        hold_id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost = row
+        """Apply holds.step to one call row (``HOLD_ROW``'s); whether it changed anything."""
+        held, hold_id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost = row
         moved = step(
             state,
             event,
@@ -339,9 +348,7 @@ class SQLiteLedger:
             return False
         self._charge(conn, (run_id, model, day), moved.deltas)
         conn.execute(
-            "UPDATE calls SET state = ?, charged = ?, charged_cost = ?, prompt_tokens = ?, completion_tokens = ?,"
-            " reasoning_tokens = ?, cached_tokens = ?, overshoot = ?, ended_at = ?, latency_s = ?, usage_anomaly = ?,"
-            " handed_to = ? WHERE id = ?",
+            MOVE_HELD if held else UPDATE_FINAL,
             (
                 moved.state,
                 moved.charged,
@@ -358,12 +365,12 @@ class SQLiteLedger:
                 hold_id,
             ),
         )
+        if held:  # it left 'held' (a hold never returns to it): its row moved to calls
+            conn.execute("DELETE FROM holds WHERE id = ?", (hold_id,))
         return True
 
-    _HOLD_ROW = f"SELECT {_HOLD_COLUMNS} FROM calls WHERE id = ?"
-
     def _hold_row(self, conn: sqlite3.Connection, hold_id: str) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = conn.execute(self._HOLD_ROW, (hold_id,)).fetchone()
+        row: tuple[Any, ...] | None = conn.execute(HOLD_ROW, (hold_id,)).fetchone()
         return row
 
     def settle(
@@ -396,9 +403,7 @@ class SQLiteLedger:
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:
-            rows = conn.execute(
-                f"SELECT {self._HOLD_COLUMNS} FROM calls WHERE state = 'held' AND {where}", params
-            ).fetchall()
+            rows = conn.execute(f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE {where}", params).fetchall()
             return sum(self._step(conn, row, "resolve") for row in rows)
 
     def resolve_run(self, run_id: str) -> int:
@@ -406,11 +411,7 @@ class SQLiteLedger:
 
     def reclaim_orphans(self, now: float) -> int:
         with self._errors("scan"):
-            rows = (
-                self._conn()
-                .execute("SELECT DISTINCT pid FROM calls WHERE state = 'held' AND host = ?", (self._host,))
-                .fetchall()
-            )
+            rows = self._conn().execute("SELECT DISTINCT pid FROM holds WHERE host = ?", (self._host,)).fetchall()
         dead = [pid for (pid,) in rows if not pid_alive(pid)]
         reclaimed = self._charge_open("expires_at < ?", (now,))
         if dead:
@@ -536,7 +537,7 @@ class SQLiteLedger:
             rows = (
                 self._conn()
                 .execute(
-                    f"SELECT {', '.join(_RECORD_FIELDS)} FROM calls WHERE {' AND '.join(where)} ORDER BY started_at",
+                    f"SELECT {_RECORDS} FROM {EVERY_CALL} WHERE {' AND '.join(where)} ORDER BY started_at",
                     params,
                 )
                 .fetchall()

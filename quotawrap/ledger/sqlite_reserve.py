@@ -1,5 +1,5 @@
-"""What the SQLite ledger runs on a guarded call's path, prepared once: the reserve's one read, the
-counters' upsert, and a call's tags as its row keeps them.
+"""What the SQLite ledger runs on a guarded call's path, prepared once: the reserve's one read and its row,
+the counters' upsert, a call's tags as its row keeps them, and a settle's move of the row out of holds.
 
 A reserve runs inside ``BEGIN IMMEDIATE`` on the caller's path, so every statement counts: each costs
 a microsecond or more of set-up (Python's and SQLite's) before it does anything.
@@ -12,9 +12,21 @@ import sqlite3
 from collections.abc import Mapping
 
 from ..quota import Counters, Snapshot
+from .sqlite_file import CALL_COLUMNS
 from .sqlite_lines import WaiterRow
 
-__all__ = ["BUMP", "SNAPSHOT_COLUMNS", "read_for_reserve", "tags_column"]
+__all__ = [
+    "BUMP",
+    "HOLD_COLUMNS",
+    "HOLD_ROW",
+    "MOVE_HELD",
+    "RESERVE_INTO_CALLS",
+    "RESERVE_INTO_HOLDS",
+    "SNAPSHOT_COLUMNS",
+    "UPDATE_FINAL",
+    "read_for_reserve",
+    "tags_column",
+]
 
 SNAPSHOT_COLUMNS = "balance, usage_at_sync, lagged_usage, synced_at, day, source"  # Snapshot's fields, in order
 
@@ -74,3 +86,36 @@ def tags_column(tags: Mapping[str, str]) -> str | None:
             _TAGS.clear()
         text = _TAGS[key] = json.dumps(dict(tags))
     return text
+
+
+# A reserve's row: a hold taken goes to holds, a refusal straight to calls (it is final).
+_RESERVE_COLUMNS = (
+    "id, run_id, model, day, endpoint, state, reserved, reserved_cost, would_block, blocked_by, pid, host,"
+    " key_fingerprint, tags, started_at, expires_at"
+)
+RESERVE_INTO_HOLDS, RESERVE_INTO_CALLS = (
+    f"INSERT INTO {table} ({_RESERVE_COLUMNS}) VALUES ({', '.join('?' * 16)})" for table in ("holds", "calls")
+)
+# What a step writes of a call's row. A hold's row moves to calls with these values (then leaves holds);
+# an unresolved call's row is updated in place. Parameters: these columns' values in order, then the id.
+_STEP_COLUMNS = (
+    *("state", "charged", "charged_cost", "prompt_tokens", "completion_tokens", "reasoning_tokens"),
+    *("cached_tokens", "overshoot", "ended_at", "latency_s", "usage_anomaly", "handed_to"),
+)
+_ID = f"?{len(_STEP_COLUMNS) + 1}"
+UPDATE_FINAL = (
+    f"UPDATE calls SET ({', '.join(_STEP_COLUMNS)})"
+    f" = ({', '.join(f'?{n}' for n in range(1, len(_STEP_COLUMNS) + 1))}) WHERE id = {_ID}"
+)
+MOVE_HELD = (
+    f"INSERT INTO calls ({', '.join(CALL_COLUMNS)}) SELECT "
+    + ", ".join(f"?{_STEP_COLUMNS.index(c) + 1}" if c in _STEP_COLUMNS else c for c in CALL_COLUMNS)
+    + f" FROM holds WHERE id = {_ID}"
+)
+
+# A call's row as SQLiteLedger._step takes it, led by whether it is a hold in flight (a row of holds, else of
+# calls): a hold is in exactly one of the two tables.
+HOLD_COLUMNS = "id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost"
+HOLD_ROW = (
+    f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE id = ?1 UNION ALL SELECT 0, {HOLD_COLUMNS} FROM calls WHERE id = ?1"
+)

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 
+from quotawrap.ledger.sqlite_file import EVERY_CALL
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import child, ledger_rows, run_quotawrap, start_cli
 
@@ -77,7 +78,7 @@ def test_a_stream_left_open_at_exit_settles_and_the_child_ends(sim: ArkSimulator
     )
     assert result.returncode == 0, result.stderr
     assert "LEFT OPEN" in result.stdout
-    (held,) = ledger_rows(store, "SELECT COUNT(*) FROM calls WHERE state = 'held'")[0]
+    (held,) = ledger_rows(store, f"SELECT COUNT(*) FROM {EVERY_CALL} WHERE state = 'held'")[0]
     assert held == 0
 
 

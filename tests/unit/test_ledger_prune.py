@@ -16,6 +16,7 @@ import pytest
 from quotawrap._errors import ConfigError
 from quotawrap.ledger import HoldRequest
 from quotawrap.ledger.sqlite import SCHEMA_VERSION, SQLiteLedger
+from quotawrap.ledger.sqlite_file import CALL_COLUMNS
 from quotawrap.quota import BEIJING, Limit
 from quotawrap.report import day_range, ledger_rows
 from quotawrap.retention import AUTO_LEASE, auto_prune, cutoff_day, parse_duration
@@ -197,15 +198,25 @@ def test_version_2_ledger_is_migrated(tmp_path: Path) -> None:
     conn.close()
     reopened = SQLiteLedger(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == SCHEMA_VERSION == "5"
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == SCHEMA_VERSION == "6"
     conn.close()
     before = ledger_rows(reopened, "model")
     assert reopened.prune("2026-02-01").calls == 5
     assert ledger_rows(reopened, "model") == before
 
 
+def _back_to_version_5(conn: sqlite3.Connection) -> None:
+    """Make a current ledger the schema 5 one it grew from: the calls in flight kept in calls, indexed."""
+    columns = ", ".join(CALL_COLUMNS)
+    conn.execute(f"INSERT INTO calls ({columns}) SELECT {columns} FROM holds")
+    conn.execute("DROP TABLE holds")
+    conn.execute("CREATE INDEX calls_open ON calls (state, expires_at) WHERE state = 'held'")
+    conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema'")
+
+
 def _back_to_version_3(conn: sqlite3.Connection) -> None:
     """Make a current ledger the schema 3 one (before usage_anomaly and handed_to) it grew from."""
+    _back_to_version_5(conn)
     for table, column in (("calls", "usage_anomaly"), ("calls", "handed_to"), ("call_aggregates", "anomalous_calls")):
         conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema'")
@@ -234,6 +245,38 @@ def test_version_3_ledger_is_migrated(tmp_path: Path) -> None:
     )
     reopened.settle(held.hold_id, None, anomaly="prompt_tokens -1 is not a plausible token count")
     assert reopened.run_totals("run-x").models["m"].anomalous_calls == 1
+
+
+def test_version_5_ledger_is_migrated(tmp_path: Path) -> None:
+    """A schema 5 ledger (calls in flight kept in calls) opens with them moved to holds, every record as it
+    was; they settle, reclaim and prune as before, and no row of calls is left 'held'."""
+    path = tmp_path / "old.sqlite3"
+    clock = FakeClock(0.0)
+    ledger = SQLiteLedger(path, clock=clock)
+    open_holds = _seed(ledger, clock, ["2026-01-01", "2026-03-01"])
+    records, counters = ledger.call_records(), ledger.counters(["md:2026-03-01:" + MODELS[0]])
+    ledger.close()
+    conn = sqlite3.connect(path)
+    _back_to_version_5(conn)
+    conn.commit()
+    assert conn.execute("SELECT COUNT(*) FROM calls WHERE state = 'held'").fetchone() == (len(open_holds),) != (0,)
+    conn.close()
+    reopened = SQLiteLedger(path, clock=clock)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (SCHEMA_VERSION,)
+    assert sorted(id_ for (id_,) in conn.execute("SELECT id FROM holds")) == sorted(open_holds)
+    assert conn.execute("SELECT COUNT(*) FROM calls WHERE state = 'held'").fetchone() == (0,)
+    assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'calls_open'").fetchall() == []
+    conn.close()
+    assert reopened.call_records() == records
+    assert reopened.counters(["md:2026-03-01:" + MODELS[0]]) == counters
+    assert reopened.prune("2026-02-01").calls > 0
+    assert {r.id for r in reopened.call_records() if r.state == "held"} == set(open_holds)
+    settled, *others = open_holds
+    reopened.settle(settled, Usage(1, 1, 2))
+    assert reopened.reclaim_orphans(now=clock.now + 2 * 10**9) == len(others)
+    states = {r.id: r.state for r in reopened.call_records()}
+    assert states[settled] == "settled" and {states[hold] for hold in others} == {"unresolved"}
 
 
 def test_auto_prune_runs_at_most_once_a_day(seeded: tuple[SQLiteLedger, FakeClock, list[str]]) -> None:

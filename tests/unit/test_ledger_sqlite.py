@@ -373,14 +373,14 @@ class TestNoApiKeyStored:
             assert conn.execute("SELECT key_fingerprint, state FROM calls").fetchall() == [(fingerprint, "settled")]
 
     def test_no_header_no_fingerprint(self, tmp_path: Path) -> None:
-        """A call without a key records none."""
+        """A call without a key records none (its hold is in flight: a row of holds)."""
         store = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
         guard = Guard(Settings(store=store, base_url=("http://testserver/api/v3",)))
         body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
         call = guard.begin("POST", "http://testserver/api/v3/chat/completions", {}, body)
         assert call is not None and call.blocked is None
         with sqlite3.connect(tmp_path / "ledger.sqlite3") as conn:
-            assert conn.execute("SELECT key_fingerprint FROM calls").fetchall() == [(None,)]
+            assert conn.execute("SELECT key_fingerprint FROM holds").fetchall() == [(None,)]
 
 
 class TestThreadsOfOneProcess:

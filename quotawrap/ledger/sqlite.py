@@ -280,7 +280,7 @@ class SQLiteLedger:
             scoped, snapshot, waiting = read_for_reserve(conn, scopes, request.model, request.enforce)
             limits = limits_for(snapshot)
             result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)
-            place = Place(conn, request, self._clock(), waiting)
+            place = Place(conn, request, self._clock(), waiting, scopes)
             outcome = place.decide(limits, scoped, result.allowed)
             if outcome in ("queued", "wait"):
                 return place.decision(result, scoped)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..quota import Counters, Limit, Verdict, never_fits
 from .base import Decision, HoldRequest
@@ -21,18 +21,21 @@ class Place:
     """A call's place in the lines of its run and model-day, inside the reserve's transaction."""
 
     def __init__(
-        self, conn: sqlite3.Connection, request: HoldRequest, now: float, waiting: Iterable[WaiterRow]
+        self,
+        conn: sqlite3.Connection,
+        request: HoldRequest,
+        now: float,
+        waiting: Sequence[WaiterRow],
+        scopes: Mapping[str, str],
     ) -> None:
         """``waiting``: the rows of the call's two lines, read in the reserve's transaction
-        (``sqlite_reserve.read_for_reserve``)."""
-        lines: dict[LineName, str] = {
-            "run": run_key(request.run_id),
-            "model_day": model_day_key(request.model, request.day),
-        }
+        (``sqlite_reserve.read_for_reserve``); ``scopes``: the call's counter keys (``scope_keys``), which
+        name its lines."""
+        lines: dict[LineName, str] = {"run": scopes["run"], "model_day": scopes["model_day"]}
         self._conn, self._request, self._lines, self._now = conn, request, lines, now
         self.ticket = request.ticket
         self.aheads: dict[LineName, int] = {"run": 0, "model_day": 0}
-        if not request.enforce:
+        if not request.enforce or not waiting:  # nearly always both lines are empty: nobody ahead
             return
         names = {line: name for name, line in lines.items()}
         read: dict[LineName, list[Entry]] = {"run": [], "model_day": []}

@@ -148,9 +148,7 @@ def _count(value: Any) -> int | None:
     """A token count, None when absent (JSON null counts as absent); raises _Unusable when invalid."""
     if value is None:
         return None
-    if isinstance(value, bool):  # bool is an int subclass, but `true` is no count
-        raise _Unusable
-    if isinstance(value, int):
+    if type(value) is int or (isinstance(value, int) and not isinstance(value, bool)):  # `true` is no count
         if value < 0:
             raise _Unusable
         return value
@@ -171,7 +169,7 @@ def _detail(obj: Mapping[str, Any], sections: tuple[str, ...], key: str) -> int:
     """An optional ``*_details`` count: any malformation means 0, never an unusable usage."""
     for section in sections:
         details = obj.get(section)
-        if isinstance(details, Mapping):
+        if type(details) is dict or isinstance(details, Mapping):  # json.loads' dict spared the ABC check
             try:
                 found = _count(details.get(key))
             except _Unusable:
@@ -188,7 +186,7 @@ def usage_from_mapping(obj: Mapping[str, Any]) -> Usage | None:
     None for anything that is not a usable usage: not a mapping, no counts at all, or a count
     that is not a non-negative integer.
     """
-    if not isinstance(obj, Mapping):
+    if type(obj) is not dict and not isinstance(obj, Mapping):  # as in _detail
         return None
     try:
         prompt = _first_count(obj, "prompt_tokens", "input_tokens")
@@ -267,14 +265,14 @@ def _usage_in_payload(obj: Mapping[str, Any]) -> tuple[Usage | None, bool]:
 
 def _usage_at(holder: Mapping[str, Any]) -> Usage | None:
     usage = holder.get("usage")
-    return usage_from_mapping(usage) if isinstance(usage, Mapping) else None
+    return usage_from_mapping(usage) if type(usage) is dict or isinstance(usage, Mapping) else None
 
 
 def usage_from_body(body: bytes | str | Mapping[str, Any]) -> Usage | None:
     """Usage of a complete JSON response body; None when it has none or is not JSON. Never raises."""
     try:
-        obj: Any = body if isinstance(body, Mapping) else json.loads(body)
-        if not isinstance(obj, Mapping):
+        obj: Any = json.loads(body) if type(body) is bytes or not isinstance(body, Mapping) else body
+        if type(obj) is not dict and not isinstance(obj, Mapping):
             return None
         return _usage_in_payload(obj)[0]
     except Exception:  # a guard must not break the caller over a body it cannot read

@@ -1,0 +1,150 @@
+"""The guarded call's short-cuts answer as the general rules they stand before (generated cases).
+
+Each short-cut tests ``type(x) is dict`` / ``list`` / ``int`` before the ABC or subclass checks it spares
+(what ``json.loads`` gives takes the short way), or remembers an answer that is pure in its inputs. Here
+the general rule, written out as it was, is compared with the function on values of every shape: JSON
+values, subclasses of dict, list and int, bools, other mappings and sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections import OrderedDict, UserDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quotawrap import estimate, usage
+
+
+class _Dict(dict[str, Any]):
+    pass
+
+
+class _List(list[Any]):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**41), max_value=2**41),
+    st.integers(min_value=0, max_value=100).map(_Int),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5),
+    st.binary(max_size=5),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.lists(inner, max_size=3).map(_List),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3).map(_Dict),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3).map(OrderedDict),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3).map(UserDict),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3).map(types.MappingProxyType),
+        st.frozensets(st.integers(), max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+def _outcome(function: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "value", function(*args)
+    except ValueError as exc:
+        return "ValueError", str(exc)
+    except usage._Unusable:
+        return "unusable", None
+
+
+# -- the general rules, as written before the short-cuts ------------------------------------------
+
+
+def _check_body_rule(body: object) -> None:
+    if not isinstance(body, Mapping):
+        raise ValueError(f"request body must be a JSON object, got {estimate._type_name(body)}")
+
+
+def _as_list_rule(value: object, where: str, expected: str) -> Sequence[object]:
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise ValueError(f"{where} must be {expected}, got {estimate._type_name(value)}")
+    return value if isinstance(value, Sequence) else list(value)
+
+
+def _as_mapping_rule(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be a JSON object, got {estimate._type_name(value)}")
+    return value
+
+
+def _count_rule(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise usage._Unusable
+    if isinstance(value, int):
+        if value < 0:
+            raise usage._Unusable
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    raise usage._Unusable
+
+
+@settings(max_examples=400, deadline=None)
+@given(_values)
+def test_shape_checks_answer_as_the_abc_rules(value: object) -> None:
+    assert _outcome(estimate._check_body, value) == _outcome(_check_body_rule, value)
+    assert _outcome(estimate._as_mapping, value, "x") == _outcome(_as_mapping_rule, value, "x")
+    ours, rule = _outcome(estimate._as_list, value, "x", "a list"), _outcome(_as_list_rule, value, "x", "a list")
+    assert ours == rule
+    if ours[0] == "value" and isinstance(value, Sequence):
+        assert ours[1] is value  # the very list, never a copy
+    assert _outcome(usage._count, value) == _outcome(_count_rule, value)
+    assert type(_outcome(usage._count, value)[1]) is type(_outcome(_count_rule, value)[1])  # an _Int stays one
+
+
+_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 2**41), st.floats(allow_nan=False, allow_infinity=False)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=6,
+)
+_counts = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**41), st.floats(-5, 1e6), st.text(max_size=2))
+_usage_objects = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt_tokens": _counts,
+        "completion_tokens": _counts,
+        "total_tokens": _counts,
+        "input_tokens": _counts,
+        "prompt_tokens_details": st.one_of(_json, st.fixed_dictionaries({"cached_tokens": _counts})),
+        "completion_tokens_details": st.one_of(_json, st.fixed_dictionaries({"reasoning_tokens": _counts})),
+        "prompt_cache_hit_tokens": _counts,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_usage_objects, st.sampled_from([dict, _Dict, types.MappingProxyType, UserDict]))
+def test_usage_reads_alike_from_json_bytes_and_any_mapping(obj: dict[str, Any], holder: Any) -> None:
+    """The dict short-cuts read what the Mapping rule reads: a body as bytes (json.loads' dicts), as any mapping."""
+    body = {"choices": [], "usage": obj}
+    from_bytes = usage.usage_from_body(json.dumps(body).encode())
+    assert from_bytes == usage.usage_from_body(_held(body, holder)) == usage.usage_from_mapping(_held(obj, UserDict))
+
+
+def _held(value: Any, holder: Any) -> Any:
+    """``value`` with each of its dicts, however deep, in ``holder`` instead."""
+    if isinstance(value, dict):
+        return holder({key: _held(item, holder) for key, item in value.items()})
+    return [_held(item, holder) for item in value] if isinstance(value, list) else value

@@ -39,7 +39,8 @@ class Fresh(Record, frozen=True):
 
 
 class Room:
-    """What one call knows of the room its limits leave: counters last seen (shared per process), re-read on demand."""
+    """What the calls of one (model, day) know of the room their limits leave: counters last seen (shared per
+    process), re-read on demand. Keeps nothing of any one call: the guard makes one per (model, day)."""
 
     def __init__(
         self,

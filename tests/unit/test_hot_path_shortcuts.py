@@ -18,6 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotawrap import estimate, usage
+from quotawrap.guard import Guard
+from quotawrap.ledger.base import model_day_key, run_cost_key, run_key
+from quotawrap.settings import Settings
 
 
 class _Dict(dict[str, Any]):
@@ -148,3 +151,15 @@ def _held(value: Any, holder: Any) -> Any:
     if isinstance(value, dict):
         return holder({key: _held(item, holder) for key, item in value.items()})
     return [_held(item, holder) for item in value] if isinstance(value, list) else value
+
+
+def test_a_room_is_shared_by_the_calls_of_one_model_and_day(tmp_path: Any) -> None:
+    guard = Guard(Settings(store=f"sqlite:///{tmp_path}/l.db", run_id="rooms"))
+    room = guard._room("m", "2026-12-01")
+    assert guard._rooms[("m", "2026-12-01")] is room
+    assert guard._room("m", "2026-12-02") is not room
+    assert room._keys == {
+        "run": run_key("rooms"),
+        "model_day": model_day_key("m", "2026-12-01"),
+        "run_cost": run_cost_key("rooms"),
+    }

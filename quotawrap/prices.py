@@ -234,6 +234,9 @@ def conservative_default(prices: Iterable[ModelPrice]) -> ModelPrice:
 # --------------------------------------------------------------------------- the table
 
 
+_UNSEEN: Final = object()
+
+
 def normalize_model(model: str) -> str:
     """Ark writes versions both ways (doubao-seed-1.6, doubao-seed-1-6-250615): compare in one form."""
     return model.strip().lower().replace(".", "-").replace("_", "-")
@@ -248,6 +251,8 @@ class PriceTable(Record, frozen=True):
     version: str = f"bundled-{BUNDLED_AS_OF}"  # recorded with costs, so a report says which table priced it
     _by_key: Mapping[str, ModelPrice] = field(init=False, repr=False, compare=False)
     _fallback: ModelPrice = field(init=False, repr=False, compare=False)
+    # price_for's answers by model as asked: pure in the (frozen) table, and every reserve and settle asks
+    _found: dict[str, ModelPrice | None] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.unknown_price not in UNKNOWN_PRICE_POLICIES:
@@ -258,6 +263,7 @@ class PriceTable(Record, frozen=True):
         object.__setattr__(self, "_by_key", by_key)
         fallback = self.default or conservative_default(self.prices or BUNDLED_PRICES)
         object.__setattr__(self, "_fallback", fallback)
+        object.__setattr__(self, "_found", {})
 
     @property
     def fallback(self) -> ModelPrice:
@@ -270,6 +276,15 @@ class PriceTable(Record, frozen=True):
         Ark ids carry date or variant suffixes (deepseek-v3-1-250821, doubao-seed-1-6-flash-250828);
         the boundary rule keeps ``doubao-seed-1-6`` from matching a ``doubao-seed-1-60``.
         """
+        found = self._found.get(model, _UNSEEN)
+        if found is _UNSEEN:
+            found = self._price_for(model)
+            if len(self._found) >= 1024:  # model ids come from requests: a bounded memory
+                self._found.clear()
+            self._found[model] = found
+        return found  # type: ignore[return-value]
+
+    def _price_for(self, model: str) -> ModelPrice | None:
         key = normalize_model(model)
         found = self._by_key.get(key)
         if found is not None:

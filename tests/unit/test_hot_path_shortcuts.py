@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from quotawrap import estimate, usage
 from quotawrap.guard import Guard
 from quotawrap.ledger.base import model_day_key, run_cost_key, run_key
+from quotawrap.prices import PriceTable, normalize_model
 from quotawrap.settings import Settings
 
 
@@ -151,6 +152,23 @@ def _held(value: Any, holder: Any) -> Any:
     if isinstance(value, dict):
         return holder({key: _held(item, holder) for key, item in value.items()})
     return [_held(item, holder) for item in value] if isinstance(value, list) else value
+
+
+def test_price_for_remembers_what_it_found_and_what_it_did_not() -> None:
+    table = PriceTable()
+    for model in ("deepseek-v3-1-250821", "DeepSeek-V3.1-250821", "no-such-model", "deepseek-v3-1-250821"):
+        assert table.price_for(model) == table._price_for(model)
+        assert table.price_for(model) is table.price_for(model)
+    assert table._found.keys() == {"deepseek-v3-1-250821", "DeepSeek-V3.1-250821", "no-such-model"}
+    assert normalize_model("DeepSeek-V3.1-250821") == "deepseek-v3-1-250821"
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet="abdeksv-._0123456789", max_size=30))
+def test_price_for_answers_as_the_lookup_it_remembers(model: str) -> None:
+    table = PriceTable()
+    first = table.price_for(model)
+    assert first == table._price_for(model) == table.price_for(model)
 
 
 def test_a_room_is_shared_by_the_calls_of_one_model_and_day(tmp_path: Any) -> None:

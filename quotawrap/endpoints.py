@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 from urllib.parse import SplitResult, urlsplit
 
+from . import json_bytes
 from ._records import Record
 from .estimate import Kind
 
@@ -182,7 +183,7 @@ def parse_json_body(body: bytes | None) -> dict[str, Any]:
     if not body:
         raise ValueError("empty request body")
     try:
-        data = json.loads(body)
+        data = json_bytes.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"request body is not JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -29,11 +29,11 @@ Where usage hides, by shape (see notes/injection.md, pitfall 16):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Final
 
+from . import json_bytes
 from ._records import Record
 
 __all__ = [
@@ -271,7 +271,7 @@ def _usage_at(holder: Mapping[str, Any]) -> Usage | None:
 def usage_from_body(body: bytes | str | Mapping[str, Any]) -> Usage | None:
     """Usage of a complete JSON response body; None when it has none or is not JSON. Never raises."""
     try:
-        obj: Any = json.loads(body) if type(body) is bytes or not isinstance(body, Mapping) else body
+        obj: Any = json_bytes.loads(body) if type(body) is bytes or not isinstance(body, Mapping) else body
         if type(obj) is not dict and not isinstance(obj, Mapping):
             return None
         return _usage_in_payload(obj)[0]
@@ -526,7 +526,7 @@ class SSEUsageReader:
         if name != b"error" and not _worth_parsing(payload):
             return False
         try:
-            obj = json.loads(payload)
+            obj = json_bytes.loads(payload)
         except (ValueError, RecursionError):
             if name == b"error":
                 self.error = {"error": payload.decode("utf-8", "replace")}

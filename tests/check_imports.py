@@ -30,6 +30,7 @@ PURE: frozenset[str] = frozenset(
         "quotawrap.ledger.holds",
         "quotawrap.ledger.scopes",
         "quotawrap.ledger.lines",
+        "quotawrap.json_bytes",
     }
 )
 # What a pure module may lean on besides other pure modules: the exception classes, the record

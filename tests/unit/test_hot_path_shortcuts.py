@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotawrap import estimate, usage
+from quotawrap import estimate, json_bytes, usage
 from quotawrap.guard import Guard
 from quotawrap.ledger.base import model_day_key, run_cost_key, run_key
 from quotawrap.prices import PriceTable, normalize_model
@@ -181,3 +181,33 @@ def test_a_room_is_shared_by_the_calls_of_one_model_and_day(tmp_path: Any) -> No
         "model_day": model_day_key("m", "2026-12-01"),
         "run_cost": run_cost_key("rooms"),
     }
+
+
+def _loaded(function: Any, data: Any) -> tuple[str, Any]:
+    try:
+        return "value", function(data)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+
+
+_documents = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=4)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+    max_leaves=6,
+)
+_encodings = st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=12), st.binary(max_size=12).map(lambda tail: b"{" + tail)))
+def test_json_bytes_loads_as_json_on_any_bytes(data: bytes) -> None:
+    assert _loaded(json_bytes.loads, data) == _loaded(json.loads, data)
+    assert _loaded(json_bytes.loads, bytearray(data)) == _loaded(json.loads, bytearray(data))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_documents, _encodings, st.booleans())
+def test_json_bytes_loads_as_json_in_any_encoding(document: Any, encoding: str, ascii_only: bool) -> None:
+    data = json.dumps(document, ensure_ascii=ascii_only).encode(encoding)
+    assert _loaded(json_bytes.loads, data) == _loaded(json.loads, data)
+    assert _loaded(json_bytes.loads, data.decode(encoding)) == _loaded(json.loads, data.decode(encoding))

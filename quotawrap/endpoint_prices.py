@@ -118,7 +118,12 @@ class CostRule(Record, frozen=True):
             ttl = request.get("ttl")
             seconds = ttl if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0 else _DEFAULT_CONTEXT_TTL_S
             return cls(endpoint, storage_hours=math.ceil(seconds / 3600))
-        return cls(endpoint)
+        # Every other endpoint's rule is its name alone: one frozen instance each, not one per call (the
+        # guard's memory of reserve costs then finds it by identity, without comparing records)
+        rule = _BY_ENDPOINT.get(endpoint)
+        if rule is None:
+            rule = _BY_ENDPOINT[endpoint] = cls(endpoint)
+        return rule
 
     def reserve(self, table: PriceTable, model: str, estimate: Estimate) -> Cost:
         """The most the call can cost, in micro-CNY."""
@@ -151,4 +156,9 @@ class CostRule(Record, frozen=True):
         elif self.endpoint == "context":
             micro += math.ceil(input_tokens * self.storage_hours * CONTEXT_STORAGE_PER_MILLION_HOUR)
             flagged = True
+        else:
+            return cost  # as the table priced it (the same amount and flag, without a new Cost per settle)
         return Cost(micro, estimated=flagged)
+
+
+_BY_ENDPOINT: dict[str, CostRule] = {}  # endpoints are the router's few labels

@@ -67,13 +67,15 @@ class GuardBooks:
         Pure in its arguments for one price table, and an agent's calls repeat them: remembered.
         """
         costs = self.__dict__.setdefault("_reserve_costs", {})
-        key = (model, estimate, rule, id(self.prices))
+        prices = self.prices
+        # the estimate's two counts, not the record: hashing and comparing a record runs Python code
+        key = (model, estimate.input_tokens, estimate.output_allowance, rule, id(prices))
         cost: int | None = costs.get(key)
         if cost is None:
             if rule is not None:
-                cost = int(rule.reserve(self.prices, model, estimate))
+                cost = int(rule.reserve(prices, model, estimate))
             else:
-                cost = int(self.prices.reserve_cost(model, estimate.input_tokens, estimate.output_allowance))
+                cost = int(prices.reserve_cost(model, estimate.input_tokens, estimate.output_allowance))
             if len(costs) >= 256:
                 costs.clear()
             costs[key] = cost

@@ -18,6 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotawrap import estimate, json_bytes, usage
+from quotawrap.endpoint_prices import CostRule
+from quotawrap.estimate import Estimate
 from quotawrap.guard import Guard
 from quotawrap.ledger.base import model_day_key, run_cost_key, run_key
 from quotawrap.prices import PriceTable, normalize_model
@@ -211,3 +213,32 @@ def test_json_bytes_loads_as_json_in_any_encoding(document: Any, encoding: str, 
     data = json.dumps(document, ensure_ascii=ascii_only).encode(encoding)
     assert _loaded(json_bytes.loads, data) == _loaded(json.loads, data)
     assert _loaded(json_bytes.loads, data.decode(encoding)) == _loaded(json.loads, data.decode(encoding))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(["chat", "responses", "embeddings", "video_task", "bot_chat", "batch_chat", "context", "images"]),
+    st.integers(0, 10**7),
+    st.integers(0, 10**6),
+    st.sampled_from(["deepseek-v3-1-250821", "doubao-seed-1-6-250615", "doubao-seedream-4-0", "unknown-model"]),
+)
+def test_rules_and_reserve_costs_remembered_answer_as_made_anew(
+    endpoint: str, input_tokens: int, output: int, model: str
+) -> None:
+    request = {"model": model, "n": 2, "ttl": 7200}
+    guess = Estimate(input_tokens, output)
+    rule = CostRule.for_request(endpoint, request, guess)
+    assert rule == CostRule.for_request(endpoint, dict(request), Estimate(input_tokens, output))
+    if endpoint not in ("images", "context"):
+        assert rule is CostRule.for_request(endpoint, request, guess)
+    guard = Guard(Settings(run_id="costs"))
+    fresh = CostRule(rule.endpoint, rule.images, rule.storage_hours)
+    usage_ = usage.Usage(input_tokens, output, input_tokens + output, actions=(("web_search", 2),))
+    for _ in range(2):  # made, then remembered
+        made = fresh.reserve(guard.prices, model, Estimate(input_tokens, output))
+        assert guard.reserve_cost(model, Estimate(input_tokens, output), rule) == int(made)
+        actual, anew = rule.actual(guard.prices, model, usage_), fresh.actual(guard.prices, model, usage_)
+        assert (int(actual), actual.estimated) == (int(anew), anew.estimated)
+        if endpoint in ("chat", "responses", "embeddings", "video_task"):  # priced by the table alone
+            table = guard.prices.actual_cost(model, usage_)
+            assert (int(actual), actual.estimated) == (int(table), table.estimated)

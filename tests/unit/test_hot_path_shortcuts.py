@@ -242,3 +242,64 @@ def test_rules_and_reserve_costs_remembered_answer_as_made_anew(
         if endpoint in ("chat", "responses", "embeddings", "video_task"):  # priced by the table alone
             table = guard.prices.actual_cost(model, usage_)
             assert (int(actual), actual.estimated) == (int(table), table.estimated)
+
+
+def _chat_message_tokens_as_written(message: object, counter: Any, where: str) -> int:
+    """The message count as it was: every field's place formatted, absent or not."""
+    entry = estimate._as_mapping(message, where)
+    total: int = counter.per_message
+    total += estimate._content_tokens(entry.get("content"), counter, f"{where}.content")
+    total += counter.text(entry.get("name"), f"{where}.name")
+    total += counter.text(entry.get("reasoning_content"), f"{where}.reasoning_content")
+    total += estimate._function_call_tokens(entry.get("function_call"), counter, f"{where}.function_call")
+    tool_calls = entry.get("tool_calls")
+    if tool_calls is not None:
+        for index, call in enumerate(estimate._as_list(tool_calls, f"{where}.tool_calls", "a list")):
+            call_where = f"{where}.tool_calls[{index}]"
+            total += estimate._function_call_tokens(
+                estimate._as_mapping(call, call_where).get("function"), counter, call_where
+            )
+    return total
+
+
+_field_values = st.one_of(
+    st.none(), st.text(max_size=8), st.integers(), st.lists(st.text(max_size=4), max_size=2), _json
+)
+_messages = st.lists(
+    st.one_of(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "assistant"])},
+            optional={
+                "content": st.one_of(
+                    st.text(max_size=12),
+                    st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _field_values})),
+                ),
+                "name": _field_values,
+                "reasoning_content": _field_values,
+                "function_call": st.one_of(_field_values, st.fixed_dictionaries({"name": _field_values})),
+                "tool_calls": st.one_of(
+                    _field_values, st.lists(st.fixed_dictionaries({"function": _json}), max_size=2)
+                ),
+            },
+        ),
+        _field_values,
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_messages, st.one_of(st.none(), st.integers(0, 40)))
+def test_messages_count_as_they_did_with_every_place_named(messages: list[Any], stop_above: int | None) -> None:
+    body = {"model": "deepseek-v4-flash", "messages": messages, "max_tokens": 16}
+
+    def estimated() -> tuple[str, Any]:
+        return _outcome(lambda: estimate.estimate_request("chat", body, stop_above=stop_above))
+
+    ours = estimated()
+    new = estimate._chat_message_tokens
+    estimate._chat_message_tokens = _chat_message_tokens_as_written  # type: ignore[assignment]
+    try:
+        assert estimated() == ours
+    finally:
+        estimate._chat_message_tokens = new  # type: ignore[assignment]

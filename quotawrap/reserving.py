@@ -56,6 +56,7 @@ _QUEUED_PER_WAITER_S, _QUEUED_MAX_S = 0.025, 1.0
 # (a forked child shares the prefix, never the pid) and a counter are unique across hosts for a
 # fraction of a uuid4's cost.
 _WAITER_PREFIX = os.urandom(8).hex()
+_INF = float("inf")
 _waiter_numbers = itertools.count()
 
 
@@ -90,19 +91,19 @@ def _refits_lower(guard: Guard, call: Call, room: Room, bound: int) -> bool:
 def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None, GuardedCall]:
     """Reserve for ``call``, waiting in line for room up to ``--wait``; the call's answer."""
     settings = guard.settings
-    wait_s = settings.wait if call.enforce and 0 < settings.wait < float("inf") else 0.0
+    wait_s = settings.wait if call.enforce and 0 < settings.wait < _INF else 0.0
     deadline = time.monotonic() + wait_s
     waits = wait_s > 0
     waiter = f"{_WAITER_PREFIX}-{os.getpid()}-{next(_waiter_numbers)}" if waits else None
     ticket: int | None = None
     wait: Wait | None = None
     head = False  # the ledger's last answer: at the head of its lines, waiting for holds in flight
-    asked_at = float("-inf")
+    asked_at = -_INF
     backoff = _BACKOFF_MIN_S
     superseded = 0  # refused attempts this call left in the ledger before its final answer
     retry: str | None = None  # the hold id that names the next attempt the retry of the last of them
     asked_again = 0  # times asked again once this process's settles in transit had landed
-    others_until = float("-inf")  # until then, the read-ahead of streams other threads left may make room
+    others_until = -_INF  # until then, the read-ahead of streams other threads left may make room
     outcome = "abandoned"
     hold: HoldRequest | None = None
     try:
@@ -113,7 +114,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
             except (ValueError, RecursionError) as exc:
                 outcome = "refused"
                 return guard.unreadable(call.model, exc)
-            overdue = time.monotonic() >= deadline
+            overdue = not waits or time.monotonic() >= deadline  # a call that cannot wait is past its deadline
             hold = guard.hold(call, plan, waiter=waiter, ticket=ticket, can_wait=waits and not overdue)
             if retry is not None:  # asks again after a refused attempt: no view may count that one as blocked
                 hold = dataclasses.replace(hold, hold_id=retry)

@@ -126,6 +126,19 @@ class GuardedCall:
     # Headers every guarded request gets: a tee cannot read a compressed body it cannot decode.
     HEADER_OVERRIDES: Mapping[str, str] = {"accept-encoding": "identity"}
 
+    # What every call starts with, as class attributes that an instance shadows once it changes them:
+    # set in __init__, they cost a store each on every guarded call. Only immutable values here.
+    anomaly: str | None = None  # why the answer's usage was not believed, if it was not
+    _status = 0
+    _sse: SSEUsageReader | None = None
+    _decompress: Any = None
+    _undecodable = False
+    _redirected = False
+    url = ""
+    route: endpoints.Route | None = None
+    cost_rule: CostRule | None = None
+    followup: Followup | None = None
+
     def __init__(
         self,
         ledger: Ledger | None,
@@ -141,7 +154,6 @@ class GuardedCall:
     ) -> None:
         self.ledger = ledger
         self._bound = bound
-        self.anomaly: str | None = None  # why the answer's usage was not believed, if it was not
         self._guard = guard
         self._context = context
         self.hold_id = hold_id
@@ -152,16 +164,7 @@ class GuardedCall:
         self._lock = threading.Lock()
         self._done = blocked is not None
         self._started = time.monotonic()
-        self._status = 0
-        self._sse: SSEUsageReader | None = None
         self._chunks: list[bytes] = []
-        self._decompress: Any = None
-        self._undecodable = False
-        self._redirected = False
-        self.url = ""
-        self.route: endpoints.Route | None = None
-        self.cost_rule: CostRule | None = None
-        self.followup: Followup | None = None
 
     @classmethod
     def refused(cls, response: SyntheticResponse) -> GuardedCall:

@@ -83,11 +83,13 @@ class AllowanceBook:
         """A call of this process settled with ``output`` tokens out (``reasoning`` of them), under our ``bound``."""
         with self._lock:
             if bound is not None and output >= bound:
-                value = min(MAX_OUTPUT_TOKENS, 2 * bound)
-                self._cut.setdefault(model, deque(maxlen=HISTORY_CALLS)).append(value)
+                value, kept = min(MAX_OUTPUT_TOKENS, 2 * bound), self._cut
             else:
-                value = reasoning
-                self._recent.setdefault(model, deque(maxlen=HISTORY_CALLS)).append(value)
+                value, kept = reasoning, self._recent
+            lessons = kept.get(model)
+            if lessons is None:  # not setdefault: its default, a deque, would be built on every settle
+                lessons = kept[model] = deque(maxlen=HISTORY_CALLS)
+            lessons.append(value)
             # A value at or below the p99 (the window's k-th largest, k fixed once it holds 1,000 values)
             # cannot raise it, whichever old value it pushes out: the figure known stays at or above the
             # truth (a bound a little large, never a starved one) until it is computed anew.

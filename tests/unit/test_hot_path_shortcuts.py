@@ -9,15 +9,17 @@ values, subclasses of dict, list and int, bools, other mappings and sequences.
 from __future__ import annotations
 
 import json
+import math
 import types
 from collections import OrderedDict, UserDict
 from collections.abc import Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotawrap import estimate, json_bytes, usage
+from quotawrap import estimate, json_bytes, money, usage
 from quotawrap.endpoint_prices import CostRule
 from quotawrap.estimate import Estimate
 from quotawrap.guard import Guard
@@ -303,3 +305,18 @@ def test_messages_count_as_they_did_with_every_place_named(messages: list[Any], 
         assert estimated() == ours
     finally:
         estimate._chat_message_tokens = new  # type: ignore[assignment]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**40),
+            st.decimals(min_value=0, max_value=10**6, allow_nan=False, allow_infinity=False, places=None),
+        ),
+        max_size=4,
+    )
+)
+def test_micro_cny_sums_as_the_generator_did(parts: list[tuple[int, Decimal]]) -> None:
+    as_written = math.ceil(sum((Decimal(tokens) * price for tokens, price in parts), Decimal(0)))
+    assert money.micro_cny(parts) == as_written

@@ -213,6 +213,23 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
     return _BODY_ENCODER.encode(body).encode()
 
 
+def encode_added(raw: bytes | None, request: Mapping[str, Any], body: Mapping[str, Any]) -> bytes:
+    """``encode_body(body)`` for a ``body`` that is ``request`` with keys of its own added at its end (a bound),
+    ``raw`` being the bytes ``request`` was read from.
+
+    When ``raw`` is an object's JSON as bytes, the added keys are written before its closing brace instead of
+    encoding the whole request again (~10 µs of a guarded call: its messages are most of it). Compact UTF-8
+    JSON, as httpx writes a ``json=`` body and as ``encode_body`` writes, gives the very bytes ``encode_body``
+    would; other spacing or escaping is kept as the caller wrote it, the same JSON object either way.
+    """
+    added = len(body) - len(request)
+    if type(raw) is bytes and added > 0 and raw[:2] == b'{"' and raw[-1:] == b"}":
+        tail = dict(list(body.items())[-added:])
+        if tail.keys().isdisjoint(request):  # keys new to the request (one it had would be encoded twice)
+            return raw[:-1] + b"," + encode_body(tail)[1:]
+    return encode_body(body)
+
+
 def with_usage_requested(body: Mapping[str, Any]) -> bytes:
     """The request body re-encoded with ``stream_options.include_usage`` switched on."""
     existing = body.get("stream_options")

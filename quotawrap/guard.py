@@ -314,7 +314,7 @@ class Guard(GuardBooks):
             if remembered is not None:
                 return remembered
         try:
-            call = yield from self._reserve(found, url, headers, request, model)
+            call = yield from self._reserve(found, url, headers, body, request, model)
         except PolicyRefused as exc:  # a rule, not an outage: asking again gets the same answer, so never fail-open
             return _refuse(400, "QuotawrapPolicyRefused", "BadRequest", f"quotawrap refuses a call to {model}: {exc}.")
         except StoreError as exc:  # its message names the store with the password hidden (the ledger's rule)
@@ -341,7 +341,13 @@ class Guard(GuardBooks):
         return GuardedCall.refused(answer) if isinstance(answer, SyntheticResponse) else None
 
     def _reserve(
-        self, found: endpoints.Route, url: str, headers: Mapping[str, str], request: dict[str, Any], model: str
+        self,
+        found: endpoints.Route,
+        url: str,
+        headers: Mapping[str, str],
+        raw: bytes | None,
+        request: dict[str, Any],
+        model: str,
     ) -> Generator[float, None, GuardedCall]:
         kind: Kind = found.kind or "chat"
         # Ark's batch client retries every 429 until its timeout (x-should-retry ignored), but never a 403,
@@ -364,7 +370,7 @@ class Guard(GuardBooks):
         except (ValueError, RecursionError) as exc:
             return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
         room = self._rooms.get((model, day)) or self._room(model, day)
-        call = Call(found, kind, url, headers, request, model, day, now, enforce, estimate, rule, refusal_status)
+        call = Call(found, kind, url, headers, raw, request, model, day, now, enforce, estimate, rule, refusal_status)
         return (yield from reserve_steps(self, call, room))
 
     def _room(self, model: str, day: str) -> Room:
@@ -457,8 +463,8 @@ class Guard(GuardBooks):
         ):
             new_body = endpoints.with_usage_requested(body)
             hide = True
-        elif body is not request:
-            new_body = endpoints.encode_body(body)
+        elif body is not request:  # the request with its bound added (Plan.body)
+            new_body = endpoints.encode_added(call.raw, request, body)
         if plan.bound is not None:
             self._events.bound(model, plan.bound)
         context = CallContext.of_hold(hold, decision, now, plan.bound)

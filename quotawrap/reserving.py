@@ -67,6 +67,7 @@ class Call(Record, frozen=True):
     kind: Kind
     url: str
     headers: Mapping[str, str]
+    raw: bytes | None  # the request's body as the caller sent it
     request: dict[str, Any]
     model: str
     day: str

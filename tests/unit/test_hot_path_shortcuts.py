@@ -16,10 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotawrap import estimate, json_bytes, money, usage
+from quotawrap import endpoints, estimate, json_bytes, money, usage
 from quotawrap.endpoint_prices import CostRule
 from quotawrap.estimate import Estimate
 from quotawrap.guard import Guard
@@ -320,3 +321,37 @@ def test_messages_count_as_they_did_with_every_place_named(messages: list[Any], 
 def test_micro_cny_sums_as_the_generator_did(parts: list[tuple[int, Decimal]]) -> None:
     as_written = math.ceil(sum((Decimal(tokens) * price for tokens, price in parts), Decimal(0)))
     assert money.micro_cny(parts) == as_written
+
+
+_finite_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text()),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+    max_leaves=10,
+)
+_requests = st.dictionaries(st.text(max_size=6), _finite_json, min_size=1, max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_requests, st.sampled_from(["max_completion_tokens", "max_output_tokens"]), st.integers(1, 2**31))
+def test_a_bound_added_to_the_sent_bytes_is_what_encoding_anew_gives(
+    request: dict[str, Any], field: str, bound: int
+) -> None:
+    body = estimate.bounded("chat" if field == "max_completion_tokens" else "responses", request, bound)
+    anew = endpoints.encode_body(body)
+    # compact UTF-8, as httpx encodes json= (and the guard itself): the very same bytes
+    assert endpoints.encode_added(endpoints.encode_body(request), request, body) == anew
+    assert endpoints.encode_added(httpx.Request("POST", "http://x", json=request).content, request, body) == anew
+    # any other spacing or escaping: the same JSON object
+    spaced = json.dumps(request).encode()
+    assert json.loads(endpoints.encode_added(spaced, request, body)) == json.loads(anew) == body
+    # nothing to splice into: encoded anew
+    assert endpoints.encode_added(None, request, body) == anew
+    assert endpoints.encode_added(b" " + spaced, request, body) == anew
+
+
+@settings(max_examples=100, deadline=None)
+@given(_requests, st.integers(1, 2**31))
+def test_a_bound_the_request_named_already_is_encoded_anew(request: dict[str, Any], bound: int) -> None:
+    request = {**request, "max_completion_tokens": None}
+    body = estimate.bounded("chat", request, bound)
+    assert endpoints.encode_added(endpoints.encode_body(request), request, body) == endpoints.encode_body(body)

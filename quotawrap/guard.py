@@ -89,6 +89,7 @@ class Guard(GuardBooks):
             image_tokens=settings.image_tokens,
         )
         self._quota = settings.quota
+        self._token_cap = self._smallest_token_cap()  # pure in the settings, which never change; every call asks
         self._run_id = settings.run_id or f"adhoc-{os.getpid()}"
         self._host = socket.gethostname()
         self._eviction_cache: dict[
@@ -514,7 +515,7 @@ class Guard(GuardBooks):
         ``ValueError`` for a body it cannot judge. With ``enforce``, counting stops once the input
         passes the smallest cap (the call is refused anyway).
         """
-        cap = self._smallest_token_cap()
+        cap = self._token_cap
         # Below this share of the cap the UTF-8 bound is used as is: its surplus over the exact count
         # (held only until the call settles) costs less than that share, and no tokenizer is loaded.
         exact_above = int(cap * _CHEAP_SHARE)

@@ -224,10 +224,21 @@ def encode_added(raw: bytes | None, request: Mapping[str, Any], body: Mapping[st
     """
     added = len(body) - len(request)
     if type(raw) is bytes and added > 0 and raw[:2] == b'{"' and raw[-1:] == b"}":
-        tail = dict(list(body.items())[-added:])
-        if tail.keys().isdisjoint(request):  # keys new to the request (one it had would be encoded twice)
-            return raw[:-1] + b"," + encode_body(tail)[1:]
+        members = []
+        for key, value in list(body.items())[-added:]:
+            if key in request:  # not new to it: it would be written twice
+                return encode_body(body)
+            members.append(_member(key, value))
+        return raw[:-1] + b"," + b",".join(members) + b"}"
     return encode_body(body)
+
+
+def _member(key: str, value: object) -> bytes:
+    """``"key":value`` as ``encode_body`` writes it. A bound (a word for its key, an int) is written directly:
+    the encoder's set-up alone costs ~2 µs a call."""
+    if type(value) is int and key.isascii() and key.isidentifier():
+        return b'"%s":%d' % (key.encode(), value)
+    return encode_body({key: value})[1:-1]
 
 
 def with_usage_requested(body: Mapping[str, Any]) -> bytes:

@@ -355,3 +355,10 @@ def test_a_bound_the_request_named_already_is_encoded_anew(request: dict[str, An
     request = {**request, "max_completion_tokens": None}
     body = estimate.bounded("chat", request, bound)
     assert endpoints.encode_added(endpoints.encode_body(request), request, body) == endpoints.encode_body(body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=8), st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True)), _finite_json)
+def test_a_member_is_written_as_the_encoder_writes_it(key: str, value: Any) -> None:
+    assert endpoints._member(key, value) == endpoints.encode_body({key: value})[1:-1]
+    assert endpoints._member(key, len(key) * 977) == endpoints.encode_body({key: len(key) * 977})[1:-1]

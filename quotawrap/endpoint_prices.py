@@ -77,6 +77,7 @@ BATCH_DISCOUNT: Final = Decimal("0.5")
 CONTEXT_STORAGE_PER_MILLION_HOUR: Final = Decimal("0.017")
 _DEFAULT_CONTEXT_TTL_S: Final = 86400
 _BATCH_ENDPOINTS: Final = frozenset({"batch_chat", "batch_embeddings"})
+_NO_FEES: Final = Decimal(0)
 
 
 def with_media_prices(table: PriceTable) -> PriceTable:
@@ -139,7 +140,7 @@ class CostRule(Record, frozen=True):
             price, estimated = _image_price(table, model)
             return Cost(_micro(price * usage.images), estimated=estimated)
         cost = table.actual_cost(model, usage)
-        fees = Decimal(0)
+        fees = _NO_FEES
         for name, calls in usage.actions:
             fees += PLUGIN_FEES.get(name, max(PLUGIN_FEES.values())) * calls
         return self._adjust(cost, usage.prompt_tokens, fees)

@@ -376,7 +376,9 @@ def _chat_input(body: Mapping[str, Any], counter: _Counter) -> int:
     messages = _as_list(_required(body, "messages"), "'messages'", "a list of messages")
     total = sum(_chat_message_tokens(message, counter, f"messages[{i}]") for i, message in enumerate(messages))
     for name, where in _CHAT_EXTRAS:
-        total += counter.json(body.get(name), where)
+        value = body.get(name)
+        if value is not None:  # what counter.json counts 0, without the call
+            total += counter.json(value, where)
     return total + counter.reply_priming
 
 

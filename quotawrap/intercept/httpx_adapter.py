@@ -14,7 +14,7 @@ import datetime
 import functools
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from . import _scope
 
@@ -77,8 +77,8 @@ def body_headers(headers: Any, overrides: Mapping[str, str], length: int) -> Any
     guarded call whose body changes. Headers of another shape are edited through the mapping.
     """
     copy = headers.copy()
-    entries = getattr(copy, "_list", None)
-    if type(entries) is list and all(type(entry) is tuple and len(entry) == 3 for entry in entries[:1]):
+    entries = _entries(copy)
+    if entries is not None:
         added = [(name.encode(), name.lower().encode(), value.encode()) for name, value in overrides.items()]
         added.append((b"content-length", b"content-length", str(length).encode()))
         dropped = {entry[1] for entry in added} | {b"transfer-encoding"}
@@ -90,6 +90,38 @@ def body_headers(headers: Any, overrides: Mapping[str, str], length: int) -> Any
         copy[name] = value
     copy["content-length"] = str(length)
     return copy
+
+
+# What GuardedCall.response_started reads of an answer's headers (lowercased, as httpx keeps them too).
+_READ_HEADERS = {name.encode(): name for name in ("content-encoding", "content-type", "location")}
+
+
+def read_headers(headers: Any) -> Mapping[str, str]:
+    """The answer's headers that ``GuardedCall.response_started`` reads, as a dict by lowercased name.
+
+    Each lookup in httpx's headers scans all of them (a list of (name, lowercased name, value) entries) and
+    decodes what matches: gathered here in one pass, values decoded and repeated ones joined as httpx's
+    lookup does. Headers of another shape are handed on as they are.
+    """
+    entries = _entries(headers)
+    if entries is None:
+        return cast(Mapping[str, str], headers)
+    encoding = headers.encoding
+    found: dict[str, str] = {}
+    for entry in entries:
+        name = _READ_HEADERS.get(entry[1])
+        if name is not None:
+            value = entry[2].decode(encoding)
+            found[name] = f"{found[name]}, {value}" if name in found else value
+    return found
+
+
+def _entries(headers: Any) -> list[tuple[bytes, bytes, bytes]] | None:
+    """httpx's headers as its list of (name, lowercased name, value) entries; None for headers of another shape."""
+    entries = getattr(headers, "_list", None)
+    if type(entries) is list and all(type(entry) is tuple and len(entry) == 3 for entry in entries[:1]):
+        return entries
+    return None
 
 
 _REQUEST_FIELDS = frozenset({"method", "url", "headers", "extensions", "stream", "_content"})
@@ -147,7 +179,7 @@ def _observe(response: Any, call: GuardedCall, tee: type) -> None:
     # A transport may hand back a body it has read (MockTransport, ``Response(content=...)``):
     # no byte will pass the stream again, and ``_content`` holds it decoded.
     loaded = hasattr(response, "_content")
-    call.response_started(response.status_code, response.headers, decoded=loaded)
+    call.response_started(response.status_code, read_headers(response.headers), decoded=loaded)
     if loaded:
         response._content = call.feed(response._content) + call.finish()
     else:

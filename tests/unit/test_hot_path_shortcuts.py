@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
+import httpx2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ from quotawrap import endpoints, estimate, json_bytes, money, usage
 from quotawrap.endpoint_prices import CostRule
 from quotawrap.estimate import Estimate
 from quotawrap.guard import Guard
+from quotawrap.intercept.httpx_adapter import read_headers
 from quotawrap.ledger.base import model_day_key, run_cost_key, run_key
 from quotawrap.prices import PriceTable, normalize_model
 from quotawrap.settings import Settings
@@ -362,3 +364,22 @@ def test_a_bound_the_request_named_already_is_encoded_anew(request: dict[str, An
 def test_a_member_is_written_as_the_encoder_writes_it(key: str, value: Any) -> None:
     assert endpoints._member(key, value) == endpoints.encode_body({key: value})[1:-1]
     assert endpoints._member(key, len(key) * 977) == endpoints.encode_body({key: len(key) * 977})[1:-1]
+
+
+_header_names = st.sampled_from(
+    ["content-type", "Content-Type", "content-encoding", "CONTENT-ENCODING", "location", "Location", "date", "x-id"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_header_names, st.binary(max_size=6)), max_size=8), st.sampled_from([httpx, httpx2]))
+def test_the_answer_headers_read_in_one_pass_are_what_lookups_give(entries: list[Any], module: Any) -> None:
+    headers = module.Headers([(name.encode(), value) for name, value in entries])
+    read = read_headers(headers)
+    for name in ("content-type", "content-encoding", "location"):
+        assert read.get(name) == headers.get(name)
+    # as response_started reads a redirect's Location: an empty one is none
+    location = read.get("location") or read.get("Location") or None
+    assert location == (headers.get("location") or headers.get("Location") or None)
+    plain = {"Content-Type": "text/plain"}
+    assert read_headers(plain) is plain

@@ -229,7 +229,7 @@ def encode_added(raw: bytes | None, request: Mapping[str, Any], body: Mapping[st
             if key in request:  # not new to it: it would be written twice
                 return encode_body(body)
             members.append(_member(key, value))
-        return raw[:-1] + b"," + b",".join(members) + b"}"
+        return b"".join((memoryview(raw)[:-1], b",", b",".join(members), b"}"))  # one copy of the request
     return encode_body(body)
 
 

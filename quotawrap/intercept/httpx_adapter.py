@@ -119,7 +119,7 @@ def read_headers(headers: Any) -> Mapping[str, str]:
 def _entries(headers: Any) -> list[tuple[bytes, bytes, bytes]] | None:
     """httpx's headers as its list of (name, lowercased name, value) entries; None for headers of another shape."""
     entries = getattr(headers, "_list", None)
-    if type(entries) is list and all(type(entry) is tuple and len(entry) == 3 for entry in entries[:1]):
+    if type(entries) is list and (not entries or (type(entries[0]) is tuple and len(entries[0]) == 3)):
         return entries
     return None
 

@@ -32,6 +32,7 @@ class GuardBooks:
     _host: str
     _run_id: str
     _prices: PriceTable | None
+    _reserve_costs: dict[tuple[object, ...], int]  # made on the first reserve_cost
 
     def _record_unguarded(self, model: str, kind: str, error: Exception) -> None:
         """--fail-open is never silent: each call let through goes into a JSONL the wrapper reports."""
@@ -66,7 +67,9 @@ class GuardBooks:
 
         Pure in its arguments for one price table, and an agent's calls repeat them: remembered.
         """
-        costs = self.__dict__.setdefault("_reserve_costs", {})
+        costs = self.__dict__.get("_reserve_costs")
+        if costs is None:  # not setdefault: its default, a dict, would be built on every call
+            costs = self._reserve_costs = {}
         prices = self.prices
         # the estimate's two counts, not the record: hashing and comparing a record runs Python code
         key = (model, estimate.input_tokens, estimate.output_allowance, rule, id(prices))

@@ -102,6 +102,11 @@ class Estimate(Record, frozen=True):
 def thinking_disabled(body: Mapping[str, Any]) -> bool:
     """True only for an explicit ``thinking: {"type": "disabled"}``; anything else may think."""
     _check_body(body)
+    return _thinking_off(body)
+
+
+def _thinking_off(body: Mapping[str, Any]) -> bool:
+    """:func:`thinking_disabled` of a body checked already (every guarded call asks, twice)."""
     thinking = body.get("thinking")
     # None (the usual case) short of the Mapping check: an ABC isinstance costs ~10x an identity test
     return thinking is not None and isinstance(thinking, Mapping) and thinking.get("type") == "disabled"
@@ -111,6 +116,11 @@ def output_allowance(kind: Kind, body: Mapping[str, Any], settings: EstimateSett
     """Most output tokens the request can be billed for (see the module docstring)."""
     _check_kind(kind)
     _check_body(body)
+    return _output_allowance(kind, body, settings)
+
+
+def _output_allowance(kind: Kind, body: Mapping[str, Any], settings: EstimateSettings) -> int:
+    """:func:`output_allowance` of a kind and body checked already (:func:`estimate_request` checks them)."""
     if kind in ("embeddings", "context"):
         return 0
     if kind == "images":
@@ -140,7 +150,7 @@ def unbounded_thinking(kind: Kind, body: Mapping[str, Any]) -> bool:
     _check_kind(kind)
     _check_body(body)
     field = bound_field(kind)
-    return field is not None and _limit(body, field) is None and not thinking_disabled(body)
+    return field is not None and _limit(body, field) is None and not _thinking_off(body)
 
 
 def bounded(kind: Kind, body: Mapping[str, Any], allowance: int) -> dict[str, Any]:
@@ -200,7 +210,7 @@ def estimate_request(
     model = body.get("model", "")
     if not isinstance(model, str):
         raise ValueError(f"'model' must be a string, got {_type_name(model)}")
-    allowance = output_allowance(kind, body, settings)
+    allowance = _output_allowance(kind, body, settings)
     estimator = _INPUT_ESTIMATORS[kind]
     input_tokens = None
     if exact_above > 0 and count is not _bytes:
@@ -236,7 +246,7 @@ def usage_bound(kind: Kind, body: Mapping[str, Any], estimate: Estimate) -> Usag
 
 def _answer_plus_thinking(max_tokens: int | None, body: Mapping[str, Any], settings: EstimateSettings) -> int:
     answer = max_tokens if max_tokens is not None else settings.default_max_tokens
-    if thinking_disabled(body):
+    if _thinking_off(body):  # the body was checked by whoever asks
         return answer
     # max_tokens bounds only the answer and nothing bounds reasoning, so the floor is the seed's
     # allowance for typical reasoning (§7.6: 167 billed for a 16-token answer), not a hard bound

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import quota
 from ._records import Record
@@ -80,7 +80,7 @@ class Room:
         return quota.token_room(self.limits_for(self._snapshot()), {})
 
 
-class Plan(Record, frozen=True):
+class Plan(NamedTuple):  # not a frozen record: one per guarded call, and a NamedTuple is made ~2x faster
     estimate: Estimate
     body: dict[str, Any]  # what goes out (the request itself when unchanged)
     bound: int | None  # the whole-output bound set on it, per choice

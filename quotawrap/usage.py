@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from . import json_bytes
 from ._records import Record
@@ -75,14 +75,14 @@ class Usage(Record, frozen=True):
 # --------------------------------------------------------------------------- validation
 
 
-class UsageBound(Record, frozen=True):
+class UsageBound(NamedTuple):  # not a frozen record: one per guarded call, and a NamedTuple is made ~2x faster
     """The most usage one call could have produced, from its request (see ``estimate.usage_bound``)."""
 
     prompt: int
     completion: int
 
 
-class Checked(Record, frozen=True):
+class Checked(NamedTuple):  # as UsageBound
     """A usage fit to charge, or None (charge the hold) with the reason it was not."""
 
     usage: Usage | None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import os
 import random
@@ -132,6 +133,16 @@ def _child(code: str) -> Any:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _new_store(root: str, history: int) -> str:
+    """A new ledger made by the checkout at ``root`` (its schema), with ``history`` settled calls per model."""
+    store = f"sqlite:///{tempfile.mkdtemp(prefix='quotawrap-bench-')}/ledger.sqlite3"
+    code = f"import os, sys, time\nsys.path.insert(0, {root!r})\n{inspect.getsource(_fill)}\n"
+    code += f"from quotawrap.ledger import open_ledger\nopen_ledger({store!r}).close()\n"
+    code += f"for model in {list(MODELS.values())!r}:\n    if {history}:\n        _fill({store!r}, {history}, model)\n"
+    _child(code + "print(0)")
+    return store
+
+
 def _fill(store: str, calls: int, model: str) -> None:
     """``calls`` settled calls of ``model`` today: a busy day's history, as every first call reads it."""
     from quotawrap.ledger import HoldRequest, open_ledger
@@ -154,15 +165,13 @@ def first_call(runs: int, history: int = 0, baseline: str | None = None) -> None
     """The first guarded call of a process and its peak RSS: plain, exact (before), cheap (now); with
     ``baseline``, another checkout's default (cheap) beside them."""
     print(f"\nfirst call in a fresh process, short prompt, httpx MockTransport (median of {runs} processes)")
-    # the wrapper creates the ledger before its child starts: so does this parent
-    from quotawrap.ledger import open_ledger
-
-    store = f"sqlite:///{tempfile.mkdtemp(prefix='quotawrap-bench-')}/ledger.sqlite3"
-    open_ledger(store).close()
+    # the wrapper creates the ledger before its child starts: so does this parent, with each checkout's own
+    # code (a checkout refuses a ledger of a newer schema: it would time a refusal, not a call)
     if history:
         print(f"  the ledger holds {history:,} settled calls of today for each model (a busy day's history)")
-        for model in MODELS.values():
-            _fill(store, history, model)
+    stores = {str(REPO_ROOT): _new_store(str(REPO_ROOT), history)}
+    if baseline:
+        stores[baseline] = _new_store(baseline, history)
     print(f"  {'model':<26} {'variant':<8} {'first call ms':>14} {'+ms vs plain':>13} {'peak RSS MiB':>13} {'+MiB':>6}")
     for model in MODELS.values():
         samples: dict[str, list[list[float]]] = {"plain": [], "exact": [], "cheap": []}
@@ -171,11 +180,11 @@ def first_call(runs: int, history: int = 0, baseline: str | None = None) -> None
             samples["baseline"], roots["baseline"] = [], baseline
         for variant in samples:  # warm-up: writes the bytecode cache
             kind = "cheap" if variant == "baseline" else variant
-            _child(FIRST_CALL.format(root=roots[variant], variant=kind, model=model, store=store))
+            _child(FIRST_CALL.format(root=roots[variant], variant=kind, model=model, store=stores[roots[variant]]))
         for _ in range(runs):
             for variant in samples:  # interleaved, so drift hits every variant alike
                 kind = "cheap" if variant == "baseline" else variant
-                code = FIRST_CALL.format(root=roots[variant], variant=kind, model=model, store=store)
+                code = FIRST_CALL.format(root=roots[variant], variant=kind, model=model, store=stores[roots[variant]])
                 samples[variant].append(_child(code))
         took = {variant: statistics.median(s[0] for s in runs_) for variant, runs_ in samples.items()}
         rss = {variant: statistics.median(s[1] for s in runs_) for variant, runs_ in samples.items()}

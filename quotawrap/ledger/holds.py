@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-__all__ = ["MAX_CHARGE", "RANK", "Deltas", "Event", "HoldState", "Step", "clamp", "follow", "step"]
+__all__ = ["MAX_CHARGE", "RANK", "Deltas", "Event", "HoldState", "Step", "add_deltas", "clamp", "follow", "step"]
 
 HoldState = Literal["blocked", "held", "settled", "released", "unresolved"]
 Event = Literal["settle", "release", "resolve"]  # resolve: charge an open hold whose outcome is unknown
@@ -46,6 +46,18 @@ class Deltas(NamedTuple):  # a NamedTuple: built on every guarded call, and chea
     in_flight: int
     cost_settled: int
     cost_in_flight: int
+
+
+def add_deltas(total: Deltas | None, deltas: Deltas) -> Deltas:
+    """Two transitions' deltas as one (``total`` None: none yet): a batch charges each counter once."""
+    if total is None:
+        return deltas
+    return Deltas(
+        total.settled + deltas.settled,
+        total.in_flight + deltas.in_flight,
+        total.cost_settled + deltas.cost_settled,
+        total.cost_in_flight + deltas.cost_in_flight,
+    )
 
 
 class Step(NamedTuple):

@@ -35,7 +35,7 @@ from .base import (
     Settle,
     pid_alive,
 )
-from .holds import Deltas, Event, clamp, step
+from .holds import Deltas, Event, add_deltas, clamp, step
 from .reasoning import REASONING_HISTORY
 from .runs import END_RUN, INSERT_RUN, KNOWN_MODELS, LEASE_HOLDER, RUN_TOTALS, RUNS_BETWEEN, tags_json
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
@@ -331,8 +331,10 @@ class SQLiteLedger:
         latency_s: float | None = None,
         anomaly: str | None = None,
         handed_to: str | None = None,
+        charges: dict[tuple[str, str, str], Deltas] | None = None,
     ) -> bool:
-        """Apply holds.step to one call row (``HOLD_ROW``'s); whether it changed anything."""
+        """Apply holds.step to one call row (``HOLD_ROW``'s); whether it changed anything. With ``charges``,
+        the counters' deltas are added to it (per run, model, day) for the caller to charge once, at the end."""
         held, hold_id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost = row
         moved = step(
             state,
@@ -346,7 +348,10 @@ class SQLiteLedger:
         )
         if moved is None:
             return False
-        self._charge(conn, (run_id, model, day), moved.deltas)
+        if charges is None:
+            self._charge(conn, (run_id, model, day), moved.deltas)
+        else:
+            charges[(run_id, model, day)] = add_deltas(charges.get((run_id, model, day)), moved.deltas)
         conn.execute(
             MOVE_HELD if held else UPDATE_FINAL,
             (
@@ -394,17 +399,24 @@ class SQLiteLedger:
                 self._step(conn, row, "release", handed_to=handed_to)
 
     def settle_many(self, settles: Sequence[Settle]) -> None:
-        """Every settle and release in one transaction: one write lock and one commit for the batch."""
+        """Every settle and release in one transaction (one lock, one commit), each counter charged once."""
+        charges: dict[tuple[str, str, str], Deltas] = {}
         with self._write("settle") as conn:
             for hold_id, event, usage, latency_s, cost, anomaly in settles:
                 row = self._hold_row(conn, hold_id)
                 if row is not None:
-                    self._step(conn, row, event, usage, cost, latency_s, anomaly)
+                    self._step(conn, row, event, usage, cost, latency_s, anomaly, charges=charges)
+            for call, deltas in charges.items():
+                self._charge(conn, call, deltas)
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:
             rows = conn.execute(f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE {where}", params).fetchall()
-            return sum(self._step(conn, row, "resolve") for row in rows)
+            charges: dict[tuple[str, str, str], Deltas] = {}
+            resolved = sum(self._step(conn, row, "resolve", charges=charges) for row in rows)
+            for call, deltas in charges.items():
+                self._charge(conn, call, deltas)
+            return resolved
 
     def resolve_run(self, run_id: str) -> int:
         return self._charge_open("run_id = ?", (run_id,))

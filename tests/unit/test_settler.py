@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
+from quotawrap.ledger.scopes import model_day_key, run_cost_key, run_key
+from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.quota import Counters
 from quotawrap.settler import Settler
 from tests.redis_server import flushed, private_server, session_url
-from tests.unit.test_ledger_contract import limits, rc, request, usage
+from tests.unit.test_ledger_contract import DAY, MODEL, limits, rc, request, usage
 
 
 @pytest.fixture(scope="module")
@@ -179,4 +184,56 @@ def test_a_batch_the_store_refuses_stays_queued_and_lands_exactly_later() -> Non
             assert settler.flush() is True and settler.pending == 0
             assert rc(ledger) == Counters(120, 0)
         finally:
+            ledger.close()
+
+
+_BATCH_RUNS, _BATCH_MODELS = ("run-a", "run-b"), (MODEL, "doubao-seed-1-6-250615")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    holds=st.lists(
+        st.tuples(st.sampled_from(_BATCH_RUNS), st.sampled_from(_BATCH_MODELS), st.integers(1, 5_000)),
+        min_size=1,
+        max_size=8,
+    ),
+    events=st.lists(
+        st.tuples(
+            st.integers(0, 7),
+            st.sampled_from(["settle", "release"]),
+            st.one_of(st.none(), st.integers(0, 9_000)),  # usage total (None: unknown, the whole hold)
+            st.one_of(st.none(), st.integers(0, 50_000)),  # cost in micro-CNY (None: the reserved cost)
+        ),
+        max_size=14,
+    ),
+)
+def test_a_batch_charges_each_counter_as_its_settles_one_by_one_would(
+    holds: list[tuple[str, str, int]], events: list[tuple[int, str, int | None, int | None]]
+) -> None:
+    """settle_many charges each (run, model, day)'s counters once for the batch: the counters, the usage series
+    and every call's row come out as the same settles and releases landed one at a time, replays, releases
+    after settles and late usage for an unresolved hold included (SQLite; Redis applies each in its script)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ledgers = [SQLiteLedger(Path(tmp) / f"{name}.sqlite3", clock=lambda: 1_800_000_000.0) for name in "ab"]
+        ids: list[str] = []
+        for run, model, reserve in holds:
+            hold = request(reserve, run=run, model=model, cost=reserve * 3)
+            decisions = [ledger.reserve(hold, limits()) for ledger in ledgers]
+            ids.append(decisions[0].hold_id)
+        batch = [
+            Settle(ids[index % len(ids)], event, None if total is None else usage(total), 0.1, cost)
+            for index, event, total, cost in events
+        ]
+        batched, one_by_one = ledgers
+        batched.settle_many(batch)
+        for settle in batch:
+            one_by_one.settle_many([settle])
+        keys = [key(run, *rest) for run in _BATCH_RUNS for key, *rest in ((run_key,), (run_cost_key,))]
+        keys += [model_day_key(model, DAY) for model in _BATCH_MODELS]
+        assert batched.counters(keys) == one_by_one.counters(keys)
+        for model in _BATCH_MODELS:
+            assert batched.usage_series(model, DAY)[-1:] == one_by_one.usage_series(model, DAY)[-1:]
+        rows = [[(r.id, r.state, r.charged, r.charged_cost) for r in ledger.call_records()] for ledger in ledgers]
+        assert rows[0] == rows[1]
+        for ledger in ledgers:
             ledger.close()

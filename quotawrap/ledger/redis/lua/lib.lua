@@ -241,6 +241,71 @@ local function expire_all(keys, at)
   for _, k in ipairs(keys) do redis.call('EXPIREAT', k, at) end
 end
 
+-- A batch's counter writes (transition_many), made once per key and field when it ends instead of once per
+-- hold: HINCRBYs summed per field, INCRBYs per key, each key's last TTL, the usage series' points. A batch of
+-- settles is one script, so nothing sees the counters between two of its holds; w nil: written at once.
+local function batch_writes()
+  return {incr = {}, keys = {}, strings = {}, string_keys = {}, ttl = {}, ttl_keys = {}, pids = {}, points = {}}
+end
+
+local function hincr(w, key, field, delta)
+  if not w then return redis.call('HINCRBY', key, field, int(delta)) end
+  local fields = w.incr[key]
+  if not fields then
+    fields = {}
+    w.incr[key] = fields
+    w.keys[#w.keys + 1] = key
+  end
+  fields[field] = (fields[field] or 0) + delta
+  return fields[field]
+end
+
+local function incr(w, key, delta)
+  if not w then return redis.call('INCRBY', key, int(delta)) end
+  if not w.strings[key] then w.string_keys[#w.string_keys + 1] = key end
+  w.strings[key] = (w.strings[key] or 0) + delta
+end
+
+-- command: EXPIRE (seconds) or EXPIREAT (a time); a key's last one stands, as when written at once
+local function set_ttl(w, command, key, value)
+  if not w then return redis.call(command, key, value) end
+  if not w.ttl[key] then w.ttl_keys[#w.ttl_keys + 1] = key end
+  w.ttl[key] = {command, value}
+end
+
+-- One hold less of an owner (host|pid) in a model-day's pids hash; the field goes at zero.
+local function pids_leave(w, key, owner)
+  if not w then
+    if redis.call('HINCRBY', key, owner, -1) <= 0 then redis.call('HDEL', key, owner) end
+    return
+  end
+  w.pids[key] = true
+  hincr(w, key, owner, -1)
+end
+
+-- The batch's writes, in the order written at once would leave them: counters, then the series points read
+-- from them, then the TTLs (a key that an increment creates gets its TTL).
+local function flush_writes(w)
+  for _, key in ipairs(w.keys) do
+    for field, delta in pairs(w.incr[key]) do
+      local now = redis.call('HINCRBY', key, field, int(delta))
+      if w.pids[key] and now <= 0 then redis.call('HDEL', key, field) end
+    end
+  end
+  for _, key in ipairs(w.string_keys) do redis.call('INCRBY', key, int(w.strings[key])) end
+  local finals = {}
+  for _, p in ipairs(w.points) do
+    local final = finals[p.counters]
+    if not final then
+      final = num(redis.call('HGET', p.counters, 'settled'))
+      finals[p.counters] = final
+    end
+    -- the model-day's settled total right after this hold's settle: the final one less what came after it
+    redis.call('HSET', p.series, p.minute, int(final - w.incr[p.counters].settled + p.upto + p.foreign))
+  end
+  for _, key in ipairs(w.ttl_keys) do redis.call(w.ttl[key][1], key, w.ttl[key][2]) end
+end
+
 -- The run slot's copy of a hold (a field of the run's holds hash), tab separated:
 -- state, reserved, charged, reserved cost, charged cost, day, model (records.parse_run_hold reads it).
 local function run_hold(state, reserved, charged, reserved_cost, charged_cost, day, model)
@@ -276,24 +341,24 @@ end
 
 -- Move the run slot's copy of a hold to target, charged new_charged tokens and new_charged_cost.
 -- State based (hold_follow), so applying a move twice, or two moves out of order, converges.
-local function run_apply(run_counters_key, run_holds_key, hold_id, target, new_charged, new_charged_cost, ttl)
+local function run_apply(run_counters_key, run_holds_key, hold_id, target, new_charged, new_charged_cost, run_ttl, w)
   local copy = redis.call('HGET', run_holds_key, hold_id)
   if not copy then return 0 end
   local state, reserved, charged, reserved_cost, charged_cost, day, model = parse_run_hold(copy)
   local settled, in_flight, cost_settled, cost_in_flight =
     hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, new_charged, new_charged_cost)
   if settled == nil then return 0 end
-  if in_flight ~= 0 then redis.call('HINCRBY', run_counters_key, 'in_flight', int(in_flight)) end
-  if cost_in_flight ~= 0 then redis.call('HINCRBY', run_counters_key, 'cost_in_flight', int(cost_in_flight)) end
-  if settled ~= 0 then redis.call('HINCRBY', run_counters_key, 'settled', int(settled)) end
-  if cost_settled ~= 0 then redis.call('HINCRBY', run_counters_key, 'cost_settled', int(cost_settled)) end
+  if in_flight ~= 0 then hincr(w, run_counters_key, 'in_flight', in_flight) end
+  if cost_in_flight ~= 0 then hincr(w, run_counters_key, 'cost_in_flight', cost_in_flight) end
+  if settled ~= 0 then hincr(w, run_counters_key, 'settled', settled) end
+  if cost_settled ~= 0 then hincr(w, run_counters_key, 'cost_settled', cost_settled) end
   if target == 'unresolved' then
     redis.call('HSET', run_holds_key, hold_id,
       run_hold('unresolved', reserved, new_charged, reserved_cost, new_charged_cost, day, model))
   else
     redis.call('HDEL', run_holds_key, hold_id)
   end
-  redis.call('EXPIRE', run_counters_key, ttl)
+  set_ttl(w, 'EXPIRE', run_counters_key, run_ttl)
   return 1
 end
 
@@ -349,8 +414,9 @@ end
 -- while it stays charged its hold. a.handed_to (optional, on release): a video task took the hold
 -- over, so the create is no call of its own (its task's row is).
 -- k: hold counters open pids run_totals series audit.
+-- w (optional): the batch's writes (batch_writes), made when it ends.
 -- Returns {changed, new state, reserved, charged, settled delta, run, charged cost}, or {0}.
-local function md_transition(k, a)
+local function md_transition(k, a, w)
   local f = redis.call('HMGET', k.hold, 'state', 'reserved', 'charged', 'run', 'pid', 'host', 'endpoint',
     'started', 'reserved_cost', 'charged_cost', 'kf', 'tags', 'would_block', 'blocked_by', 'anomaly')
   local state = f[1]
@@ -364,41 +430,44 @@ local function md_transition(k, a)
   local target, actual, actual_cost, overshot, settled_delta, in_flight_delta, cost_delta =
     hold_step(state, a.mode, reserved, charged, reserved_cost, charged_cost, usage_total, cost)
   if target == nil then return {0} end
-  if settled_delta ~= 0 then redis.call('HINCRBY', k.counters, 'settled', int(settled_delta)) end
-  if in_flight_delta ~= 0 then redis.call('HINCRBY', k.counters, 'in_flight', int(in_flight_delta)) end
+  local upto = nil  -- the model-day's settled delta so far in the batch (w), this hold's included
+  if settled_delta ~= 0 then upto = hincr(w, k.counters, 'settled', settled_delta) end
+  if in_flight_delta ~= 0 then hincr(w, k.counters, 'in_flight', in_flight_delta) end
   if state == 'held' then
     redis.call('ZREM', k.open, a.hold_id)
-    local owner = f[6] .. '|' .. f[5]
-    if redis.call('HINCRBY', k.pids, owner, -1) <= 0 then redis.call('HDEL', k.pids, owner) end
-    redis.call('HINCRBY', k.run_totals, 'reserved_open_tokens', int(0 - reserved))
+    pids_leave(w, k.pids, f[6] .. '|' .. f[5])
+    hincr(w, k.run_totals, 'reserved_open_tokens', 0 - reserved)
   else
-    redis.call('HINCRBY', k.run_totals, 'unresolved_calls', -1)
-    if f[15] then redis.call('HINCRBY', k.run_totals, 'anomalous_calls', -1) end
+    hincr(w, k.run_totals, 'unresolved_calls', -1)
+    if f[15] then hincr(w, k.run_totals, 'anomalous_calls', -1) end
   end
   local anomaly, handed_to = a.anomaly or '', a.handed_to or ''
-  if anomaly ~= '' then redis.call('HINCRBY', k.run_totals, 'anomalous_calls', 1) end
-  if settled_delta ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_tokens', int(settled_delta)) end
-  if cost_delta ~= 0 then redis.call('HINCRBY', k.run_totals, 'settled_cost', int(cost_delta)) end
+  if anomaly ~= '' then hincr(w, k.run_totals, 'anomalous_calls', 1) end
+  if settled_delta ~= 0 then hincr(w, k.run_totals, 'settled_tokens', settled_delta) end
+  if cost_delta ~= 0 then hincr(w, k.run_totals, 'settled_cost', cost_delta) end
   if target == 'unresolved' then
-    redis.call('HINCRBY', k.run_totals, 'unresolved_calls', 1)
+    hincr(w, k.run_totals, 'unresolved_calls', 1)
   elseif target == 'released' and handed_to ~= '' then
-    redis.call('HINCRBY', k.run_totals, 'calls', -1)
+    hincr(w, k.run_totals, 'calls', -1)
   elseif target == 'released' then
-    redis.call('HINCRBY', k.run_totals, 'released_calls', 1)
+    hincr(w, k.run_totals, 'released_calls', 1)
   end
   local prompt, completion, reasoning, cached, overshoot = '', '', '', '', 0
   if target == 'settled' then
     prompt, completion, reasoning, cached = a.prompt, a.completion, a.reasoning, a.cached
-    redis.call('HINCRBY', k.run_totals, 'prompt_tokens', int(prompt))
-    redis.call('HINCRBY', k.run_totals, 'completion_tokens', int(completion))
-    redis.call('HINCRBY', k.run_totals, 'reasoning_tokens', int(reasoning))
-    redis.call('HINCRBY', k.run_totals, 'cached_tokens', int(cached))
+    hincr(w, k.run_totals, 'prompt_tokens', tonumber(prompt))
+    hincr(w, k.run_totals, 'completion_tokens', tonumber(completion))
+    hincr(w, k.run_totals, 'reasoning_tokens', tonumber(reasoning))
+    hincr(w, k.run_totals, 'cached_tokens', tonumber(cached))
     if overshot then
       overshoot = 1
-      redis.call('HINCRBY', k.run_totals, 'overshoot_calls', 1)
+      hincr(w, k.run_totals, 'overshoot_calls', 1)
     end
   end
-  if settled_delta ~= 0 then
+  if settled_delta ~= 0 and w then
+    w.points[#w.points + 1] = {series = k.series, counters = k.counters, minute = a.minute, upto = upto,
+      foreign = tonumber(a.foreign)}
+  elseif settled_delta ~= 0 then
     local cumulative = num(redis.call('HGET', k.counters, 'settled')) + tonumber(a.foreign)
     redis.call('HSET', k.series, a.minute, int(cumulative))
   end
@@ -415,7 +484,7 @@ local function md_transition(k, a)
     'would_block', f[13] or 0, 'blocked_by', f[14] or '', 'kf', f[11] or '', 'tags', f[12] or '',
     'started', f[8] or a.now, 'ended', a.now, 'latency', a.latency, 'pid', f[5] or 0, 'host', f[6] or '',
     'anomaly', anomaly, 'handed_to', handed_to)
-  expire_all({k.counters, k.run_totals, k.series, k.audit}, a.expire_at)
+  for _, key in ipairs({k.counters, k.run_totals, k.series, k.audit}) do set_ttl(w, 'EXPIREAT', key, a.expire_at) end
   return {1, target, reserved, actual, settled_delta, f[4], actual_cost}
 end
 
@@ -437,15 +506,15 @@ end
 -- mirror the settled delta into our LiteLLM daily_usage key. keys[first + 1 .. first + 11]:
 -- hold, md counters, md open, md pids, md run totals, md series, md audit, run counters, run holds,
 -- our daily_usage key, hold location (keys.transition_one). Returns md_transition's reply.
-local function transition_both(keys, first, a)
+local function transition_both(keys, first, a, w)
   local k = {hold = keys[first + 1], counters = keys[first + 2], open = keys[first + 3], pids = keys[first + 4],
     run_totals = keys[first + 5], series = keys[first + 6], audit = keys[first + 7]}
-  local r = md_transition(k, a)
+  local r = md_transition(k, a, w)
   if r[1] == 1 then
-    run_apply(keys[first + 8], keys[first + 9], a.hold_id, r[2], r[4], r[7], a.run_ttl)
+    run_apply(keys[first + 8], keys[first + 9], a.hold_id, r[2], r[4], r[7], a.run_ttl, w)
     if r[5] ~= 0 then
-      redis.call('INCRBY', keys[first + 10], int(r[5]))
-      redis.call('EXPIRE', keys[first + 10], a.own_ttl)
+      incr(w, keys[first + 10], r[5])
+      set_ttl(w, 'EXPIRE', keys[first + 10], a.own_ttl)
     end
     if r[2] ~= 'unresolved' then redis.call('DEL', keys[first + 11]) end
   end

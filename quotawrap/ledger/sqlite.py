@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
@@ -58,9 +58,9 @@ from .sqlite_file import (
 from .sqlite_lines import Place, count_waiting
 from .sqlite_reserve import (
     BUMP,
-    HOLD_COLUMNS,
     HOLD_ROW,
     MOVE_HELD,
+    OPEN_HOLDS,
     RESERVE_INTO_CALLS,
     RESERVE_INTO_HOLDS,
     SNAPSHOT_COLUMNS,
@@ -85,6 +85,7 @@ _RECORD_FIELDS = (
     *("usage_anomaly", "handed_to"),
 )
 _RECORDS = ", ".join(_RECORD_FIELDS)
+_Owed = tuple[tuple[str, str, str], Deltas]  # what one step owes the counters of its (run, model, day)
 
 
 def _record(row: Sequence[Any]) -> CallRecord:
@@ -331,10 +332,9 @@ class SQLiteLedger:
         latency_s: float | None = None,
         anomaly: str | None = None,
         handed_to: str | None = None,
-        charges: dict[tuple[str, str, str], Deltas] | None = None,
-    ) -> bool:
-        """Apply holds.step to one call row (``HOLD_ROW``'s); whether it changed anything. With ``charges``,
-        the counters' deltas are added to it (per run, model, day) for the caller to charge once, at the end."""
+    ) -> _Owed | None:
+        """Apply holds.step to one call row (``HOLD_ROW``'s): what it owes the counters, None if it changed
+        nothing. The caller charges it (``_charge_owed``): a batch once per (run, model, day)."""
         held, hold_id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost = row
         moved = step(
             state,
@@ -347,11 +347,7 @@ class SQLiteLedger:
             cost=cost,
         )
         if moved is None:
-            return False
-        if charges is None:
-            self._charge(conn, (run_id, model, day), moved.deltas)
-        else:
-            charges[(run_id, model, day)] = add_deltas(charges.get((run_id, model, day)), moved.deltas)
+            return None
         conn.execute(
             MOVE_HELD if held else UPDATE_FINAL,
             (
@@ -372,11 +368,20 @@ class SQLiteLedger:
         )
         if held:  # it left 'held' (a hold never returns to it): its row moved to calls
             conn.execute("DELETE FROM holds WHERE id = ?", (hold_id,))
-        return True
+        return (run_id, model, day), moved.deltas
 
-    def _hold_row(self, conn: sqlite3.Connection, hold_id: str) -> tuple[Any, ...] | None:
-        row: tuple[Any, ...] | None = conn.execute(HOLD_ROW, (hold_id,)).fetchone()
-        return row
+    def _charge_owed(self, conn: sqlite3.Connection, steps: Iterable[_Owed | None]) -> int:
+        """Charge what ``steps`` owe, each counter once; how many changed a call."""
+        owed: dict[tuple[str, str, str], Deltas] = {}
+        changed = 0
+        for step_owes in steps:
+            if step_owes is not None:
+                call, deltas = step_owes
+                owed[call] = add_deltas(owed.get(call), deltas)
+                changed += 1
+        for call, deltas in owed.items():
+            self._charge(conn, call, deltas)
+        return changed
 
     def settle(
         self,
@@ -387,36 +392,30 @@ class SQLiteLedger:
         cost: int | None = None,
         anomaly: str | None = None,
     ) -> None:
-        with self._write("settle") as conn:
-            row = self._hold_row(conn, hold_id)
-            if row is not None:
-                self._step(conn, row, "settle", usage, cost, latency_s, anomaly)
+        self.settle_many([Settle(hold_id, "settle", usage, latency_s, cost, anomaly)])
 
     def release(self, hold_id: str, *, handed_to: str | None = None) -> None:
         with self._write("release") as conn:
-            row = self._hold_row(conn, hold_id)
+            row = conn.execute(HOLD_ROW, (hold_id,)).fetchone()
             if row is not None:
-                self._step(conn, row, "release", handed_to=handed_to)
+                self._charge_owed(conn, [self._step(conn, row, "release", handed_to=handed_to)])
 
     def settle_many(self, settles: Sequence[Settle]) -> None:
         """Every settle and release in one transaction (one lock, one commit), each counter charged once."""
-        charges: dict[tuple[str, str, str], Deltas] = {}
         with self._write("settle") as conn:
-            for hold_id, event, usage, latency_s, cost, anomaly in settles:
-                row = self._hold_row(conn, hold_id)
-                if row is not None:
-                    self._step(conn, row, event, usage, cost, latency_s, anomaly, charges=charges)
-            for call, deltas in charges.items():
-                self._charge(conn, call, deltas)
+            self._charge_owed(conn, self._settle_steps(conn, settles))
+
+    def _settle_steps(self, conn: sqlite3.Connection, settles: Sequence[Settle]) -> Iterator[_Owed | None]:
+        """Each settle's step, its row read right before it (a replay in the batch sees the state it left)."""
+        for hold_id, event, usage, latency_s, cost, anomaly in settles:
+            row = conn.execute(HOLD_ROW, (hold_id,)).fetchone()
+            if row is not None:
+                yield self._step(conn, row, event, usage, cost, latency_s, anomaly)
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:
-            rows = conn.execute(f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE {where}", params).fetchall()
-            charges: dict[tuple[str, str, str], Deltas] = {}
-            resolved = sum(self._step(conn, row, "resolve", charges=charges) for row in rows)
-            for call, deltas in charges.items():
-                self._charge(conn, call, deltas)
-            return resolved
+            rows = conn.execute(OPEN_HOLDS + where, params).fetchall()
+            return self._charge_owed(conn, (self._step(conn, row, "resolve") for row in rows))
 
     def resolve_run(self, run_id: str) -> int:
         return self._charge_open("run_id = ?", (run_id,))

@@ -20,6 +20,7 @@ __all__ = [
     "HOLD_COLUMNS",
     "HOLD_ROW",
     "MOVE_HELD",
+    "OPEN_HOLDS",
     "RESERVE_INTO_CALLS",
     "RESERVE_INTO_HOLDS",
     "SNAPSHOT_COLUMNS",
@@ -119,3 +120,4 @@ HOLD_COLUMNS = "id, run_id, model, day, state, reserved, charged, reserved_cost,
 HOLD_ROW = (
     f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE id = ?1 UNION ALL SELECT 0, {HOLD_COLUMNS} FROM calls WHERE id = ?1"
 )
+OPEN_HOLDS = f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE "  # then the condition: the holds in flight, as HOLD_ROW's

@@ -203,8 +203,10 @@ def _make_sync(module: ModuleType, original: Callable[..., Any], tee: type, stac
 
     def _guarded(self: Any, request: Any) -> Any:
         guard = get_guard()
+        if guard is None:  # an unguarded process pays no URL string
+            return original(self, request)
         url = str(request.url)  # httpx builds the string anew on every str()
-        if guard is None or not guard.wants(request.method, url):
+        if not guard.wants(request.method, url):
             return original(self, request)
         call = guard.begin(request.method, url, request.headers, request.read())
         if call is None:
@@ -243,8 +245,10 @@ def _make_async(module: ModuleType, original: Callable[..., Any], tee: type, sta
 
     async def _guarded(self: Any, request: Any) -> Any:
         guard = get_guard()
+        if guard is None:  # as the sync one
+            return await original(self, request)
         url = str(request.url)  # httpx builds the string anew on every str()
-        if guard is None or not guard.wants(request.method, url):
+        if not guard.wants(request.method, url):
             return await original(self, request)
         # Each reservation is one synchronous ledger transaction; waiting for room between them awaits.
         call = await guard.abegin(request.method, url, request.headers, await request.aread())

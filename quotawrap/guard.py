@@ -49,7 +49,7 @@ from .settings import Settings
 from .synthetic import SyntheticResponse, blocked_response
 from .tokens import TokenizerUnavailable, utf8_bound
 from .usage import Usage, UsageBound
-from .waiting import EventLog, RoomSignal
+from .waiting import BoundEvent, EventLog, RoomSignal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -143,11 +143,15 @@ class Guard(GuardBooks):
                     self._ledger = ledger
         return self._ledger
 
-    def land(self, settle: Settle, landed: Callable[[], None] | None) -> None:
-        """Settle or release one hold: queued for the settler, or at once. Never raises."""
+    def land(self, settle: Settle, landed: Callable[[], None] | None, bound: BoundEvent | None = None) -> None:
+        """Settle or release one hold: queued for the settler, or at once. Never raises. ``bound``: the call's
+        bound event (the guard bounded it), recorded here unless the wrapper takes it with the settle."""
         if self.settler is not None:
-            self.settler.submit(settle, landed)
+            if not self.settler.submit(settle, landed, bound) and bound is not None:
+                self._events.bounds((bound,))
             return
+        if bound is not None:
+            self._events.bounds((bound,))
         try:
             self.ledger.settle_many((settle,))
         except Exception as exc:
@@ -466,8 +470,6 @@ class Guard(GuardBooks):
             hide = True
         elif body is not request:  # the request with its bound added (Plan.body)
             new_body = endpoints.encode_added(call.raw, request, body)
-        if plan.bound is not None:
-            self._events.bound(model, plan.bound)
         context = CallContext.of_hold(hold, decision, now, plan.bound)
         guarded = GuardedCall(
             self.ledger,

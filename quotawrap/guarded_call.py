@@ -314,6 +314,7 @@ class GuardedCall:
             if followup is not None:
                 body, self._chunks = b"".join(self._chunks), []
                 if followup.finish(self, self._status, body, complete):
+                    self._record_bound()  # the followup settled it, or will
                     return
                 self._chunks = [body]
             action, usage = self._outcome(complete)
@@ -346,13 +347,24 @@ class GuardedCall:
         except Exception as exc:
             # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
             warn(f"could not settle a call to {self.model}: {exc}; the wrapper will charge its hold")
+            self._record_bound()
             return
         event: Literal["settle", "release"] = "release" if action == "release" else "settle"
         landed = None
-        if self._context is not None:
+        bound = None
+        context = self._context
+        if context is not None:
             state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
             landed = functools.partial(self._audit_landed, state, usage, cost, latency)
-        self._guard.land(Settle(self.hold_id, event, usage, latency, cost, self.anomaly), landed)
+            if context.output_bound is not None:
+                bound = (context.model, context.output_bound, context.pid)
+        self._guard.land(Settle(self.hold_id, event, usage, latency, cost, self.anomaly), landed, bound)
+
+    def _record_bound(self) -> None:
+        """The call's bound event where no settle carries it to the wrapper (Guard.land records the rest)."""
+        context = self._context
+        if self._guard is not None and context is not None and context.output_bound is not None:
+            self._guard.events.bounds(((context.model, context.output_bound, context.pid),))
 
     def _audit_landed(self, state: CallState, usage: Usage | None, cost: int, latency: float) -> None:
         """The audit record, once the settle has landed (on the settler's thread for a guarded child)."""

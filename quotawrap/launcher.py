@@ -380,7 +380,7 @@ def _run(
     # later, and a settle sent before (or with no relay at all) fails at once and lands in the child.
     # Lean books: bound once a process of the run opens the ledger (on the reclaimer's thread), so a
     # run that makes no guarded call never loads the socket modules beside its child's start.
-    relay = _Relay(env[SOCKET_VARIABLE], ledger)
+    relay = _Relay(env[SOCKET_VARIABLE], ledger, settings.events_log)
     lean = bool(getattr(ledger, "lean", False))  # run.py's books: the full ledger opens on first use
     if not lean:
         relay.open()
@@ -482,11 +482,12 @@ def _run(
 class _Relay:
     """The run's settle relay (:mod:`.settle_relay`), bound at most once and never after it was closed."""
 
-    def __init__(self, path: str, ledger: Ledger) -> None:
+    def __init__(self, path: str, ledger: Ledger, events_log: str | None) -> None:
         import _thread
 
         self._path = path
         self._ledger = ledger
+        self._events_log = events_log  # where the bound events that come with the settles are written
         self._relay: Any = None
         self._closed = False
         self._lock = _thread.allocate_lock()
@@ -496,8 +497,9 @@ class _Relay:
             if self._closed or self._relay is not None:
                 return
             from .settle_relay import open_relay
+            from .waiting import EventLog
 
-            self._relay = open_relay(self._path, lambda: self._ledger, warn)
+            self._relay = open_relay(self._path, lambda: self._ledger, warn, EventLog(self._events_log))
 
     def close(self) -> None:
         with self._lock:

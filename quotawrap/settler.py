@@ -33,6 +33,7 @@ from .ledger.base import Ledger, Settle
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .settle_relay import Sender
+    from .waiting import BoundEvent
 
 __all__ = ["MAX_BATCH", "Settler"]
 
@@ -74,27 +75,29 @@ class Settler:
         self._pid = os.getpid()
         self._failing = False  # warned once per outage
 
-    def submit(self, settle: Settle, landed: Landed = None) -> None:
-        """Queue one settle; returns at once (at interpreter exit, lands it at once instead)."""
+    def submit(self, settle: Settle, landed: Landed = None, bound: BoundEvent | None = None) -> bool:
+        """Queue one settle; returns at once (at interpreter exit, lands it at once instead). True when the
+        wrapper took it, and ``bound`` with it (it records that event); False: ``bound`` is the caller's."""
         relay = self._relay
-        if relay is not None and (self._relay_now is None or self._relay_now()) and relay.send(settle):
+        if relay is not None and (self._relay_now is None or self._relay_now()) and relay.send(settle, bound):
             # The wrapper lands it; the record and the lesson are this process's, taken now.
             if landed is not None:
                 try:
                     landed()
                 except Exception as exc:  # pragma: no cover - the audit writer never raises
                     warn(f"after a settle: {exc}")
-            return
+            return True
         self._queue.append((settle, landed))
         if _exiting or sys.is_finalizing():
             # After atexit no new thread runs (starting one waits forever): a stream the program left
             # open is closed by the interpreter's last collection, and its settle lands here.
             self.flush()
-            return
+            return False
         thread = self._thread
         if thread is None or not thread.is_alive() or self._pid != os.getpid():
             self._start()
         self._wake.set()
+        return False
 
     def _start(self) -> None:
         with _start_lock:

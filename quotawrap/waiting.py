@@ -26,6 +26,7 @@ from ._log import warn
 from ._records import Record
 
 __all__ = [
+    "BoundEvent",
     "EventLog",
     "EventsTail",
     "QueuedPause",
@@ -38,6 +39,10 @@ __all__ = [
     "wait_id",
     "waiting_now",
 ]
+
+
+# A call the guard bounded: (model, the bound it set, the pid of the process that made the call).
+BoundEvent = tuple[str, int, int]
 
 
 class QueuedPause(float):
@@ -92,22 +97,27 @@ class EventLog:
         self._ident = (0, 0)  # (st_dev, st_ino) of the file self._fd was opened on
         self._closer: weakref.finalize[[int, tuple[int, int]], EventLog] | None = None
         self._open_lock = threading.Lock()
-        self._last_bound: tuple[tuple[str, int, int], bytes] | None = None
+        self._last_bound: tuple[BoundEvent, bytes] | None = None
 
     def write(self, event: dict[str, Any]) -> None:
         if self.path:
             self._append(_line(event))
 
-    def bound(self, model: str, bound: int) -> None:
-        """The ``bound`` event: one per bounded call, most of them alike, so the last line is kept encoded."""
+    def bounds(self, events: Iterable[BoundEvent]) -> None:
+        """The ``bound`` events, a line per bounded call, in one write. The wrapper records its children's as
+        their settles arrive (settle_relay.py), a child its own that go no such way (Guard.land). Most lines
+        are alike, so the last one is kept encoded."""
         if not self.path:
             return
-        key = (model, bound, os.getpid())
+        lines = []
         last = self._last_bound
-        if last is None or last[0] != key:
-            event = {"ev": "bound", "model": model, "bound": bound, "pid": key[2]}
-            last = self._last_bound = (key, _line(event))
-        self._append(last[1])
+        for event in events:
+            if last is None or last[0] != event:
+                model, bound, pid = event
+                last = self._last_bound = (event, _line({"ev": "bound", "model": model, "bound": bound, "pid": pid}))
+            lines.append(last[1])
+        if lines:
+            self._append(b"".join(lines))
 
     def _append(self, line: bytes) -> None:
         try:

@@ -99,9 +99,13 @@ class TestThinkingHeavyAgent:
     def test_the_bound_reaches_the_provider(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """Every call that left its output open went out with max_completion_tokens: none billed past its hold."""
         sim.configure(tokens_per_chunk=500)
-        _run(sim, store, tmp_path, ["--cap-tokens", "150000"], "--thinking", "--calls", "6", "--threads", "2")
+        records, report = _run(
+            sim, store, tmp_path, ["--cap-tokens", "150000"], "--thinking", "--calls", "6", "--threads", "2"
+        )
         rows = ledger_rows(store, "SELECT reserved, charged FROM calls WHERE state = 'settled'")
         assert rows
+        # each answered call was bounded, and its bound event reached the run's report (with its settle)
+        assert report["totals"]["bounded_calls"] == len([r for r in records if r["outcome"] == "ok"]) > 0
         assert all(charged <= reserved for reserved, charged in rows)
         settled = ledger_rows(store, "SELECT reasoning_tokens FROM calls WHERE state = 'settled'")
         reasoning = max(row[0] for row in settled)

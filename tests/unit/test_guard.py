@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from quotawrap.guarded_call import GuardedCall
 from quotawrap.ledger import run_key
 from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.settings import Settings
+from quotawrap.waiting import read_events
 from tests.redis_server import free_port
 
 BASE = "http://127.0.0.1:9/api/v3"
@@ -135,6 +137,28 @@ class TestLifecycle:
         sent.failed(TimeoutError("read"), sent=True)
         totals = ledger.run_totals(RUN).totals
         assert (totals.released_calls, totals.unresolved_calls, totals.settled_tokens) == (1, 1, reserved)
+
+    @pytest.mark.parametrize("background_settle", [False, True], ids=["settled-at-once", "settler-no-wrapper"])
+    def test_a_bounded_call_records_its_bound_event_when_it_ends(
+        self, ledger: SQLiteLedger, tmp_path: Path, background_settle: bool
+    ) -> None:
+        """No wrapper to hand it to: the guard writes the event itself, once per bounded call however it ends
+        (settled, failed), with this process's pid; a call whose whole output the caller bounded has none."""
+        log = tmp_path / "events.jsonl"
+        settings = Settings(base_url=(BASE,), run_id=RUN, events_log=str(log))
+        guard = Guard(settings, ledger, background_settle=background_settle)
+        settled, failed = guard.begin("POST", URL, JSON, body()), guard.begin("POST", URL, JSON, body())
+        assert settled is not None and failed is not None
+        assert read_events(log).bounded_calls == 0  # recorded when the call ends, with its settle
+        respond(settled, 200, answer(12, 30))
+        failed.failed(ConnectionError("refused"), sent=False)
+        own = guard.begin("POST", URL, JSON, bounded(64))
+        assert own is not None
+        respond(own, 200, answer(12, 30))
+        events = read_events(log)
+        assert (events.bounded_calls, events.bounded_by_model) == (2, {"deepseek-v4-flash": 2})
+        assert {json.loads(line)["pid"] for line in log.read_text().splitlines()} == {os.getpid()}
+        assert guard.flush(5)
 
 
 class TestFaultsAndPolicies:

@@ -3,6 +3,7 @@ dropped (a send the wrapper does not take lands in the child), and all in before
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -26,7 +27,7 @@ from quotawrap.settle_relay import (
 )
 from quotawrap.settler import Settler
 from quotawrap.usage import Usage
-from quotawrap.waiting import RoomSignal
+from quotawrap.waiting import EventLog, RoomSignal, read_events
 from tests.unit.test_ledger_contract import limits, rc, request, usage
 
 
@@ -74,9 +75,41 @@ def test_a_settle_survives_the_datagram_exactly() -> None:
         Settle("h2", "release"),
         Settle("h3", "settle", None, 0.1, 0),
     ):
-        assert decode(encode(settle)) == settle
+        assert decode(encode(settle)) == (settle, None)
+    assert decode(encode(Settle("h4", "release"), ("m", 4096, 77))) == (Settle("h4", "release"), ("m", 4096, 77))
     with pytest.raises((ValueError, TypeError, EOFError)):
         decode(b"not marshal")
+
+
+def test_the_bound_events_that_come_with_settles_are_recorded_by_the_wrapper(tmp_path: Path) -> None:
+    """A bounded call's event rides with its settle: the wrapper writes it to the run's events log (the child
+    wrote none), with the child's pid; the settle lands as without it."""
+    ledger = Recording()
+    log = tmp_path / "events.jsonl"
+    relay = Relay(relay_path(str(tmp_path)), lambda: cast(Ledger, ledger), [].append, EventLog(str(log)))
+    sender = Sender(relay.path)
+    assert sender.send(Settle("h1", "settle", usage(10), 0.1, 0), ("m", 4096, 4242))
+    assert sender.send(Settle("h2", "settle", usage(10), 0.1, 0))  # not bounded: no event
+    assert sender.send(Settle("h3", "release"), ("n", 512, 4243))
+    relay.close()
+    assert ledger.landed == ["h1", "h2", "h3"]
+    events = read_events(log)
+    assert events.bounded_calls == 2
+    assert events.bounded_by_model == {"m": 1, "n": 1}
+    assert [json.loads(line)["pid"] for line in log.read_text().splitlines()] == [4242, 4243]
+
+
+def test_a_bound_event_the_wrapper_does_not_take_is_recorded_by_the_child(sqlite: Ledger, tmp_path: Path) -> None:
+    """No wrapper socket: Settler.submit says so, and the guard writes the bound event itself."""
+    settler = Settler(lambda: sqlite, relay=Sender(str(tmp_path / "gone.sock")))
+    hold = sqlite.reserve(request(400), limits(run_cap=10_000)).hold_id
+    assert not settler.submit(Settle(hold, "settle", usage(40), 0.1, 0), None, ("m", 64, 1))
+    assert settler.flush(5)
+    relay = _relay(tmp_path, Recording())
+    try:
+        assert Settler(lambda: sqlite, relay=Sender(relay.path)).submit(Settle("h", "release"), None, ("m", 64, 1))
+    finally:
+        relay.close()
 
 
 def test_the_wrapper_lands_every_settle_received_before_close_returns(tmp_path: Path) -> None:

@@ -57,17 +57,17 @@ class TestEvents:
         assert oct(path.stat().st_mode & 0o777) == "0o600"
 
     def test_bound_lines_are_the_events_write_makes(self, tmp_path: Path) -> None:
-        """``bound`` keeps its last line encoded: each line is the one ``write`` makes of the same event,
-        and a different model, bound or process (after fork) gets its own."""
+        """``bounds`` keeps its last line encoded: each line is the one ``write`` makes of the same event,
+        one write or several, and a different model, bound or process gets its own."""
         kept, written = EventLog(str(tmp_path / "kept.jsonl")), EventLog(str(tmp_path / "written.jsonl"))
-        for model, bound in (("m", 4096), ("m", 4096), ("m", 512), ("n", 512), ("m", 512)):
-            kept.bound(model, bound)
-            written.write({"ev": "bound", "model": model, "bound": bound, "pid": os.getpid()})
-        kept._last_bound = (("n", 512, os.getpid() + 1), b"from before a fork\n")
-        kept.bound("n", 512)
-        written.write({"ev": "bound", "model": "n", "bound": 512, "pid": os.getpid()})
+        events = [("m", 4096, 7), ("m", 4096, 7), ("m", 512, 7), ("n", 512, 7), ("m", 512, 8), ("m", 512, 8)]
+        kept.bounds(events[:1])
+        kept.bounds(events[1:])
+        kept.bounds([])  # nothing to write
+        for model, bound, pid in events:
+            written.write({"ev": "bound", "model": model, "bound": bound, "pid": pid})
         assert (tmp_path / "kept.jsonl").read_bytes() == (tmp_path / "written.jsonl").read_bytes()
-        assert read_events(tmp_path / "kept.jsonl").bounded_by_model == {"m": 4, "n": 2}
+        assert read_events(tmp_path / "kept.jsonl").bounded_by_model == {"m": 5, "n": 1}
 
     def test_directory_made_once_and_again_if_removed(self, tmp_path: Path) -> None:
         """A bounded call writes a line each: the directory is made on the first, and again if it went."""

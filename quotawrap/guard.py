@@ -417,14 +417,16 @@ class Guard(GuardBooks):
         settings = self._estimate_settings
         return plan_output(kind, request, estimate, settings, boundable, reasoning, room.token_space, room.token_cap)
 
-    def hold(self, call: Call, plan: Plan, *, waiter: str | None, ticket: int | None, can_wait: bool) -> HoldRequest:
+    def hold(
+        self, call: Call, plan: Plan, *, pid: int, waiter: str | None, ticket: int | None, can_wait: bool
+    ) -> HoldRequest:
         return HoldRequest(
             run_id=self._run_id,
             model=call.model,
             day=call.day,
             reserve=plan.estimate.total,
             endpoint=call.found.endpoint or call.kind,
-            pid=os.getpid(),
+            pid=pid,
             host=self._host,
             # a video task's hold is handed over to the task once created (see tasks.py)
             expires_at=call.now + self.settings.hold_ttl,

@@ -98,7 +98,8 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
     wait_s = settings.wait if call.enforce and 0 < settings.wait < _INF else 0.0
     deadline = time.monotonic() + wait_s
     waits = wait_s > 0
-    waiter = f"{_WAITER_PREFIX}-{os.getpid()}-{next(_waiter_numbers)}" if waits else None
+    pid = os.getpid()  # asked once a call: a system call each time (the hold and the waiter both name it)
+    waiter = f"{_WAITER_PREFIX}-{pid}-{next(_waiter_numbers)}" if waits else None
     ticket: int | None = None
     wait: Wait | None = None
     head = False  # the ledger's last answer: at the head of its lines, waiting for holds in flight
@@ -119,7 +120,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 outcome = "refused"
                 return guard.unreadable(call.model, exc)
             overdue = not waits or time.monotonic() >= deadline  # a call that cannot wait is past its deadline
-            hold = guard.hold(call, plan, waiter=waiter, ticket=ticket, can_wait=waits and not overdue)
+            hold = guard.hold(call, plan, pid=pid, waiter=waiter, ticket=ticket, can_wait=waits and not overdue)
             if retry is not None:  # asks again after a refused attempt: no view may count that one as blocked
                 hold = dataclasses.replace(hold, hold_id=retry)
             # The head looks before it asks (a read takes no lock), but asks often enough to keep its place.

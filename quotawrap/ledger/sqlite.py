@@ -65,6 +65,7 @@ from .sqlite_reserve import (
     RESERVE_INTO_HOLDS,
     SNAPSHOT_COLUMNS,
     UPDATE_FINAL,
+    read_counters,
     read_for_reserve,
     tags_column,
 )
@@ -237,19 +238,8 @@ class SQLiteLedger:
     # -- helpers -------------------------------------------------------------------------------
 
     @staticmethod
-    def _read_counters(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Counters]:
-        found = {
-            key: Counters(settled, in_flight)
-            for key, settled, in_flight in conn.execute(
-                f"SELECT key, settled, in_flight FROM counters WHERE key IN ({','.join('?' * len(keys))})",
-                tuple(keys),
-            )
-        }
-        return {key: found.get(key, Counters()) for key in keys}
-
-    @staticmethod
-    def _bump(conn: sqlite3.Connection, *rows: tuple[str, int, int]) -> None:
-        """Add (settled, in_flight) to each key's counters: one statement for all (a reserve's two or three)."""
+    def _bump(conn: sqlite3.Connection, *rows: tuple[str, int]) -> None:
+        """Add what was settled to each key's counter: one statement for all (a settle's two or three)."""
         conn.execute(BUMP[len(rows)], [value for row in rows for value in row])
 
     @staticmethod
@@ -258,12 +248,15 @@ class SQLiteLedger:
         return None if row is None else Snapshot(*row)
 
     def _charge(self, conn: sqlite3.Connection, call: tuple[str, str, str], deltas: Deltas) -> None:
-        """Add a transition's deltas to every counter the call belongs to, and the usage series."""
+        """Add what a transition settled to every counter the call belongs to, and the usage series. What it
+        had in flight was its row of holds (IN_FLIGHT), which the transition moved out."""
         run_id, model, day = call
         day_key = model_day_key(model, day)
-        rows = [(run_key(run_id), deltas.settled, deltas.in_flight), (day_key, deltas.settled, deltas.in_flight)]
-        if deltas.cost_settled or deltas.cost_in_flight:
-            rows.append((run_cost_key(run_id), deltas.cost_settled, deltas.cost_in_flight))
+        rows = [(run_key(run_id), deltas.settled), (day_key, deltas.settled)] if deltas.settled else []
+        if deltas.cost_settled:
+            rows.append((run_cost_key(run_id), deltas.cost_settled))
+        if not rows:  # a release: nothing settled
+            return
         self._bump(conn, *rows)
         if deltas.settled:  # the model-day's new total, read where the bump just left it: one statement
             conn.execute(
@@ -278,7 +271,8 @@ class SQLiteLedger:
         scopes = scope_keys(request.run_id, request.model, request.day)
         reserve, reserve_cost = clamp(request.reserve), clamp(request.reserve_cost)
         with self._write("reserve") as conn:
-            scoped, snapshot, waiting = read_for_reserve(conn, scopes, request.model, request.enforce)
+            call = (request.run_id, request.model, request.day)
+            scoped, snapshot, waiting = read_for_reserve(conn, scopes, call, request.enforce)
             limits = limits_for(snapshot)
             result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)
             place = Place(conn, request, self._clock(), waiting, scopes)
@@ -309,9 +303,6 @@ class SQLiteLedger:
                     request.expires_at,
                 ),
             )
-            if held:
-                taken = Deltas(0, reserve, 0, reserve_cost)  # nothing settled, all in flight
-                self._charge(conn, (request.run_id, request.model, request.day), taken)
         return Decision(request.hold_id, result, held, scoped, ticket=place.ticket)
 
     def leave_line(self, request: HoldRequest) -> None:
@@ -432,7 +423,7 @@ class SQLiteLedger:
 
     def counters(self, keys: Sequence[str]) -> dict[str, Counters]:
         with self._errors("read"):
-            return self._read_counters(self._conn(), keys)
+            return read_counters(self._conn(), keys)
 
     def snapshot(self, model: str) -> Snapshot | None:
         with self._errors("read"):

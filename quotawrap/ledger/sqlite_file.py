@@ -38,7 +38,7 @@ __all__ = [
     "write_lock",
 ]
 
-SCHEMA_VERSION = "6"
+SCHEMA_VERSION = "7"
 
 # The page size of a new ledger. A commit dirties one page of each b-tree it writes (a settle: the calls
 # table and its indexes, the holds, the counters) and copies and checksums each whole page into the WAL:
@@ -113,9 +113,7 @@ _HOLDS = f"CREATE TABLE IF NOT EXISTS holds {_CALL_ROW} WITHOUT ROWID"
 _SCHEMA = (
     """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS counters (
-    key TEXT PRIMARY KEY, settled INTEGER NOT NULL DEFAULT 0, in_flight INTEGER NOT NULL DEFAULT 0
-);
+CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, settled INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS calls """
     + _CALL_ROW
     + """;
@@ -173,6 +171,14 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
         "DELETE FROM calls WHERE state = 'held'",
         "DROP INDEX IF EXISTS calls_open",
         "UPDATE meta SET value = '6' WHERE key = 'schema'",
+    ),
+    # what is in flight is summed from holds (sqlite_reserve.IN_FLIGHT), no longer counted beside the settled
+    "6": (
+        "CREATE TABLE counters_7 (key TEXT PRIMARY KEY, settled INTEGER NOT NULL DEFAULT 0)",
+        "INSERT INTO counters_7 SELECT key, settled FROM counters",
+        "DROP TABLE counters",
+        "ALTER TABLE counters_7 RENAME TO counters",
+        "UPDATE meta SET value = '7' WHERE key = 'schema'",
     ),
 }
 

@@ -1,5 +1,6 @@
 """What the SQLite ledger runs on a guarded call's path, prepared once: the reserve's one read and its row,
-the counters' upsert, a call's tags as its row keeps them, and a settle's move of the row out of holds.
+what is in flight (summed from holds), the counters' upsert, a call's tags as its row keeps them, and a
+settle's move of the row out of holds.
 
 A reserve runs inside ``BEGIN IMMEDIATE`` on the caller's path, so every statement counts: each costs
 a microsecond or more of set-up (Python's and SQLite's) before it does anything.
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ..quota import Counters, Snapshot
+from .scopes import Run, RunCost, parse_counter_key
 from .sqlite_file import CALL_COLUMNS
 from .sqlite_lines import WaiterRow
 
@@ -19,58 +21,104 @@ __all__ = [
     "BUMP",
     "HOLD_COLUMNS",
     "HOLD_ROW",
+    "IN_FLIGHT",
     "MOVE_HELD",
     "OPEN_HOLDS",
     "RESERVE_INTO_CALLS",
     "RESERVE_INTO_HOLDS",
     "SNAPSHOT_COLUMNS",
     "UPDATE_FINAL",
+    "read_counters",
     "read_for_reserve",
     "tags_column",
 ]
 
 SNAPSHOT_COLUMNS = "balance, usage_at_sync, lagged_usage, synced_at, day, source"  # Snapshot's fields, in order
 
+# What a scope has in flight is the sum over its holds (every row of holds is a hold in flight, and only
+# those are): a reserve writes its row and no counter, so its commit copies one b-tree page, not three.
+# Per scope_keys' scope: the column summed and the condition on holds, whose parameters are the scope's
+# fields (Run: run_id; RunCost: run_id; ModelDay: model, day).
+IN_FLIGHT = {
+    "run": ("reserved", "run_id = ?"),
+    "run_cost": ("reserved_cost", "run_id = ?"),
+    "model_day": ("reserved", "model = ? AND day = ?"),
+}
+_SUMS = ", ".join(
+    f"SUM(CASE WHEN {condition.replace('?', '{}')} THEN {column} END)" for column, condition in IN_FLIGHT.values()
+).format("?6", "?6", "?4", "?7")  # run, run_cost, model_day: the reserve's parameters below
+
 # Everything a reserve reads, in one statement. ``key IN (...)`` builds a temporary index on every run,
 # so the lookups are equalities joined by UNION ALL. Parameters: the run, model-day and run-cost counter
 # keys (the run and model-day keys name the call's two waiting lines too), the model, whether the lines
-# are read (the call enforces). Rows: (0, key, settled, in_flight), (1, the snapshot's fields), (2, line,
-# ticket, waiter, until): one per counter, snapshot and waiter found.
+# are read (the call enforces), the run id, the day. Rows: (0, key, settled), (1, the snapshot's fields),
+# (2, line, ticket, waiter, until), (3, the run's, the run's cost and the model-day's in flight): one per
+# counter, snapshot and waiter found, and always the last.
 _RESERVE_READS = f"""
-SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?1
-UNION ALL SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?2
-UNION ALL SELECT 0, key, settled, in_flight, NULL, NULL, NULL FROM counters WHERE key = ?3
+SELECT 0, key, settled, NULL, NULL, NULL, NULL FROM counters WHERE key = ?1
+UNION ALL SELECT 0, key, settled, NULL, NULL, NULL, NULL FROM counters WHERE key = ?2
+UNION ALL SELECT 0, key, settled, NULL, NULL, NULL, NULL FROM counters WHERE key = ?3
 UNION ALL SELECT 1, {SNAPSHOT_COLUMNS} FROM snapshots WHERE model = ?4
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?1
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?2
+UNION ALL SELECT 3, {_SUMS}, NULL, NULL, NULL FROM holds
 """
 
 
 def read_for_reserve(
-    conn: sqlite3.Connection, scopes: Mapping[str, str], model: str, enforce: bool
+    conn: sqlite3.Connection, scopes: Mapping[str, str], call: tuple[str, str, str], enforce: bool
 ) -> tuple[dict[str, Counters], Snapshot | None, list[WaiterRow]]:
-    """The counters of ``scopes`` (scope_keys; missing ones read as zero), the model's snapshot, and the
-    rows of the call's two waiting lines (none unless it enforces)."""
-    found: dict[str, Counters] = {}
+    """The counters of ``scopes`` (scope_keys of ``call``, its (run, model, day); missing ones read as zero),
+    the model's snapshot, and the rows of the call's two waiting lines (none unless it enforces)."""
+    run_id, model, day = call
+    settled: dict[str, int] = {}
+    in_flight = (0, 0, 0)
     snapshot: Snapshot | None = None
     waiting: list[WaiterRow] = []
-    params = (scopes["run"], scopes["model_day"], scopes["run_cost"], model, enforce)
+    params = (scopes["run"], scopes["model_day"], scopes["run_cost"], model, enforce, run_id, day)
     for kind, *row in conn.execute(_RESERVE_READS, params):
         if kind == 0:
-            found[row[0]] = Counters(row[1], row[2])
+            settled[row[0]] = row[1]
         elif kind == 1:
             snapshot = Snapshot(*row)
-        else:
+        elif kind == 2:
             waiting.append((row[0], row[1], row[2], row[3]))
-    counters = {scope: found[key] if key in found else Counters() for scope, key in scopes.items()}
+        else:
+            in_flight = (row[0] or 0, row[1] or 0, row[2] or 0)
+    held = dict(zip(IN_FLIGHT, in_flight, strict=True))
+    counters = {scope: Counters(settled.get(key, 0), held[scope]) for scope, key in scopes.items()}
     return counters, snapshot, waiting
 
 
-# Add (settled, in_flight) to each of two or three keys' counters (SQLiteLedger._bump), by the count of keys.
+def read_counters(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Counters]:
+    """Each key's counters, in one statement (one snapshot of the file: a settle moving a hold from in flight
+    to settled between two reads would hide it from both); a key no scope names reads as zero."""
+    selects, params = [], []
+    for key in keys:
+        scope = parse_counter_key(key)
+        if isinstance(scope, Run | RunCost):
+            column, condition = IN_FLIGHT["run" if isinstance(scope, Run) else "run_cost"]
+            scope_params: tuple[str, ...] = (scope.run_id,)
+        elif scope is not None:
+            column, condition = IN_FLIGHT["model_day"]
+            scope_params = (scope.model, scope.day)
+        else:
+            column, condition, scope_params = "0", "0", ()
+        selects.append(
+            f"SELECT (SELECT settled FROM counters WHERE key = ?), (SELECT SUM({column}) FROM holds WHERE {condition})"
+        )
+        params += [key, *scope_params]
+    if not keys:
+        return {}
+    rows = conn.execute(" UNION ALL ".join(selects), params).fetchall()
+    return {key: Counters(settled or 0, held or 0) for key, (settled, held) in zip(keys, rows, strict=True)}
+
+
+# Add what was settled to two or three keys' counters (SQLiteLedger._bump), by the count of keys.
 BUMP = {
-    count: f"INSERT INTO counters (key, settled, in_flight) VALUES {','.join(['(?, ?, ?)'] * count)}"
-    " ON CONFLICT (key) DO UPDATE SET settled = settled + excluded.settled, in_flight = in_flight + excluded.in_flight"
-    for count in (2, 3)
+    count: f"INSERT INTO counters (key, settled) VALUES {','.join(['(?, ?)'] * count)}"
+    " ON CONFLICT (key) DO UPDATE SET settled = settled + excluded.settled"
+    for count in (1, 2, 3)
 }
 
 _TAGS: dict[tuple[tuple[str, str], ...], str] = {}

@@ -249,7 +249,7 @@ class TestPureHelpers:
             "INSERT INTO usage_series VALUES (?, ?, ?, ?), (?, ?, ?, ?)",
             (MODEL, day, int((now - 3600) // 60), 1_000, MODEL, day, int(now // 60), 9_000),
         )
-        ledger._conn().execute("INSERT INTO counters VALUES (?, 9000, 0)", (model_day_key(MODEL, day),))
+        ledger._conn().execute("INSERT INTO counters VALUES (?, 9000)", (model_day_key(MODEL, day),))
         snap = record_balance(ledger, MODEL, 500_000, now, quota.QuotaSettings(balance_lag_s=1800), source="x")
         assert (snap.usage_at_sync, snap.lagged_usage) == (9_000, 1_000)
         v6 = record_balance(ledger, MODEL, 500_000, now, quota.QuotaSettings(balance_lag_s=0), source="x")

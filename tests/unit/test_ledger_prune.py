@@ -17,7 +17,7 @@ from quotawrap._errors import ConfigError
 from quotawrap.ledger import HoldRequest
 from quotawrap.ledger.sqlite import SCHEMA_VERSION, SQLiteLedger
 from quotawrap.ledger.sqlite_file import CALL_COLUMNS
-from quotawrap.quota import BEIJING, Limit
+from quotawrap.quota import BEIJING, Counters, Limit
 from quotawrap.report import day_range, ledger_rows
 from quotawrap.retention import AUTO_LEASE, auto_prune, cutoff_day, parse_duration
 from quotawrap.usage import Usage
@@ -198,15 +198,36 @@ def test_version_2_ledger_is_migrated(tmp_path: Path) -> None:
     conn.close()
     reopened = SQLiteLedger(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == SCHEMA_VERSION == "6"
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == SCHEMA_VERSION == "7"
     conn.close()
     before = ledger_rows(reopened, "model")
     assert reopened.prune("2026-02-01").calls == 5
     assert ledger_rows(reopened, "model") == before
 
 
+# What schema 6 counted in flight beside the settled: the reserves a scope's holds took (what is in holds).
+_IN_FLIGHT_V6 = {
+    "'run:' || run_id": "reserved",
+    "'cost:' || run_id": "reserved_cost",
+    "'md:' || day || ':' || model": "reserved",
+}
+
+
+def _back_to_version_6(conn: sqlite3.Connection) -> None:
+    """Make a current ledger the schema 6 one it grew from: the counters kept what was in flight, which each
+    reserve added (making the row) and each transition out of 'held' took off."""
+    conn.execute("ALTER TABLE counters ADD COLUMN in_flight INTEGER NOT NULL DEFAULT 0")
+    for key, column in _IN_FLIGHT_V6.items():
+        conn.execute(
+            f"INSERT INTO counters (key, settled, in_flight) SELECT {key}, 0, SUM({column}) FROM holds GROUP BY 1"
+            " ON CONFLICT (key) DO UPDATE SET in_flight = excluded.in_flight"
+        )
+    conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema'")
+
+
 def _back_to_version_5(conn: sqlite3.Connection) -> None:
     """Make a current ledger the schema 5 one it grew from: the calls in flight kept in calls, indexed."""
+    _back_to_version_6(conn)
     columns = ", ".join(CALL_COLUMNS)
     conn.execute(f"INSERT INTO calls ({columns}) SELECT {columns} FROM holds")
     conn.execute("DROP TABLE holds")
@@ -277,6 +298,46 @@ def test_version_5_ledger_is_migrated(tmp_path: Path) -> None:
     assert reopened.reclaim_orphans(now=clock.now + 2 * 10**9) == len(others)
     states = {r.id: r.state for r in reopened.call_records()}
     assert states[settled] == "settled" and {states[hold] for hold in others} == {"unresolved"}
+
+
+def test_version_6_ledger_is_migrated(tmp_path: Path) -> None:
+    """A schema 6 ledger (what is in flight counted beside the settled) opens without that column: every scope
+    reads as before, the in flight summed from holds; a hold then settles, and another is reclaimed, exactly."""
+    path = tmp_path / "old.sqlite3"
+    clock = FakeClock(0.0)
+    ledger = SQLiteLedger(path, clock=clock)
+    open_holds = _seed(ledger, clock, ["2026-01-01", "2026-03-01"])
+    keys = [
+        *(f"md:{day}:{model}" for day in ("2026-01-01", "2026-03-01") for model in MODELS),
+        *(f"{kind}:run-{d}-{n}" for kind in ("run", "cost") for d in (0, 1) for n in range(3)),
+    ]
+    counters, records = ledger.counters(keys), ledger.call_records()
+    assert any(c.in_flight for c in counters.values()) and any(c.settled for c in counters.values())
+    ledger.close()
+    conn = sqlite3.connect(path)
+    _back_to_version_6(conn)
+    conn.commit()
+    assert (
+        conn.execute("SELECT SUM(in_flight) FROM counters").fetchone()[0]
+        == sum(c.in_flight for c in counters.values())
+        > 0
+    )
+    conn.close()
+    reopened = SQLiteLedger(path, clock=clock)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (SCHEMA_VERSION,)
+    assert [row[1] for row in conn.execute("PRAGMA table_info(counters)")] == ["key", "settled"]
+    conn.close()
+    assert reopened.counters(keys) == counters
+    assert reopened.call_records() == records
+    settled, *others = open_holds
+    [held] = [r for r in records if r.id == settled]
+    key = f"md:{held.day}:{held.model}"
+    before = reopened.counters([key])[key]
+    reopened.settle(settled, Usage(1, 1, 2))
+    assert reopened.counters([key])[key] == Counters(before.settled + 2, before.in_flight - held.reserved)
+    assert reopened.reclaim_orphans(now=clock.now + 2 * 10**9) == len(others)
+    assert all(c.in_flight == 0 for c in reopened.counters(keys).values())
 
 
 def test_auto_prune_runs_at_most_once_a_day(seeded: tuple[SQLiteLedger, FakeClock, list[str]]) -> None:

@@ -198,7 +198,7 @@ class TestRefusesWhatIsNotALedger:
         with sqlite3.connect(old_path) as conn:  # as the ledger made it before: SQLite's default page size
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA + f"INSERT INTO meta VALUES ('schema', '{SCHEMA_VERSION}');")
-            conn.execute("INSERT INTO counters VALUES (?, 40, 0)", (model_day_key(MODEL, DAY),))
+            conn.execute("INSERT INTO counters VALUES (?, 40)", (model_day_key(MODEL, DAY),))
         conn.close()
         old = SQLiteLedger(old_path)
         decision = old.reserve(_hold(), _no_limits)  # type: ignore[arg-type]
@@ -423,7 +423,7 @@ class TestCheckpointsLeftToTheWrapper:
         ledger = SQLiteLedger(path)
         if leave:
             ledger.leave_checkpoints()
-        for _ in range(300):  # some 4,000 pages of WAL: well past SQLite's checkpoint at 1,000
+        for _ in range(600):  # some 4,000 pages of WAL: well past SQLite's checkpoint at 1,000
             hold = ledger.reserve(request(100), limits(run_cap=10**9)).hold_id
             ledger.release(hold)
         page = int(ledger._conn().execute("PRAGMA page_size").fetchone()[0])
@@ -455,3 +455,63 @@ class TestCheckpointsLeftToTheWrapper:
 
         assert pages(relayed) == BACKSTOP_CHECKPOINT_PAGES
         assert pages(alone) == pages(in_process) == 1000
+
+
+_RUNS, _MODELS, _DAYS = ("run-1", "run-2"), (MODEL, "deepseek-v4-flash"), (DAY, "2026-05-02")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    holds=st.lists(
+        st.tuples(
+            st.sampled_from(_RUNS),
+            st.sampled_from(_MODELS),
+            st.sampled_from(_DAYS),
+            st.integers(0, 10**6),
+            st.integers(0, 10**6),
+            st.sampled_from(["open", "settle", "release", "charge"]),
+        ),
+        max_size=12,
+    )
+)
+def test_what_is_in_flight_is_what_the_open_holds_reserved(tmp_path: Path, holds: list[Any]) -> None:
+    """In flight is summed from holds (sqlite_reserve.IN_FLIGHT) in two forms, the reserve's one read and
+    ``counters``; on generated holds, some settled, released or charged, both say what the holds still open
+    reserved, per run, run cost and model-day, and the settled what the others were charged."""
+    from quotawrap.ledger.scopes import scope_keys
+    from quotawrap.ledger.sqlite_reserve import read_for_reserve
+
+    with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
+        ledger = SQLiteLedger(Path(directory) / "ledger.sqlite3")
+        open_by: dict[str, int] = {}
+        settled_by: dict[str, int] = {}
+        for run_id, model, day, reserve, cost, end in holds:
+            hold = _hold(reserve, run_id=run_id, model=model, day=day, reserve_cost=cost)
+            assert ledger.reserve(hold, _no_limits).held  # type: ignore[arg-type]
+            keys = scope_keys(run_id, model, day)
+            amounts = {"run": reserve, "model_day": reserve, "run_cost": cost}
+            if end == "open":
+                for scope, key in keys.items():
+                    open_by[key] = open_by.get(key, 0) + amounts[scope]
+                continue
+            if end == "settle":
+                ledger.settle(hold.hold_id, Usage(1, 2, 3), cost=5)
+                amounts = {"run": 3, "model_day": 3, "run_cost": 5}
+            elif end == "release":
+                ledger.release(hold.hold_id)
+                amounts = {"run": 0, "model_day": 0, "run_cost": 0}
+            else:  # no usage: the whole hold is charged (unresolved)
+                ledger.settle(hold.hold_id, None)
+            for scope, key in keys.items():
+                settled_by[key] = settled_by.get(key, 0) + amounts[scope]
+        conn = ledger._conn()
+        for run_id in _RUNS:
+            for model in _MODELS:
+                for day in _DAYS:
+                    keys = scope_keys(run_id, model, day)
+                    expected = {s: Counters(settled_by.get(k, 0), open_by.get(k, 0)) for s, k in keys.items()}
+                    with conn:
+                        read, _, _ = read_for_reserve(conn, keys, (run_id, model, day), True)
+                    assert read == expected
+                    assert ledger.counters(list(keys.values())) == {keys[s]: c for s, c in expected.items()}
+        ledger.close()

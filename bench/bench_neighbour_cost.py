@@ -4,10 +4,10 @@
 
 The same plain agent as bench_agent_overhead.py (the real ``openai`` SDK, sequential small chat calls to the
 bundled simulator, no guard) runs with and without unrelated work between its calls: a SQLite write
-transaction on a WAL file, ``json.loads`` of a ~1 KB object and a few hundred dict entries, ``--work`` times
-over, about what a guard's reserve, estimate and bookkeeping touch. The agent times each ``create()`` call's
-own thread CPU apart from the work's. Without a guard in the way, what the call gains from the work is what
-the work left in the caches and branch predictors for the SDK to load again.
+transaction (WAL, ``synchronous=NORMAL``, as the ledger), ``json.loads`` of a ~1 KB object and a hundred dict
+entries, ``--work`` times over, about what a guard's reserve, estimate and bookkeeping touch. The agent times
+each ``create()`` call's own thread CPU apart from the work's. Without a guard in the way, what the call gains
+from the work is what the work left in the caches and branch predictors for the SDK to load again.
 
 Prints, per work size: the call's CPU with and without the work (median of the per-round medians), the
 work's own CPU, and their ratio: how many µs each µs of work between calls adds to the SDK's call. A guard
@@ -38,6 +38,7 @@ client = openai.OpenAI(base_url=base_url, api_key="sk-bench-not-a-key", max_retr
 messages = [{"role": "user", "content": "彩虹有几种颜色？Answer in one short sentence."}]
 db = sqlite3.connect(db_path, isolation_level=None)
 db.execute("PRAGMA journal_mode=WAL")
+db.execute("PRAGMA synchronous=NORMAL")  # as the ledger: no sync per commit
 db.execute("CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v INTEGER)")
 doc = json.dumps({"items": [{"n": i, "text": str(i) * 5} for i in range(40)]})
 

@@ -80,7 +80,8 @@ def decode(data: bytes) -> tuple[Settle, BoundEvent | None]:
     from .ledger.base import Settle
     from .usage import Usage
 
-    hold_id, event, fields, latency_s, cost, anomaly, bound = marshal.loads(data)
+    hold_id, event, fields, latency_s, cost, anomaly, *rest = marshal.loads(data)
+    bound = rest[0] if len(rest) == 1 else None  # a child of a quotawrap before bound events sent six
     if not isinstance(hold_id, str) or event not in ("settle", "release"):
         raise ValueError("not a settle")
     usage = None

@@ -4,6 +4,7 @@ dropped (a send the wrapper does not take lands in the child), and all in before
 from __future__ import annotations
 
 import json
+import marshal
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -77,6 +78,8 @@ def test_a_settle_survives_the_datagram_exactly() -> None:
     ):
         assert decode(encode(settle)) == (settle, None)
     assert decode(encode(Settle("h4", "release"), ("m", 4096, 77))) == (Settle("h4", "release"), ("m", 4096, 77))
+    six = marshal.dumps(marshal.loads(encode(Settle("h5", "settle", full, 0.5, 9)))[:6])  # an older child's
+    assert decode(six) == (Settle("h5", "settle", full, 0.5, 9), None)
     with pytest.raises((ValueError, TypeError, EOFError)):
         decode(b"not marshal")
 

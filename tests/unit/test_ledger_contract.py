@@ -789,6 +789,50 @@ class TestScriptReload:
 
 
 @pytest.mark.redis
+class TestScriptWire:
+    """The scripts' own connection (client._Wire): an error reply leaves it in step, a store that does not
+    answer in time is a retried timeout, and a connection the server closed is opened again."""
+
+    def test_an_error_reply_keeps_the_connection(self, redis_ledger: RedisLedger) -> None:
+        import redis
+
+        assert redis_ledger.reserve(request(100), limits(daily=1000)).held
+        client = redis_ledger._client
+        sock = client._wire().conn._sock
+        with pytest.raises(redis.exceptions.ResponseError):
+            client._send("GET")  # wrong number of arguments: an error reply
+        assert redis_ledger.reserve(request(100), limits(daily=1000)).held
+        assert client._wire().conn._sock is sock  # the same connection, still in step
+
+    def test_a_store_that_does_not_answer_in_time_is_a_retried_timeout(self, redis_url: str) -> None:
+        import redis
+
+        ledger = RedisLedger(redis_url, socket_timeout_s=0.2, retries=1)
+        try:
+            assert ledger.reserve(request(100), limits(daily=1000)).held
+            client = ledger._client
+            sock = client._wire().conn._sock
+            _client(redis_url).execute_command("CLIENT", "PAUSE", "300", "ALL")  # the next reply waits 0.3 s
+            with pytest.raises(redis.exceptions.TimeoutError):
+                client._send("PING")
+            assert client._wire().conn._sock is None  # closed: its reply may come later
+            assert ledger.reserve(request(100), limits(daily=1000)).held  # connects again
+            assert client._wire().conn._sock is not sock
+            _client(redis_url).execute_command("CLIENT", "PAUSE", "300", "ALL")
+            started = time.monotonic()
+            assert ledger.reserve(request(100), limits(daily=1000)).held  # timed out once, then retried
+            assert time.monotonic() - started >= 0.2
+        finally:
+            ledger.close()
+
+    def test_a_connection_the_server_closed_is_opened_again(self, redis_ledger: RedisLedger, redis_url: str) -> None:
+        assert redis_ledger.reserve(request(100), limits(daily=1000)).held
+        _client(redis_url).execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        assert redis_ledger.reserve(request(100), limits(daily=1000)).held  # retried on a new connection
+        assert md(redis_ledger).in_flight == 200
+
+
+@pytest.mark.redis
 def test_single_node_reserve_indexes_in_its_script(
     redis_ledger: RedisLedger, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

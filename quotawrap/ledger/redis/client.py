@@ -25,6 +25,8 @@ __all__ = ["Arg", "Client", "as_int", "as_text", "lua_file"]
 
 _T = TypeVar("_T")
 Arg = str | int | float
+TimeoutError_ = TimeoutError  # the builtin (socket.timeout): redis.exceptions has its own TimeoutError
+_READ_BYTES = 65536  # a reserve's answer is ~100 bytes, a batch of settles' a few KiB
 
 # scripts that start with the shared library lua/lib.lua
 _WITH_LIB = (
@@ -88,6 +90,57 @@ def _load_scripts() -> dict[str, _Script]:
         source = lib + lua_file(name) if name in _WITH_LIB else lua_file(name)
         scripts[name] = _Script(source, hashlib.sha1(source.encode()).hexdigest())
     return scripts
+
+
+class _Wire:
+    """One thread's connection for the scripts (single node), written and read on its socket directly.
+
+    redis-py opens it (TCP, TLS or a Unix socket; AUTH, SELECT) and says what an error reply is
+    (``parse_error``); a script call is then one ``sendall`` of hiredis's packed command and the reads
+    its answer needs, fed to a hiredis reader. redis-py's ``send_packed_command`` and ``read_response``
+    wrap the same steps in checks (health, buffers, timeouts) that cost ~10 µs of a guarded call's CPU.
+    Anything but a whole answer closes the connection, which the next call opens again; socket errors
+    become redis-py's ConnectionError and TimeoutError, as its own path raises them (retried).
+    """
+
+    __slots__ = ("_buffer", "_reader", "conn")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self._reader: Any = None
+        self._buffer = bytearray(_READ_BYTES)
+
+    def call(self, packed: bytes) -> Any:
+        conn = self.conn
+        try:
+            sock = conn._sock  # redis-py's socket: None until connected, and again once disconnected
+            if sock is None:
+                from hiredis import Reader
+                from redis._parsers.base import BaseParser
+
+                conn.connect()
+                sock = conn._sock
+                self._reader = Reader(replyError=BaseParser.parse_error)
+            reader, buffer = self._reader, self._buffer
+            sock.sendall(packed)
+            reply = reader.gets()
+            while reply is False:
+                count = sock.recv_into(buffer)
+                if not count:
+                    raise OSError("Connection closed by server.")
+                reader.feed(buffer, 0, count)
+                reply = reader.gets()
+        except BaseException as exc:
+            conn.disconnect()  # a reply may be left unread
+            if isinstance(exc, OSError):
+                from redis.exceptions import ConnectionError, TimeoutError
+
+                wrapped = TimeoutError if isinstance(exc, TimeoutError_) else ConnectionError
+                raise wrapped(f"Error while talking to the socket: {exc}") from exc
+            raise
+        if isinstance(reply, Exception):  # an error reply (NOSCRIPT...): the connection is still in step
+            raise reply
+        return reply
 
 
 class Client:
@@ -239,10 +292,13 @@ class Client:
         """
         if self.cluster:
             return self._redis.execute_command(*command)
-        conn = self._connection()
+        wire = self._wire()
+        pack = self._pack
+        if pack is not None:
+            return wire.call(pack(command))
+        conn = wire.conn
         try:
-            pack = self._pack
-            conn.send_packed_command(conn.pack_command(*command) if pack is None else (pack(command),))
+            conn.send_packed_command(conn.pack_command(*command))
             return conn.read_response()
         except self._error_reply:
             raise  # an error reply: the connection is still in step
@@ -250,17 +306,18 @@ class Client:
             conn.disconnect()  # anything else may leave a reply unread; redis-py connects again on the next command
             raise
 
-    def _connection(self) -> Any:
+    def _wire(self) -> _Wire:
         """This thread's own connection (single node), opened on first use."""
         local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid():  # never a connection inherited through fork()
+        wire: _Wire | None = getattr(local, "wire", None)
+        if wire is None or local.pid != os.getpid():  # never a connection inherited through fork()
             pool = self._redis.connection_pool
             conn = pool.connection_class(**pool.connection_kwargs)  # same URL, TLS, timeouts as the pool's
-            local.conn, local.pid = conn, os.getpid()
+            wire = local.wire = _Wire(conn)
+            local.pid = os.getpid()
             with self._lock:
                 self._connections.add(conn)
-        return conn
+        return wire
 
     # -- commands, typed ---------------------------------------------------------------------
 

@@ -146,12 +146,11 @@ class Guard(GuardBooks):
     def land(self, settle: Settle, landed: Callable[[], None] | None, bound: BoundEvent | None = None) -> None:
         """Settle or release one hold: queued for the settler, or at once. Never raises. ``bound``: the call's
         bound event (the guard bounded it), recorded here unless the wrapper takes it with the settle."""
-        if self.settler is not None:
-            if not self.settler.submit(settle, landed, bound) and bound is not None:
-                self._events.bounds((bound,))
-            return
-        if bound is not None:
+        relayed = self.settler is not None and self.settler.submit(settle, landed, bound)
+        if bound is not None and not relayed:
             self._events.bounds((bound,))
+        if self.settler is not None:
+            return
         try:
             self.ledger.settle_many((settle,))
         except Exception as exc:

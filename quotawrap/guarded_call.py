@@ -27,6 +27,7 @@ from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stre
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .guard import Guard
+    from .waiting import BoundEvent
 
 __all__ = ["CallContext", "Followup", "GuardedCall"]
 
@@ -351,20 +352,24 @@ class GuardedCall:
             return
         event: Literal["settle", "release"] = "release" if action == "release" else "settle"
         landed = None
-        bound = None
-        context = self._context
-        if context is not None:
+        if self._context is not None:
             state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
             landed = functools.partial(self._audit_landed, state, usage, cost, latency)
-            if context.output_bound is not None:
-                bound = (context.model, context.output_bound, context.pid)
-        self._guard.land(Settle(self.hold_id, event, usage, latency, cost, self.anomaly), landed, bound)
+        settle = Settle(self.hold_id, event, usage, latency, cost, self.anomaly)
+        self._guard.land(settle, landed, self._bound_event())
+
+    def _bound_event(self) -> BoundEvent | None:
+        """The call's ``bound`` event, None unless the guard bounded it."""
+        context = self._context
+        if context is None or context.output_bound is None:
+            return None
+        return (context.model, context.output_bound, context.pid)
 
     def _record_bound(self) -> None:
-        """The call's bound event where no settle carries it to the wrapper (Guard.land records the rest)."""
-        context = self._context
-        if self._guard is not None and context is not None and context.output_bound is not None:
-            self._guard.events.bounds(((context.model, context.output_bound, context.pid),))
+        """The call's bound event where no settle carries it (Guard.land records it with the others)."""
+        bound = self._bound_event()
+        if self._guard is not None and bound is not None:
+            self._guard.events.bounds((bound,))
 
     def _audit_landed(self, state: CallState, usage: Usage | None, cost: int, latency: float) -> None:
         """The audit record, once the settle has landed (on the settler's thread for a guarded child)."""

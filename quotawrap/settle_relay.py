@@ -15,7 +15,7 @@ pickles): only this user can reach the socket (the run directory is 0700).
 
 A call the guard bounded (``Plan.bound``) rides with its settle as a :data:`BoundEvent`, and the wrapper
 writes the run's ``bound`` events: a line the child wrote for each such call was two more system calls
-(~9 µs in a guarded process) on the caller's path.
+on the caller's path (bench_guard_steps' ``admitted`` step: 21.8 -> 13.1 µs).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 
 from ..quota import Counters, Snapshot
-from .scopes import Run, RunCost, parse_counter_key
+from .scopes import ModelDay, Run, RunCost, parse_counter_key
 from .sqlite_file import CALL_COLUMNS
 from .sqlite_lines import WaiterRow
 
@@ -96,14 +96,14 @@ def read_counters(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Co
     selects, params = [], []
     for key in keys:
         scope = parse_counter_key(key)
-        if isinstance(scope, Run | RunCost):
-            column, condition = IN_FLIGHT["run" if isinstance(scope, Run) else "run_cost"]
-            scope_params: tuple[str, ...] = (scope.run_id,)
-        elif scope is not None:
-            column, condition = IN_FLIGHT["model_day"]
-            scope_params = (scope.model, scope.day)
-        else:
-            column, condition, scope_params = "0", "0", ()
+        scope_params: tuple[str, ...] = ()
+        column, condition = "0", "0"  # a key no scope names: nothing in flight
+        if isinstance(scope, Run):
+            (column, condition), scope_params = IN_FLIGHT["run"], (scope.run_id,)
+        elif isinstance(scope, RunCost):
+            (column, condition), scope_params = IN_FLIGHT["run_cost"], (scope.run_id,)
+        elif isinstance(scope, ModelDay):
+            (column, condition), scope_params = IN_FLIGHT["model_day"], (scope.model, scope.day)
         selects.append(
             f"SELECT (SELECT settled FROM counters WHERE key = ?), (SELECT SUM({column}) FROM holds WHERE {condition})"
         )

@@ -21,11 +21,14 @@ from .holds import HoldState
 from .scopes import model_day_key, run_cost_key, run_key
 
 __all__ = [
+    "ADVANCE",
+    "ADVANCE_CLOSED",
     "REPORT_SUMS",
     "CallRecord",
     "CallState",
     "DayAggregate",
     "Decision",
+    "Drawn",
     "HoldRequest",
     "Ledger",
     "LimitsFor",
@@ -81,17 +84,57 @@ class HoldRequest(Record, frozen=True):
     waiter: str | None = None
     ticket: int | None = None
     can_wait: bool = False
+    # An advance (quotawrap.advances): room a process reserves ahead for its next calls. Refused, it leaves
+    # no row (it is no call); taken, its row is a hold of endpoint ADVANCE that its calls are drawn from.
+    advance: bool = False
+
+
+ADVANCE = "advance"  # the endpoint of an advance's row while open
+ADVANCE_CLOSED = "advance closed"  # once its process gave back what it did not draw
+
+
+class Drawn(NamedTuple):
+    """A call admitted from an advance, as its settle carries it: its row is split from the advance's (the
+    advance gives up ``reserved`` and ``reserved_cost``) right before the settle lands on it."""
+
+    advance_id: str
+    reserved: int
+    reserved_cost: int
+    endpoint: str
+    key_fingerprint: str | None
+    started_at: float
+    expires_at: float
+
+    @classmethod
+    def of(cls, advance_id: str, hold: HoldRequest, started_at: float) -> Drawn:
+        """The call ``hold`` asked for, drawn from the advance ``advance_id``."""
+        return cls(
+            advance_id,
+            hold.reserve,
+            hold.reserve_cost,
+            hold.endpoint,
+            hold.key_fingerprint,
+            started_at,
+            hold.expires_at,
+        )
 
 
 class Settle(NamedTuple):
-    """One queued end of a hold, as :meth:`Ledger.settle_many` lands it."""
+    """One queued end of a hold, as :meth:`Ledger.settle_many` lands it, or a step of an advance's:
+
+    * ``draw``: the call ``hold_id`` was drawn from the advance ``drawn.advance_id`` (its row is split from it,
+      nothing settles: its wrapper learns of every call in flight before the call is sent);
+    * ``close``: ``hold_id`` is an advance its process closed, having drawn all of it but ``drawn.reserved`` and
+      ``drawn.reserved_cost``, which it gives back (once: the advance's row then reads ADVANCE_CLOSED).
+    """
 
     hold_id: str
-    event: Literal["settle", "release"]
+    event: Literal["settle", "release", "draw", "close"]
     usage: Usage | None = None
     latency_s: float | None = None
     cost: int | None = None
     anomaly: str | None = None  # usage.check_usage's reason the answer's usage was not believed
+    drawn: Drawn | None = None  # the call was drawn from an advance (or, for a close, what is given back)
 
 
 class Decision(Record, frozen=True):
@@ -102,6 +145,7 @@ class Decision(Record, frozen=True):
     queued: int = 0  # waiters ahead of it in its lines (it joined them): nothing held, no row written
     waiting: bool = False  # at the head of its lines, waiting for holds in flight: nothing held, no row
     ticket: int | None = None  # its place in every line, once it joined one
+    advance_id: str | None = None  # drawn from this advance of its process (quotawrap.advances): no row yet
 
 
 class ModelTotals(Record):
@@ -236,6 +280,8 @@ class Ledger(Protocol):
     # A writer that meets another's write sleeps until it may go on (SQLite's busy handler: 1 ms and more),
     # so a batch of settles is best landed while guarded calls are between their writes (settle_relay).
     writers_sleep_when_busy: ClassVar[bool]
+    # Whether it lands settles of calls drawn from an advance (Settle.drawn) and closes advances.
+    takes_advances: ClassVar[bool]
 
     def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         """Check every limit and take the hold in one atomic step."""
@@ -265,8 +311,12 @@ class Ledger(Protocol):
         """``settle`` or ``release`` each, in one store round trip where the store allows. Idempotent."""
         ...
 
-    def resolve_run(self, run_id: str) -> int:
-        """Charge every hold the run left open (as unresolved). Returns how many."""
+    def resolve_run(self, run_id: str, *, release_advances: bool = False) -> int:
+        """Charge every hold the run left open (as unresolved). Returns how many.
+
+        ``release_advances``: the caller landed every draw of the run's processes (a wrapper whose relay landed
+        all it received): what is left of the advances of its dead processes is released, not charged (their
+        calls in flight have rows of their own). Otherwise an advance left open is charged whole."""
         ...
 
     def leave_line(self, request: HoldRequest) -> None:

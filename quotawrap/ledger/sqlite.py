@@ -57,16 +57,20 @@ from .sqlite_file import (
 )
 from .sqlite_lines import Place, count_waiting
 from .sqlite_reserve import (
+    ADVANCE_OWNERS,
     BUMP,
     HOLD_ROW,
     MOVE_HELD,
     OPEN_HOLDS,
+    RELEASE_ADVANCES,
     RESERVE_INTO_CALLS,
     RESERVE_INTO_HOLDS,
     SNAPSHOT_COLUMNS,
     UPDATE_FINAL,
+    close_advance,
     read_counters,
     read_for_reserve,
+    split_from_advance,
     tags_column,
 )
 
@@ -136,6 +140,7 @@ class SQLiteLedger:
     """Ledger in one SQLite file; safe across threads (a connection per thread) and processes."""
 
     writers_sleep_when_busy: ClassVar[bool] = True  # SQLite's busy handler
+    takes_advances: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -282,6 +287,8 @@ class SQLiteLedger:
             if outcome == "line_refused":
                 result = place.refusal()
             held = outcome == "take"
+            if not held and request.advance:  # no call was refused: its process reserves per call instead
+                return Decision(request.hold_id, result, False, scoped)
             conn.execute(
                 RESERVE_INTO_HOLDS if held else RESERVE_INTO_CALLS,
                 (
@@ -398,17 +405,31 @@ class SQLiteLedger:
 
     def _settle_steps(self, conn: sqlite3.Connection, settles: Sequence[Settle]) -> Iterator[_Owed | None]:
         """Each settle's step, its row read right before it (a replay in the batch sees the state it left)."""
-        for hold_id, event, usage, latency_s, cost, anomaly in settles:
+        for hold_id, event, usage, latency_s, cost, anomaly, drawn in settles:
+            if drawn is not None:
+                if event == "close":
+                    close_advance(conn, hold_id, drawn)
+                    continue
+                split_from_advance(conn, hold_id, drawn)
+                if event == "draw":
+                    continue
             row = conn.execute(HOLD_ROW, (hold_id,)).fetchone()
             if row is not None:
-                yield self._step(conn, row, event, usage, cost, latency_s, anomaly)
+                yield self._step(conn, row, event, usage, cost, latency_s, anomaly)  # type: ignore[arg-type]
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:
             rows = conn.execute(OPEN_HOLDS + where, params).fetchall()
             return self._charge_owed(conn, (self._step(conn, row, "resolve") for row in rows))
 
-    def resolve_run(self, run_id: str) -> int:
+    def resolve_run(self, run_id: str, *, release_advances: bool = False) -> int:
+        if release_advances:
+            with self._errors("scan"):
+                owners = self._conn().execute(ADVANCE_OWNERS, (run_id, self._host)).fetchall()
+            dead = [pid for (pid,) in owners if not pid_alive(pid)]
+            if dead:
+                with self._write("resolve") as conn:
+                    conn.execute(RELEASE_ADVANCES.format(marks=",".join("?" * len(dead))), (run_id, self._host, *dead))
         return self._charge_open("run_id = ?", (run_id,))
 
     def reclaim_orphans(self, now: float) -> int:

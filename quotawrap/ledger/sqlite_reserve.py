@@ -13,23 +13,28 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 
 from ..quota import Counters, Snapshot
+from .base import ADVANCE, ADVANCE_CLOSED, Drawn
 from .scopes import ModelDay, Run, RunCost, parse_counter_key
 from .sqlite_file import CALL_COLUMNS
 from .sqlite_lines import WaiterRow
 
 __all__ = [
+    "ADVANCE_OWNERS",
     "BUMP",
     "HOLD_COLUMNS",
     "HOLD_ROW",
     "IN_FLIGHT",
     "MOVE_HELD",
     "OPEN_HOLDS",
+    "RELEASE_ADVANCES",
     "RESERVE_INTO_CALLS",
     "RESERVE_INTO_HOLDS",
     "SNAPSHOT_COLUMNS",
     "UPDATE_FINAL",
+    "close_advance",
     "read_counters",
     "read_for_reserve",
+    "split_from_advance",
     "tags_column",
 ]
 
@@ -169,3 +174,61 @@ HOLD_ROW = (
     f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE id = ?1 UNION ALL SELECT 0, {HOLD_COLUMNS} FROM calls WHERE id = ?1"
 )
 OPEN_HOLDS = f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE "  # then the condition: the holds in flight, as HOLD_ROW's
+
+
+# A call drawn from an advance (quotawrap.advances) gets its own row in holds, split from the advance's (whose
+# run, model, day, pid, host and tags are the call's), the advance giving up what the call reserved: what is
+# in flight is unchanged (the sum over holds). Once only (the settle may land twice): a call whose row exists
+# in either table is not split again. Parameters: the call's id, endpoint, reserved, reserved_cost,
+# key_fingerprint, started_at, expires_at, then the advance's id.
+_SPLIT = f"""
+INSERT INTO holds ({_RESERVE_COLUMNS})
+SELECT ?1, run_id, model, day, ?2, 'held', ?3, ?4, 0, NULL, pid, host, ?5, tags, ?6, ?7 FROM holds
+WHERE id = ?8 AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')
+  AND NOT EXISTS (SELECT 1 FROM calls WHERE id = ?1) AND NOT EXISTS (SELECT 1 FROM holds WHERE id = ?1)
+"""
+_GIVE_UP = "UPDATE holds SET reserved = reserved - ?, reserved_cost = reserved_cost - ? WHERE id = ?"
+# An advance all of whose room is drawn and settled, or given back, is gone: it was never a call.
+_GONE_IF_EMPTY = "DELETE FROM holds WHERE id = ? AND reserved <= 0 AND reserved_cost <= 0"
+
+
+def split_from_advance(conn: sqlite3.Connection, hold_id: str, drawn: Drawn) -> None:
+    """Give the call drawn from an advance its own row of holds (its settle then lands on it as on any hold's).
+
+    Nothing when the advance is gone (charged whole as unresolved when its process died: the call's share
+    was charged with it, so its settle must not count again) or the call was split before."""
+    reserved, reserved_cost = max(drawn.reserved, 0), max(drawn.reserved_cost, 0)
+    split = conn.execute(
+        _SPLIT,
+        (
+            hold_id,
+            drawn.endpoint,
+            reserved,
+            reserved_cost,
+            drawn.key_fingerprint,
+            drawn.started_at,
+            drawn.expires_at,
+            drawn.advance_id,
+        ),
+    )
+    if split.rowcount:
+        conn.execute(_GIVE_UP, (reserved, reserved_cost, drawn.advance_id))
+        conn.execute(_GONE_IF_EMPTY, (drawn.advance_id,))
+
+
+# The advances a run's processes left open on this host, by owner: released where the owner is dead and every
+# draw it made has landed (resolve_run's release_advances).
+_ADVANCE_ROWS = f"run_id = ? AND host = ? AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')"
+ADVANCE_OWNERS = f"SELECT DISTINCT pid FROM holds WHERE {_ADVANCE_ROWS}"
+RELEASE_ADVANCES = f"DELETE FROM holds WHERE {_ADVANCE_ROWS} AND pid IN ({{marks}})"
+
+
+def close_advance(conn: sqlite3.Connection, advance_id: str, left: Drawn) -> None:
+    """Give back what a process did not draw of its advance: once (its row then reads ADVANCE_CLOSED)."""
+    closed = conn.execute(
+        f"UPDATE holds SET reserved = reserved - ?, reserved_cost = reserved_cost - ?, endpoint = '{ADVANCE_CLOSED}'"
+        f" WHERE id = ? AND endpoint = '{ADVANCE}'",
+        (max(left.reserved, 0), max(left.reserved_cost, 0), advance_id),
+    )
+    if closed.rowcount:
+        conn.execute(_GONE_IF_EMPTY, (advance_id,))

@@ -69,6 +69,7 @@ class RedisLedger(RedisHistory):
     """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
 
     writers_sleep_when_busy: ClassVar[bool] = False  # the server queues a command behind the script it runs
+    takes_advances: ClassVar[bool] = False  # its scripts split no call from an advance: every call reserves
 
     def __init__(self, url: str, *, clock: Callable[[], float] = time.time, **options: object) -> None:
         self.url = url
@@ -435,7 +436,9 @@ class RedisLedger(RedisHistory):
         """Every settle and release; on a single node in one script call (lua/transition_many.lua)."""
         client = self._redis()
         if client.cluster:
-            for hold_id, event, usage, latency_s, cost, anomaly in settles:
+            for hold_id, event, usage, latency_s, cost, anomaly, _ in settles:
+                if event in ("draw", "close"):  # no advance is taken on Redis (takes_advances)
+                    continue
                 if event == "release":
                     self.release(hold_id)
                 else:
@@ -444,9 +447,9 @@ class RedisLedger(RedisHistory):
         keys: list[str] = []
         args: list[Arg] = []
         located = self._locate_many([settle.hold_id for settle in settles])
-        for hold_id, event, usage, latency_s, cost, anomaly in settles:
+        for hold_id, event, usage, latency_s, cost, anomaly, _ in settles:
             at = located.get(hold_id)
-            if at is None:
+            if at is None or (event != "settle" and event != "release"):  # no advance on Redis (takes_advances)
                 continue
             keys += self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
             note = records.anomaly_note(anomaly)
@@ -457,7 +460,8 @@ class RedisLedger(RedisHistory):
             # one script, one round trip; each transition is idempotent, so a retried batch never counts one twice
             client.retrying("settle", partial(client.script, "transition_many", keys, args))
 
-    def resolve_run(self, run_id: str) -> int:
+    def resolve_run(self, run_id: str, *, release_advances: bool = False) -> int:
+        del release_advances  # no advance is taken on Redis (takes_advances)
         client = self._redis()
         copies = client.retrying("read", lambda: client.hgetall(self._keys.run_holds(run_id)))
         resolved = 0

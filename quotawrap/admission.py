@@ -67,6 +67,10 @@ class Room:
     def seen(self, counters: Mapping[str, quota.Counters]) -> None:
         self._known[self._where] = dict(counters)
 
+    def last_seen(self) -> Mapping[str, quota.Counters] | None:
+        """The counters this process last read, None before its first (no ledger read)."""
+        return self._known.get(self._where)
+
     def token_space(self) -> int | None:
         """Tokens one call may reserve at most once everything in flight settled (from counters last seen)."""
         known = self._known.get(self._where)

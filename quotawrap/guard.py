@@ -53,6 +53,7 @@ from .waiting import BoundEvent, EventLog, RoomSignal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from .advances import Advances
     from .prices import PriceTable
     from .settler import Settler
 
@@ -105,14 +106,22 @@ class Guard(GuardBooks):
         self._redirects = refusals.RedirectMemory(clock)
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
         self.settler: Settler | None = None
+        self.advances: Advances | None = None
         self._room_signal = RoomSignal()
         if background_settle:
+            from .advances import Advances
             from .settle_relay import sender_from_env
             from .settler import Settler
 
             # Under a wrapper the settles go to it; while a call of this process waits for room they
             # land here, so that their landing wakes it.
             self.settler = Settler(lambda: self.ledger, relay=sender_from_env(), relay_now=self._room_signal.unwatched)
+            relay = self.settler.relay
+            # Only under a wrapper, which learns of every draw; never in --watch, which changes nothing.
+            if relay is not None and not settings.watch:
+                self.advances = Advances(
+                    lambda: self.ledger, lambda settle: self.land(settle, None), relay.send, relay.listening
+                )
         self._events = EventLog(settings.events_log)
         self._allowances = AllowanceBook(lambda: self.ledger, clock=clock)
         self._known: dict[tuple[str, str], dict[str, quota.Counters]] = {}  # last counters seen per (model, day)

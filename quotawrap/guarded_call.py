@@ -20,7 +20,7 @@ from . import endpoints
 from ._log import warn
 from .endpoint_prices import CostRule
 from .ledger import HoldRequest, Ledger
-from .ledger.base import CallRecord, CallState, Decision, Settle
+from .ledger.base import CallRecord, CallState, Decision, Drawn, Settle
 from .synthetic import SyntheticResponse
 from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, usage_from_body
 
@@ -52,10 +52,12 @@ class CallContext(NamedTuple):
     would_block: bool
     blocked_by: str | None
     output_bound: int | None = None  # the whole-output bound the guard set on the request, if it set one
+    drawn: Drawn | None = None  # admitted from an advance of its process (quotawrap.advances)
 
     @classmethod
     def of_hold(cls, hold: HoldRequest, decision: Decision, now: float, output_bound: int | None) -> CallContext:
         blocking = decision.verdict.blocking
+        drawn = None if decision.advance_id is None else Drawn.of(decision.advance_id, hold, now)
         return cls(
             hold_id=hold.hold_id,
             run_id=hold.run_id,
@@ -70,6 +72,7 @@ class CallContext(NamedTuple):
             would_block=blocking is not None,
             blocked_by=blocking.name if blocking else None,
             output_bound=output_bound,
+            drawn=drawn,
         )
 
     def record(
@@ -355,7 +358,8 @@ class GuardedCall:
         if self._context is not None:
             state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
             landed = functools.partial(self._audit_landed, state, usage, cost, latency)
-        settle = Settle(self.hold_id, event, usage, latency, cost, self.anomaly)
+        drawn = None if self._context is None else self._context.drawn
+        settle = Settle(self.hold_id, event, usage, latency, cost, self.anomaly, drawn)
         self._guard.land(settle, landed, self._bound_event())
 
     def _bound_event(self) -> BoundEvent | None:

@@ -447,7 +447,9 @@ def _run(
                 signal.signal(sig, handler)
             if on_child_exit is not None:
                 on_child_exit()
-            relay.close()  # every settle received lands before the open holds are charged
+            # every settle received lands before the open holds are charged; and every draw, so what is left of
+            # the advances of dead processes is released (their calls in flight have rows of their own)
+            every_draw_landed = relay.close()
         unguarded = watcher.stop() if watcher is not None else []
         connections = run_dir.connections()
         from ._errors import QuotawrapError
@@ -460,7 +462,11 @@ def _run(
         try:
             # Nested: the outer wrapper closes the run; charging its open holds here would charge calls
             # still in flight elsewhere in the tree, so only holds of dead processes are charged.
-            resolved = ledger.reclaim_orphans(time.time()) if nested else ledger.resolve_run(settings.run_id)
+            resolved = (
+                ledger.reclaim_orphans(time.time())
+                if nested
+                else ledger.resolve_run(settings.run_id, release_advances=every_draw_landed)
+            )
             totals = ledger.run_totals(settings.run_id)
         except QuotawrapError as exc:
             # Nothing is lost: the run's open holds stay in the ledger and the next run, `status` or
@@ -501,12 +507,12 @@ class _Relay:
 
             self._relay = open_relay(self._path, lambda: self._ledger, warn, EventLog(self._events_log))
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Whether every datagram the relay received has landed (True with no relay: none was sent)."""
         with self._lock:
             self._closed = True
             relay, self._relay = self._relay, None
-        if relay is not None:
-            relay.close()
+        return relay is None or relay.close()
 
 
 class _ViewOnceUsed:

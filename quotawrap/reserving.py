@@ -28,11 +28,12 @@ from . import endpoints, quota, readahead
 from ._errors import StoreError
 from ._log import warn
 from .admission import Room, Wait, only_in_flight_in_the_way
+from .advances import ENDPOINTS
 from .endpoint_prices import CostRule
 from .estimate import Estimate, Kind, usage_bound
 from .guarded_call import GuardedCall
 from .ledger import HoldRequest
-from .ledger.base import Settle
+from .ledger.base import Decision, Settle
 from .ledger.lines import LEASE_S
 from .waiting import QueuedPause
 
@@ -92,6 +93,25 @@ def _refits_lower(guard: Guard, call: Call, room: Room, bound: int) -> bool:
     return refit is not None and refit < bound
 
 
+def _admit(guard: Guard, call: Call, room: Room, hold: HoldRequest, *, first: bool) -> Decision:
+    """The ledger's answer to ``hold``; where room is plenty, a call's first ask draws from (or takes) an advance
+    of its process instead (quotawrap.advances), so most calls do not ask the ledger."""
+    advances = guard.advances
+    if advances is not None and first and call.enforce and call.found.endpoint in ENDPOINTS:
+        ledger = guard.ledger
+        if getattr(ledger, "takes_advances", False):
+            drawn = advances.draw(hold, call.now)
+            if drawn is not None:
+                return drawn
+            seen = room.last_seen()
+            if seen is not None:
+                limits = room.limits_for(guard.snapshot(call.model))
+                taken = advances.take(hold, call.now, room.limits_for, limits, seen)
+                if taken is not None:
+                    return taken
+    return guard.ledger.reserve(hold, room.limits_for)
+
+
 def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None, GuardedCall]:
     """Reserve for ``call``, waiting in line for room up to ``--wait``; the call's answer."""
     settings = guard.settings
@@ -144,7 +164,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 asked_again += 1
                 guard.flush(_LAND_OWN_SETTLES_S)
             try:
-                decision = guard.ledger.reserve(hold, room.limits_for)
+                decision = _admit(guard, call, room, hold, first=retry is None and ticket is None)
             except StoreError:  # the hold may have landed before the link broke: never sent, give it back
                 guard.land(Settle(hold.hold_id, "release"), None)
                 raise

@@ -55,6 +55,7 @@ LAND_EVERY_S = 0.010
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
 _SYNC = b"\0sync "  # then the path to answer at; never a marshalled settle (which starts with a type code)
+_EVENTS = ("settle", "release", "draw", "close")
 _BUFFER_BYTES = 4 << 20  # the wrapper's receive queue: thousands of settles while a batch lands
 
 
@@ -71,18 +72,32 @@ def encode(settle: Settle, bound: BoundEvent | None = None) -> bytes:
             usage.images,
             usage.actions,
         )
-    return marshal.dumps((settle.hold_id, settle.event, fields, settle.latency_s, settle.cost, settle.anomaly, bound))
+    drawn = settle.drawn
+    return marshal.dumps(
+        (
+            settle.hold_id,
+            settle.event,
+            fields,
+            settle.latency_s,
+            settle.cost,
+            settle.anomaly,
+            bound,
+            None if drawn is None else tuple(drawn),
+        )
+    )
 
 
 def decode(data: bytes) -> tuple[Settle, BoundEvent | None]:
     """The settle of one datagram and the bound event riding with it; ValueError (or TypeError, EOFError)
     for anything else."""
-    from .ledger.base import Settle
+    from .ledger.base import Drawn, Settle
     from .usage import Usage
 
     hold_id, event, fields, latency_s, cost, anomaly, *rest = marshal.loads(data)
-    bound = rest[0] if len(rest) == 1 else None  # a child of a quotawrap before bound events sent six
-    if not isinstance(hold_id, str) or event not in ("settle", "release"):
+    # A child of an older quotawrap sent six fields (before bound events) or seven (before advances).
+    bound = rest[0] if rest else None
+    drawn = rest[1] if len(rest) > 1 else None
+    if not isinstance(hold_id, str) or event not in _EVENTS or (event in ("draw", "close") and not drawn):
         raise ValueError("not a settle")
     usage = None
     if fields is not None:
@@ -91,7 +106,18 @@ def decode(data: bytes) -> tuple[Settle, BoundEvent | None]:
     if bound is not None:
         model, limit, pid = bound
         bound = (str(model), int(limit), int(pid))
-    return Settle(hold_id, event, usage, latency_s, cost, anomaly), bound
+    if drawn is not None:
+        advance_id, reserved, reserved_cost, endpoint, key, started_at, expires_at = drawn
+        drawn = Drawn(
+            str(advance_id),
+            int(reserved),
+            int(reserved_cost),
+            str(endpoint),
+            None if key is None else str(key),
+            float(started_at),
+            float(expires_at),
+        )
+    return Settle(hold_id, event, usage, latency_s, cost, anomaly, drawn), bound
 
 
 class Sender:
@@ -102,6 +128,10 @@ class Sender:
         self.path = path
         self._sock: socket.socket | None = None
         self.unsynced = 0  # sends since the last sync began: settles the wrapper may not have landed yet
+
+    def listening(self) -> bool:
+        """Whether the wrapper's socket is there (it binds it once a process of the run opens the ledger)."""
+        return os.path.exists(self.path)
 
     def send(self, settle: Settle, bound: BoundEvent | None = None) -> bool:
         """True once the wrapper's socket holds the settle (and ``bound``, which the wrapper then records);
@@ -331,9 +361,9 @@ class Relay:
         self._syncs.clear()
         return True
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Land every settle received, before the run's open holds are charged. New sends fail from the
-        moment the socket file is gone (the child's own settler lands those)."""
+    def close(self, timeout: float = 30.0) -> bool:
+        """Land every settle received, before the run's open holds are charged: whether all landed. New sends
+        fail from the moment the socket file is gone (the child's own settler lands those)."""
         import socket
 
         with self._lock:
@@ -351,9 +381,11 @@ class Relay:
             while not self._land() and time.monotonic() < deadline:
                 time.sleep(RETRY_MIN_S)
             # What still could not land stays held in the ledger: resolve_run charges it whole.
+            landed = not self._pending
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+        return landed
 
 
 def open_relay(

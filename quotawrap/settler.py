@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .settle_relay import Sender
     from .waiting import BoundEvent
 
-__all__ = ["MAX_BATCH", "Settler"]
+__all__ = ["MAX_BATCH", "Settler", "before_flush_all", "flush_all"]
 
 MAX_BATCH = 256  # settles per ledger call: bounds one transaction's lock time
 LINGER_S = 0.005  # once woken, the thread gathers settles this long: fewer, larger batches, fewer GIL hand-offs
@@ -176,11 +176,22 @@ class Settler:
 
 
 _start_lock = threading.Lock()
+_before_flush_all: list[Callable[[], None]] = []
+
+
+def before_flush_all(step: Callable[[], None]) -> None:
+    """Run ``step`` first whenever every queue is landed (at exit, before fork): what it queues lands too."""
+    _before_flush_all.append(step)
 
 
 def flush_all(timeout: float = EXIT_FLUSH_S, *, retry: bool = True) -> None:
     """Land every settler's queue: at exit, retrying while the store is away (up to ``timeout``);
     before fork once (what does not land stays queued in the parent, the child starts empty)."""
+    for step in _before_flush_all:
+        try:
+            step()
+        except Exception as exc:  # pragma: no cover - never stops an exit or a fork
+            warn(f"before landing the settles: {exc}")
     deadline = time.monotonic() + timeout
     for settler in list(_settlers):
         if settler._pid != os.getpid():

@@ -32,11 +32,16 @@ atexit.register(paused.release)
 
 sdk = openai.OpenAI(base_url=os.environ["SIM_URL"], api_key="sk-test", max_retries=0)
 calls = int(os.environ.get("CALLS", "5"))
-for _ in range(calls):
+for number in range(calls):
     sdk.chat.completions.create(
         model="deepseek-v4-flash", messages=[{"role": "user", "content": "hello"}], max_tokens=100
     )
-print(f"QUEUED {os.getpid()} {guard.settler.pending}", flush=True)
+    if number == 0:  # the wrapper binds its socket once the run's first call opened the ledger: wait for it
+        deadline = time.monotonic() + 10
+        while not os.path.exists(os.environ["QUOTAWRAP_SETTLE_SOCKET"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+drawn = guard.advances.drawn if guard.advances is not None else 0
+print(f"QUEUED {os.getpid()} {guard.settler.pending} {drawn}", flush=True)
 if sys.argv[1:] == ["wait"]:
     time.sleep(120)
 elif relayed:

@@ -1,0 +1,353 @@
+"""Advances (quotawrap.advances): room a process reserves ahead for its next calls, drawn without the ledger.
+
+The sizing rule is a table; the ledger's side (a drawn call's row split from the advance's as its settle lands,
+a close giving back what was not drawn) is checked on a real SQLite file against the sum of what each call
+and the advance still hold, on generated orders of settles, replays and closes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quotawrap.advances import ADVANCE_CALLS, ADVANCE_S, ROOM_SHARE, Advances, advance_size
+from quotawrap.ledger import HoldRequest
+from quotawrap.ledger.base import ADVANCE, Drawn, Settle
+from quotawrap.ledger.scopes import scope_keys
+from quotawrap.ledger.sqlite import SQLiteLedger
+from quotawrap.quota import Counters, Limit
+from quotawrap.usage import Usage
+
+MODEL = "doubao-seed-1-6-250615"
+DAY = "2026-05-01"
+RUN = "run-1"
+
+
+def _hold(reserve: int = 100, reserve_cost: int = 10, **changes: object) -> HoldRequest:
+    fields: dict[str, object] = {
+        "run_id": RUN,
+        "model": MODEL,
+        "day": DAY,
+        "reserve": reserve,
+        "reserve_cost": reserve_cost,
+        "endpoint": "chat",
+        "pid": os.getpid(),
+        "host": "test-host",
+        "expires_at": time.time() + 3600,
+        **changes,
+    }
+    return HoldRequest(**fields)  # type: ignore[arg-type]
+
+
+def _daily(cap: int) -> list[Limit]:
+    return [Limit("daily_cap", "model_day", cap)]
+
+
+def _counters(settled: int = 0, in_flight: int = 0, cost_settled: int = 0) -> dict[str, Counters]:
+    return {"model_day": Counters(settled, in_flight), "run_cost": Counters(cost_settled, 0)}
+
+
+@pytest.mark.parametrize(
+    ("limits", "counters", "reserve", "reserve_cost", "size"),
+    [
+        # room plenty: ADVANCE_CALLS calls' reserve, the cost scaled as the tokens
+        (_daily(2_000_000), _counters(), 1_000, 50, (16_000, 800)),
+        # no limit at all (a --watch-less run with no cap is never so, but the rule holds)
+        ([], {}, 1_000, 50, (16_000, 800)),
+        # 500k of room: beyond the call, 1/64 of it (7,812), its cost rounded up
+        (_daily(2_000_000), _counters(1_500_000), 1_000, 50, (8_812, 441)),
+        # in flight counts as spent
+        (_daily(2_000_000), _counters(1_000_000, 500_000), 1_000, 50, (8_812, 441)),
+        # 64k of room leaves exactly one more call: the smallest advance
+        (_daily(2_000_000), _counters(1_936_000), 1_000, 50, (2_000, 100)),
+        # less than one more call: the call reserves alone
+        (_daily(2_000_000), _counters(1_936_001), 1_000, 50, None),
+        # a soft-evict wall near: its room bounds the advance too (settled only)
+        ([*_daily(2000000), Limit("usage_wall", "model_day", 1000000, "wall")], _counters(995_000), 100, 5, None),
+        (
+            [*_daily(2000000), Limit("usage_wall", "model_day", 1000000, "wall")],
+            _counters(900_000),
+            100,
+            5,
+            (1_600, 80),
+        ),
+        # the run's cost cap: beyond the call's cost, at most 1/64 of its room
+        ([*_daily(2000000), Limit("cost_cap", "run_cost", 64000)], _counters(), 1_000, 50, (16_000, 800)),
+        ([*_daily(2000000), Limit("cost_cap", "run_cost", 64000)], _counters(cost_settled=20_000), 1_000, 50, None),
+        # nothing to reserve, or a cost below zero: no advance
+        (_daily(2_000_000), _counters(), 0, 0, None),
+        (_daily(2_000_000), _counters(), 10, -1, None),
+        # a cap already passed
+        (_daily(2_000_000), _counters(2_100_000), 1_000, 50, None),
+    ],
+)
+def test_advance_size(
+    limits: list[Limit], counters: dict[str, Counters], reserve: int, reserve_cost: int, size: tuple[int, int] | None
+) -> None:
+    assert advance_size(limits, counters, reserve, reserve_cost) == size
+
+
+def test_the_size_constants_are_what_the_table_assumes() -> None:
+    assert (ADVANCE_CALLS, ROOM_SHARE) == (16, 64)
+
+
+def _no_limits(_snapshot: object) -> list[Limit]:
+    return []
+
+
+def _in_flight(ledger: SQLiteLedger) -> dict[str, Counters]:
+    keys = scope_keys(RUN, MODEL, DAY)
+    counters = ledger.counters(list(keys.values()))
+    return {scope: counters[key] for scope, key in keys.items()}
+
+
+def _take(ledger: SQLiteLedger, size: int, cost: int) -> str:
+    advance = _hold(size, cost, endpoint=ADVANCE, advance=True)
+    assert ledger.reserve(advance, _no_limits).held
+    return advance.hold_id
+
+
+def _drawn(advance_id: str, reserve: int, cost: int) -> Drawn:
+    return Drawn(advance_id, reserve, cost, "chat", "fp", time.time(), time.time() + 3600)
+
+
+def test_a_refused_advance_leaves_no_row(tmp_path: Path) -> None:
+    """An advance the limits refuse is no call: no blocked row, nothing in any view."""
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    advance = _hold(5_000, 0, endpoint=ADVANCE, advance=True)
+    decision = ledger.reserve(advance, lambda _s: _daily(1_000))
+    assert not decision.held and not decision.verdict.allowed
+    assert ledger.call_records() == []
+    # a call refused alike is recorded, as before
+    assert not ledger.reserve(_hold(5_000, 0), lambda _s: _daily(1_000)).held
+    assert [record.state for record in ledger.call_records()] == ["blocked"]
+
+
+def test_drawn_calls_settle_into_rows_of_their_own_and_the_advance_goes(tmp_path: Path) -> None:
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    advance_id = _take(ledger, 1_000, 100)
+    assert _in_flight(ledger)["model_day"] == Counters(0, 1_000)
+    first, second = _hold(300, 30), _hold(200, 20)
+    ledger.settle_many(
+        [
+            Settle(first.hold_id, "settle", Usage(10, 20, 30), 0.1, 7, None, _drawn(advance_id, 300, 30)),
+            Settle(second.hold_id, "release", drawn=_drawn(advance_id, 200, 20)),
+        ]
+    )
+    # the advance still holds what no call drew: 500 tokens, 50 of cost
+    assert _in_flight(ledger) == {"run": Counters(30, 500), "model_day": Counters(30, 500), "run_cost": Counters(7, 50)}
+    records = {record.id: record for record in ledger.call_records()}
+    assert (records[first.hold_id].state, records[first.hold_id].reserved, records[first.hold_id].charged) == (
+        "settled",
+        300,
+        30,
+    )
+    assert records[first.hold_id].key_fingerprint == "fp" and records[first.hold_id].endpoint == "chat"
+    assert records[second.hold_id].state == "released"
+    left = Drawn(advance_id, 500, 50, ADVANCE, None, 0.0, 0.0)
+    ledger.settle_many([Settle(advance_id, "close", drawn=left)])
+    ledger.settle_many([Settle(advance_id, "close", drawn=left)])  # a close landed twice gives back once
+    assert _in_flight(ledger)["model_day"] == Counters(30, 0)
+    assert advance_id not in {record.id for record in ledger.call_records()}  # an advance is no call
+
+
+def test_a_killed_process_advance_is_charged_whole_and_its_late_settles_count_once(tmp_path: Path) -> None:
+    """What the wrapper does when its child died with an advance open: the rest of the advance (its calls in
+    flight are in it) is charged as unresolved; a drawn call's settle landing after that splits nothing."""
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    advance_id = _take(ledger, 1_000, 100)
+    done = _hold(300, 30)
+    ledger.settle_many([Settle(done.hold_id, "settle", Usage(10, 20, 30), 0.1, 7, None, _drawn(advance_id, 300, 30))])
+    assert ledger.resolve_run(RUN) == 1
+    assert _in_flight(ledger)["model_day"] == Counters(30 + 700, 0)
+    late = _hold(200, 20)
+    ledger.settle_many([Settle(late.hold_id, "settle", Usage(1, 2, 3), 0.1, 1, None, _drawn(advance_id, 200, 20))])
+    assert _in_flight(ledger)["model_day"] == Counters(730, 0)
+    assert late.hold_id not in {record.id for record in ledger.call_records()}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    calls=st.lists(
+        st.tuples(st.integers(1, 400), st.sampled_from(["settle", "release", "charge", "open"]), st.booleans()),
+        max_size=8,
+    ),
+    close_at=st.integers(0, 16),
+    seed=st.randoms(use_true_random=False),
+)
+def test_in_flight_is_the_advance_left_plus_its_calls_open(
+    tmp_path: Path, calls: list[Any], close_at: int, seed: Any
+) -> None:
+    """On generated draws landed in any order, some twice, with the close anywhere among them: in flight is what
+    the open calls reserved plus, until the close, what no call drew; settled what the others were charged."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
+        ledger = SQLiteLedger(Path(directory) / "ledger.sqlite3")
+        size = sum(reserve for reserve, *_ in calls) + 50
+        advance_id = _take(ledger, size, 0)
+        settles, open_reserved, settled = [], 0, 0
+        for reserve, end, twice in calls:
+            hold = _hold(reserve, 0)
+            drawn = _drawn(advance_id, reserve, 0)
+            if end == "open":  # drawn, in flight: its settle has not landed (it stays in the advance)
+                open_reserved += reserve
+                continue
+            usage = Usage(1, 2, 3) if end == "settle" else None
+            event = "release" if end == "release" else "settle"
+            settles += [Settle(hold.hold_id, event, usage, None, None, None, drawn)] * (2 if twice else 1)
+            settled += {"settle": 3, "release": 0, "charge": reserve}[end]
+        seed.shuffle(settles)
+        close = Settle(advance_id, "close", drawn=Drawn(advance_id, 50, 0, ADVANCE, None, 0.0, 0.0))
+        settles.insert(min(close_at, len(settles)), close)
+        for settle in settles:
+            ledger.settle_many([settle])
+        assert _in_flight(ledger)["model_day"] == Counters(settled, open_reserved)
+        assert _in_flight(ledger)["run"] == Counters(settled, open_reserved)
+        ledger.close()
+
+
+class _Told(list[Settle]):
+    """The wrapper's socket, as Advances tells it of draws: takes each (True) until ``full``."""
+
+    full = False
+
+    def append(self, settle: Settle) -> bool:  # type: ignore[override]
+        if self.full:
+            return False
+        super().append(settle)
+        return True
+
+
+def test_advances_draw_until_what_is_left_does_not_cover_a_call(tmp_path: Path) -> None:
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    landed: list[Settle] = []
+    told = _Told()
+    advances = Advances(lambda: ledger, landed.append, told.append)
+    assert advances.draw(_hold(100, 10), 0.0) is None  # none open
+    taken = advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
+    assert taken is not None and taken.held and taken.advance_id is not None
+    assert _in_flight(ledger)["model_day"] == Counters(0, 1_600)
+    # a call that reserves nothing is never drawn: an advance emptied by its other calls and its close is gone,
+    # and the settle of a call drawn from a gone advance splits nothing
+    assert advances.draw(_hold(0, 0), 0.0) is None
+    drawn = [advances.draw(_hold(100, 10), 0.0) for _ in range(ADVANCE_CALLS - 1)]
+    assert all(d is not None and d.advance_id == taken.advance_id for d in drawn)
+    assert landed == []
+    assert advances.draw(_hold(100, 10), 0.0) is None  # spent: closed, giving back nothing
+    assert landed == [Settle(taken.advance_id, "close", drawn=Drawn(taken.advance_id, 0, 0, ADVANCE, None, 0.0, 0.0))]
+
+
+def test_an_advance_older_than_its_time_is_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    landed: list[Settle] = []
+    told = _Told()
+    advances = Advances(lambda: ledger, landed.append, told.append)
+    clock = [1_000.0]
+    monkeypatch.setattr("quotawrap.advances.time.monotonic", lambda: clock[0])
+    taken = advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
+    assert taken is not None and advances.draw(_hold(100, 10), 0.0) is not None
+    clock[0] += ADVANCE_S + 0.01
+    assert advances.draw(_hold(100, 10), 0.0) is None
+    assert [(s.hold_id, s.event, s.drawn and s.drawn.reserved) for s in landed] == [(taken.advance_id, "close", 1_400)]
+
+
+def test_the_idle_closer_gives_back_an_advance_no_call_draws(tmp_path: Path) -> None:
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    landed: list[Settle] = []
+    told = _Told()
+    advances = Advances(lambda: ledger, landed.append, told.append)
+    taken = advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
+    assert taken is not None
+    deadline = time.monotonic() + 10 * ADVANCE_S
+    while not landed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [(s.hold_id, s.event) for s in landed] == [(taken.advance_id, "close")]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_starts_with_no_advance(tmp_path: Path) -> None:
+    """Two processes never draw from one advance: the child forgets the parent's (the parent gives it back
+    before the fork, with its settles)."""
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    landed: list[Settle] = []
+    told = _Told()
+    advances = Advances(lambda: ledger, landed.append, told.append)
+    assert advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters()) is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        os.write(write, b"none" if advances.draw(_hold(100, 10), 0.0) is None else b"drew")
+        os._exit(0)
+    os.close(write)
+    answer = os.read(read, 16)
+    os.waitpid(pid, 0)
+    assert answer == b"none"
+    assert [s.event for s in landed] == ["close"]  # given back before the fork
+
+
+def test_a_call_the_wrapper_cannot_be_told_of_is_not_drawn(tmp_path: Path) -> None:
+    """The wrapper must know of every call in flight (it charges them if the process dies): a draw its socket
+    does not take is undone, and the call reserves alone."""
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    landed: list[Settle] = []
+    told = _Told()
+    advances = Advances(lambda: ledger, landed.append, told.append)
+    taken = advances.take(_hold(100, 10), 5.0, _no_limits, [], _counters())
+    assert taken is not None
+    (first,) = told
+    assert (first.event, first.drawn) == (
+        "draw",
+        Drawn(taken.advance_id, 100, 10, "chat", None, 5.0, first.drawn.expires_at),
+    )
+    told.full = True
+    assert advances.draw(_hold(100, 10), 6.0) is None
+    told.full = False
+    assert all(advances.draw(_hold(100, 10), 7.0) is not None for _ in range(ADVANCE_CALLS - 1))  # nothing was lost
+
+
+def test_a_dead_process_advance_is_released_once_every_draw_landed(tmp_path: Path) -> None:
+    """The wrapper's resolve after its relay landed everything: the calls drawn and still in flight are charged
+    whole (rows of their own, split by their draws), what the dead process did not draw is released."""
+    dead = subprocess_pid_that_exited()
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    advance = _hold(1_000, 100, endpoint=ADVANCE, advance=True, pid=dead, host=socket.gethostname())
+    assert ledger.reserve(advance, _no_limits).held
+    in_flight, done = _hold(300, 30), _hold(200, 20)
+    ledger.settle_many(
+        [
+            Settle(in_flight.hold_id, "draw", drawn=_drawn(advance.hold_id, 300, 30)),
+            Settle(done.hold_id, "draw", drawn=_drawn(advance.hold_id, 200, 20)),
+            Settle(done.hold_id, "settle", Usage(1, 2, 3), 0.1, 1, None, _drawn(advance.hold_id, 200, 20)),
+        ]
+    )
+    assert _in_flight(ledger)["model_day"] == Counters(3, 800)
+    assert ledger.resolve_run(RUN, release_advances=True) == 1
+    assert _in_flight(ledger)["model_day"] == Counters(3 + 300, 0)
+    states = {record.id: record.state for record in ledger.call_records()}
+    assert states == {in_flight.hold_id: "unresolved", done.hold_id: "settled"}
+
+
+def test_a_live_process_advance_is_charged_whole_even_so(tmp_path: Path) -> None:
+    """A process of the run still alive may still draw from its advance: it is charged whole, never released."""
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    _take(ledger, 1_000, 100)
+    assert ledger.resolve_run(RUN, release_advances=True) == 1
+    assert _in_flight(ledger)["model_day"] == Counters(1_000, 0)
+
+
+def subprocess_pid_that_exited() -> int:
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid

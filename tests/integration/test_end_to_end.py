@@ -42,6 +42,31 @@ class TestConcurrentCap:
         assert billed >= 0.8 * cap
         assert settled == billed
 
+    def test_calls_drawn_from_advances_never_overspend(self, sim: ArkSimulator, store: str) -> None:
+        """32 threads in 4 processes on a cap 64 times their advances and more: most calls are drawn from
+        advances (quotawrap.advances), the last ones near the cap reserve one by one, and the cap holds
+        with every call settled exactly and nothing left open."""
+        sim.configure(reply_tokens=100)
+        cap = 200_000
+        args = ["--store", store, "--base-url", sim.url, "--daily-cap", str(cap), "--usage-wall", str(cap)]
+        result = run_quotawrap(
+            args,
+            child("swarm.py", "--processes", "4", "--threads", "8", "--max-calls", "400", "--max-tokens", "120"),
+            env={"SIM_URL": sim.url, "SWARM_DRAWN": "1"},
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr
+        records = _records(result.stdout)
+        drawn = [r["drawn"] for r in records if "drawn" in r]
+        calls = [r for r in records if r.get("outcome") == "ok"]
+        assert len(drawn) == 4 and sum(drawn) > len(calls) // 2  # most calls never asked the ledger alone
+        assert any(r.get("outcome") == "blocked" for r in records)
+        billed = sim.billed_total()
+        assert 0.9 * cap <= billed <= cap
+        (settled, rows) = ledger_rows(store, "SELECT SUM(charged), COUNT(*) FROM calls WHERE state = 'settled'")[0]
+        assert (settled, rows) == (billed, len(calls))
+        assert ledger_rows(store, "SELECT COUNT(*) FROM holds") == [(0,)]
+
     def test_without_quotawrap_the_same_swarm_overspends(self, sim: ArkSimulator) -> None:
         """Control: the same program unguarded runs far past the cap (so the test above means something)."""
         sim.configure(reply_tokens=400)

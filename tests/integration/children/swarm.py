@@ -104,7 +104,23 @@ async def worker_async(args: argparse.Namespace, wid: int, http: object) -> None
             )
 
 
+def report_advances() -> None:
+    """With SWARM_DRAWN set, one line per process: how many of its calls were drawn from an advance."""
+    if os.environ.get("SWARM_DRAWN"):
+        from quotawrap.intercept import get_guard
+
+        guard = get_guard()
+        emit(drawn=guard.advances.drawn if guard is not None and guard.advances is not None else 0, pid=os.getpid())
+
+
 def run_client(client: str, args: argparse.Namespace) -> None:
+    try:
+        run_calls(client, args)
+    finally:
+        report_advances()
+
+
+def run_calls(client: str, args: argparse.Namespace) -> None:
     if client == "httpx-async":
         import httpx
 

@@ -9,14 +9,15 @@ Exact as a hold per call is:
 
 * An advance is a hold: the ledger checked every limit when it took it and counts all of it in flight. A call is
   drawn from it only when what is left covers the call's whole reserve, tokens and cost; else it reserves alone.
-* A drawn call's settle carries what its row needs (:class:`~quotawrap.ledger.base.Drawn`), and the ledger
-  splits the row from the advance's as it lands the settle, in one transaction: what is in flight never drops
-  below the truth, and a settle landed twice splits once.
+* A call is drawn only once the wrapper's socket holds a note of it (a ``draw``), and its settle carries the same
+  :class:`~quotawrap.ledger.base.Drawn`: the ledger splits the call's own row from the advance's as the first of
+  the two lands, once, in the transaction that lands it, so what is in flight never drops below the truth.
 * What is not drawn is given back (a *close*) when the advance is ``ADVANCE_S`` old, too small for the next
   call, idle, at exit, and before ``fork()`` (the child starts with none, so two processes never draw from one
-  advance). A process killed with an advance open leaves it to its wrapper, which charges what is left of it
-  whole, as unresolved: its calls in flight are in it. That is pessimistic by what was not drawn, at most
-  ``ADVANCE_CALLS - 1`` calls' reserve and ``1 / ROOM_SHARE`` of the room, never short.
+  advance). A process killed with an advance open: its wrapper lands every note it received, so each call in
+  flight has its own row, charged whole as any hold, and then releases the rest. Where it cannot be sure it
+  landed every note (the store was away, a nested wrapper, a later reclaim) it charges the rest whole instead:
+  pessimistic by at most ``ADVANCE_CALLS - 1`` calls' reserve and ``1 / ROOM_SHARE`` of the room, never short.
 * Only where room is plenty (:func:`advance_size`): near a cap, a wall or the run's cost cap, calls reserve one
   by one as before, so the waiting lines, the usable share of a cap and every refusal are unchanged there.
   A limit that moves while an advance is open (a sync lowers the pool) binds its calls when it closes, within

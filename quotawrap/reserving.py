@@ -98,8 +98,7 @@ def _admit(guard: Guard, call: Call, room: Room, hold: HoldRequest, *, first: bo
     of its process instead (quotawrap.advances), so most calls do not ask the ledger."""
     advances = guard.advances
     if advances is not None and first and call.enforce and call.found.endpoint in ENDPOINTS:
-        ledger = guard.ledger
-        if getattr(ledger, "takes_advances", False):
+        if getattr(guard.ledger, "takes_advances", False):  # a Ledger written before advances takes none
             drawn = advances.draw(hold, call.now)
             if drawn is not None:
                 return drawn

@@ -13,6 +13,10 @@ killed after sending is landed anyway, and the wrapper lands all it received bef
 run's open holds (:meth:`Relay.close`). Datagrams are marshalled tuples of plain values (never
 pickles): only this user can reach the socket (the run directory is 0700).
 
+A call drawn from an advance (:mod:`quotawrap.advances`) is noted to the wrapper before it is sent (a ``draw``
+datagram, landed as a split of its row from the advance's), and an advance's unused rest is given back the same
+way (a ``close``): once the relay has landed all it received, the advances of dead processes hold no call.
+
 A call the guard bounded (``Plan.bound``) rides with its settle as a :data:`BoundEvent`, and the wrapper
 writes the run's ``bound`` events: a line the child wrote for each such call was two more system calls
 on the caller's path (bench_guard_steps' ``admitted`` step: 21.8 -> 13.1 µs).

@@ -17,6 +17,7 @@ from __future__ import annotations
 import _sqlite3 as sqlite3
 import os
 
+from .base import ADVANCE, ADVANCE_CLOSED
 from .sqlite_file import EVERY_CALL, OPEN_BUSY_MS, SCHEMA_VERSION, check, retry_locked
 
 TYPE_CHECKING = False
@@ -45,8 +46,10 @@ RUNS_BETWEEN = (
     " WHERE started_at >= ? AND started_at < ? ORDER BY started_at"
 )
 # A run's totals per model, from its calls (the summary and `status` read them).
+# An open advance (quotawrap.advances) is room held, not a call: its calls are counted as they settle.
 RUN_TOTALS = f"""SELECT model,
-    COUNT(*) FILTER (WHERE state != 'blocked' AND handed_to IS NULL),
+    COUNT(*) FILTER (WHERE state != 'blocked' AND handed_to IS NULL
+      AND NOT (state = 'held' AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}'))),
     COUNT(*) FILTER (WHERE state = 'blocked'),
     SUM(would_block),
     SUM(charged),

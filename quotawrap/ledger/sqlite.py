@@ -406,16 +406,17 @@ class SQLiteLedger:
     def _settle_steps(self, conn: sqlite3.Connection, settles: Sequence[Settle]) -> Iterator[_Owed | None]:
         """Each settle's step, its row read right before it (a replay in the batch sees the state it left)."""
         for hold_id, event, usage, latency_s, cost, anomaly, drawn in settles:
-            if drawn is not None:
-                if event == "close":
+            if event == "close":  # an advance's rest given back (quotawrap.advances)
+                if drawn is not None:
                     close_advance(conn, hold_id, drawn)
-                    continue
+                continue
+            if drawn is not None:  # a call drawn from an advance: its own row first, once
                 split_from_advance(conn, hold_id, drawn)
-                if event == "draw":
-                    continue
+            if event == "draw":
+                continue
             row = conn.execute(HOLD_ROW, (hold_id,)).fetchone()
             if row is not None:
-                yield self._step(conn, row, event, usage, cost, latency_s, anomaly)  # type: ignore[arg-type]
+                yield self._step(conn, row, event, usage, cost, latency_s, anomaly)
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:

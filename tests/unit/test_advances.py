@@ -134,6 +134,8 @@ def test_drawn_calls_settle_into_rows_of_their_own_and_the_advance_goes(tmp_path
     ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
     advance_id = _take(ledger, 1_000, 100)
     assert _in_flight(ledger)["model_day"] == Counters(0, 1_000)
+    totals = ledger.run_totals(RUN).models[MODEL]
+    assert (totals.calls, totals.reserved_open_tokens) == (0, 1_000)  # room held, no call yet
     first, second = _hold(300, 30), _hold(200, 20)
     ledger.settle_many(
         [

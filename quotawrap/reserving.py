@@ -97,17 +97,22 @@ def _admit(guard: Guard, call: Call, room: Room, hold: HoldRequest, *, first: bo
     """The ledger's answer to ``hold``; where room is plenty, a call's first ask draws from (or takes) an advance
     of its process instead (quotawrap.advances), so most calls do not ask the ledger."""
     advances = guard.advances
-    if advances is not None and first and call.enforce and call.found.endpoint in ENDPOINTS:
-        if getattr(guard.ledger, "takes_advances", False):  # a Ledger written before advances takes none
-            drawn = advances.draw(hold, call.now)
-            if drawn is not None:
-                return drawn
-            seen = room.last_seen()
-            if seen is not None:
-                limits = room.limits_for(guard.snapshot(call.model))
-                taken = advances.take(hold, call.now, room.limits_for, limits, seen)
-                if taken is not None:
-                    return taken
+    if (
+        advances is not None
+        and first
+        and call.enforce
+        and call.found.endpoint in ENDPOINTS
+        and getattr(guard.ledger, "takes_advances", False)  # a Ledger written before advances takes none
+    ):
+        drawn = advances.draw(hold, call.now)
+        if drawn is not None:
+            return drawn
+        seen = room.last_seen()
+        if seen is not None:
+            limits = room.limits_for(guard.snapshot(call.model))
+            taken = advances.take(hold, call.now, room.limits_for, limits, seen)
+            if taken is not None:
+                return taken
     return guard.ledger.reserve(hold, room.limits_for)
 
 

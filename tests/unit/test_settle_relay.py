@@ -319,3 +319,23 @@ def test_a_sync_lands_what_was_gathered_at_once(tmp_path: Path) -> None:
         assert time.monotonic() - started < LAND_EVERY_S + 4 * LINGER_S
     finally:
         relay.close()
+
+
+def test_a_draw_lands_only_for_a_call_whose_settle_never_came(tmp_path: Path) -> None:
+    """A call drawn from an advance is noted before it is sent; its settle carries the same split. The relay
+    lands the note only for a call whose settle never came (its process died), when it closes: the split once,
+    and no work per call for the others. A close of the advance lands as it comes."""
+    from quotawrap.ledger.base import Drawn
+
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger)
+    sender = Sender(relay.path)
+    drawn = Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)
+    assert sender.send(Settle("settles", "draw", drawn=drawn))
+    assert sender.send(Settle("in-flight", "draw", drawn=drawn))
+    assert sender.send(Settle("settles", "settle", usage(10), 0.1, 1, None, drawn))
+    assert sender.send(Settle("adv", "close", drawn=Drawn("adv", 800, 80, "advance", None, 0.0, 0.0)))
+    assert decode(encode(Settle("settles", "settle", usage(10), 0.1, 1, None, drawn)))[0].drawn == drawn
+    relay.close()
+    landed = [(s.hold_id, s.event) for batch in ledger.batches for s in batch]
+    assert landed == [("settles", "settle"), ("adv", "close"), ("in-flight", "draw")]

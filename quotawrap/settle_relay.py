@@ -216,6 +216,7 @@ class Relay:
         self._lock = threading.Lock()  # one batch lands at a time (the thread's, or close()'s)
         self._pending: list[Settle] = []  # received, not yet landed (gathered, or a batch the ledger refused)
         self._draws: dict[str, Settle] = {}  # calls drawn from an advance whose settle has not come (in order)
+        self._landing_received = 0  # datagrams received that land (not the draws)
         self._oldest = 0.0  # when the oldest of them was received
         self._syncs: list[str] = []  # where to answer once the settles received before have landed
         self._failing = False
@@ -230,6 +231,8 @@ class Relay:
         backoff = RETRY_MIN_S
         polling = False
         while True:
+            # Draws (quotawrap.advances) are kept, not landed: the pace of what lands decides how to read on.
+            landing_before = self._landing_received
             if polling:
                 # Settles come steadily, a few per LINGER_S: poll for them. A send to a socket this thread is
                 # blocked on must wake it, which cost the child's send ~30 µs (p90 ~120 µs) on a slow machine,
@@ -243,7 +246,7 @@ class Relay:
                     # two shared cores, nearly all of it per batch, not per settle): while they come steadily,
                     # gather for up to LAND_EVERY_S. Draining stays every LINGER_S (the kernel queues ~10).
                     gathering = (
-                        0 < taken <= POLL_AT_MOST
+                        0 < self._landing_received - landing_before <= POLL_AT_MOST
                         and not self._syncs
                         and len(self._pending) < MAX_BATCH
                         and time.monotonic() - self._oldest < LAND_EVERY_S
@@ -283,7 +286,7 @@ class Relay:
             backoff = RETRY_MIN_S
             # Faster than that, read each as it comes: the kernel queues few datagrams (net.unix.max_dgram_qlen,
             # often 10) and refuses more, which sends a burst's settles back to the children's settlers.
-            polling = taken <= POLL_AT_MOST
+            polling = self._landing_received - landing_before <= POLL_AT_MOST
 
     def _aimed(self) -> bool:
         """Whether a landing waits for the next settle: the ledger's busy writers sleep. Asked once it can tell
@@ -336,6 +339,7 @@ class Relay:
             return
         if settle.drawn is not None:
             self._draws.pop(settle.hold_id, None)
+        self._landing_received += 1
         self._keep(settle)
         if bound is not None:
             self._bounds.append(bound)

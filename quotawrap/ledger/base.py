@@ -17,6 +17,7 @@ from typing import ClassVar, Literal, NamedTuple, Protocol
 from .._records import Record
 from ..quota import Counters, Limit, Package, Snapshot, Verdict
 from ..usage import Usage
+from .advance_endpoints import ADVANCE, ADVANCE_CLOSED
 from .holds import HoldState
 from .scopes import model_day_key, run_cost_key, run_key
 
@@ -87,10 +88,6 @@ class HoldRequest(Record, frozen=True):
     # An advance (quotawrap.advances): room a process reserves ahead for its next calls. Refused, it leaves
     # no row (it is no call); taken, its row is a hold of endpoint ADVANCE that its calls are drawn from.
     advance: bool = False
-
-
-ADVANCE = "advance"  # the endpoint of an advance's row while open
-ADVANCE_CLOSED = "advance closed"  # once its process gave back what it did not draw
 
 
 class Drawn(NamedTuple):

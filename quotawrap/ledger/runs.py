@@ -17,7 +17,7 @@ from __future__ import annotations
 import _sqlite3 as sqlite3
 import os
 
-from .base import ADVANCE, ADVANCE_CLOSED
+from .advance_endpoints import ADVANCE, ADVANCE_CLOSED
 from .sqlite_file import EVERY_CALL, OPEN_BUSY_MS, SCHEMA_VERSION, check, retry_locked
 
 TYPE_CHECKING = False

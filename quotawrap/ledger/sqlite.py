@@ -57,12 +57,10 @@ from .sqlite_file import (
 )
 from .sqlite_lines import Place, count_waiting
 from .sqlite_reserve import (
-    ADVANCE_OWNERS,
     BUMP,
     HOLD_ROW,
     MOVE_HELD,
     OPEN_HOLDS,
-    RELEASE_ADVANCES,
     RESERVE_INTO_CALLS,
     RESERVE_INTO_HOLDS,
     SNAPSHOT_COLUMNS,
@@ -70,6 +68,7 @@ from .sqlite_reserve import (
     close_advance,
     read_counters,
     read_for_reserve,
+    release_dead_advances,
     split_from_advance,
     tags_column,
 )
@@ -425,12 +424,8 @@ class SQLiteLedger:
 
     def resolve_run(self, run_id: str, *, release_advances: bool = False) -> int:
         if release_advances:
-            with self._errors("scan"):
-                owners = self._conn().execute(ADVANCE_OWNERS, (run_id, self._host)).fetchall()
-            dead = [pid for (pid,) in owners if not pid_alive(pid)]
-            if dead:
-                with self._write("resolve") as conn:
-                    conn.execute(RELEASE_ADVANCES.format(marks=",".join("?" * len(dead))), (run_id, self._host, *dead))
+            with self._write("resolve") as conn:
+                release_dead_advances(conn, run_id, self._host)
         return self._charge_open("run_id = ?", (run_id,))
 
     def reclaim_orphans(self, now: float) -> int:

@@ -13,20 +13,18 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 
 from ..quota import Counters, Snapshot
-from .base import ADVANCE, ADVANCE_CLOSED, Drawn
+from .base import ADVANCE, ADVANCE_CLOSED, Drawn, pid_alive
 from .scopes import ModelDay, Run, RunCost, parse_counter_key
 from .sqlite_file import CALL_COLUMNS
 from .sqlite_lines import WaiterRow
 
 __all__ = [
-    "ADVANCE_OWNERS",
     "BUMP",
     "HOLD_COLUMNS",
     "HOLD_ROW",
     "IN_FLIGHT",
     "MOVE_HELD",
     "OPEN_HOLDS",
-    "RELEASE_ADVANCES",
     "RESERVE_INTO_CALLS",
     "RESERVE_INTO_HOLDS",
     "SNAPSHOT_COLUMNS",
@@ -34,6 +32,7 @@ __all__ = [
     "close_advance",
     "read_counters",
     "read_for_reserve",
+    "release_dead_advances",
     "split_from_advance",
     "tags_column",
 ]
@@ -216,11 +215,18 @@ def split_from_advance(conn: sqlite3.Connection, hold_id: str, drawn: Drawn) -> 
         conn.execute(_GONE_IF_EMPTY, (drawn.advance_id,))
 
 
-# The advances a run's processes left open on this host, by owner: released where the owner is dead and every
-# draw it made has landed (resolve_run's release_advances).
 _ADVANCE_ROWS = f"run_id = ? AND host = ? AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')"
-ADVANCE_OWNERS = f"SELECT DISTINCT pid FROM holds WHERE {_ADVANCE_ROWS}"
-RELEASE_ADVANCES = f"DELETE FROM holds WHERE {_ADVANCE_ROWS} AND pid IN ({{marks}})"
+
+
+def release_dead_advances(conn: sqlite3.Connection, run_id: str, host: str) -> None:
+    """Release what is left of the advances the run's dead processes on ``host`` left open: the caller landed
+    every draw they made (resolve_run's release_advances), so each call in flight has its own row. A live
+    owner may still draw from its advance: that one stays, to be charged whole."""
+    owners = conn.execute(f"SELECT DISTINCT pid FROM holds WHERE {_ADVANCE_ROWS}", (run_id, host)).fetchall()
+    dead = [pid for (pid,) in owners if not pid_alive(pid)]
+    if dead:
+        marks = ",".join("?" * len(dead))
+        conn.execute(f"DELETE FROM holds WHERE {_ADVANCE_ROWS} AND pid IN ({marks})", (run_id, host, *dead))
 
 
 def close_advance(conn: sqlite3.Connection, advance_id: str, left: Drawn) -> None:

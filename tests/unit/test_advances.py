@@ -353,3 +353,22 @@ def subprocess_pid_that_exited() -> int:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     return process.pid
+
+
+@pytest.mark.parametrize(
+    ("under_a_wrapper", "watch", "takes"), [(True, False, True), (True, True, False), (False, False, False)]
+)
+def test_only_a_guarded_child_under_a_wrapper_and_never_watch_takes_advances(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, under_a_wrapper: bool, watch: bool, takes: bool
+) -> None:
+    """Advances need the wrapper (it is told of every draw) and change nothing a --watch run would see."""
+    from quotawrap.files import SOCKET_VARIABLE
+    from quotawrap.guard import Guard
+    from quotawrap.settings import Settings
+
+    if under_a_wrapper:
+        monkeypatch.setenv(SOCKET_VARIABLE, str(tmp_path / "settle.sock"))
+    else:
+        monkeypatch.delenv(SOCKET_VARIABLE, raising=False)
+    guard = Guard(Settings(run_id=RUN, watch=watch), SQLiteLedger(tmp_path / "l.sqlite3"), background_settle=True)
+    assert (guard.advances is not None) is takes

@@ -339,3 +339,16 @@ def test_a_draw_lands_only_for_a_call_whose_settle_never_came(tmp_path: Path) ->
     relay.close()
     landed = [(s.hold_id, s.event) for batch in ledger.batches for s in batch]
     assert landed == [("settles", "settle"), ("adv", "close"), ("in-flight", "draw")]
+
+
+def test_close_says_whether_everything_received_has_landed(tmp_path: Path) -> None:
+    """The wrapper releases a dead process's advances only when every draw landed (resolve_run's
+    release_advances): close() says False while the store refuses what it received."""
+    from quotawrap.ledger.base import Drawn
+
+    ledger = Recording(failures=10**6)
+    relay = _relay(tmp_path, ledger)
+    assert Sender(relay.path).send(Settle("in-flight", "draw", drawn=Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)))
+    assert relay.close(timeout=0.3) is False
+    (tmp_path / "other").mkdir()
+    assert _relay(tmp_path / "other", Recording()).close() is True

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["ADVANCE_CALLS", "ADVANCE_S", "ENDPOINTS", "ROOM_SHARE", "Advances", "advance_size"]
 
 ADVANCE_CALLS = 16  # an advance holds at most this many calls' reserve (the one that takes it included)
-ROOM_SHARE = 64  # and beyond the call that takes it at most this share of the room its tightest limit leaves
+ROOM_SHARE = 64  # and beyond that call's own reserve, at most 1/ROOM_SHARE of the room its tightest limit leaves
 ADVANCE_S = 1.0  # seconds after which what is left is given back (a limit that moved binds again)
 ENDPOINTS = frozenset({"chat", "bot_chat", "responses", "completions", "embeddings"})
 

@@ -40,7 +40,6 @@ from .reasoning import REASONING_HISTORY
 from .runs import END_RUN, INSERT_RUN, KNOWN_MODELS, LEASE_HOLDER, RUN_TOTALS, RUNS_BETWEEN, tags_json
 from .scopes import model_day_key, run_cost_key, run_key, scope_keys
 from .sqlite_file import (
-    EVERY_CALL,
     LOCK_WAIT_S,
     MIGRATIONS,
     OPEN_BUSY_MS,
@@ -56,6 +55,7 @@ from .sqlite_file import (
     write_lock,
 )
 from .sqlite_lines import Place, count_waiting
+from .sqlite_records import read_call_records
 from .sqlite_reserve import (
     BUMP,
     HOLD_ROW,
@@ -81,22 +81,7 @@ FILE_CHECK_S = 1.0  # how often an open ledger checks that its file is still the
 BACKSTOP_CHECKPOINT_PAGES = 10_000
 
 
-# The calls table's columns named as CallRecord's fields.
-_RECORD_FIELDS = (
-    *("id", "run_id", "model", "day", "endpoint", "state", "reserved", "charged", "reserved_cost", "charged_cost"),
-    *("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens", "overshoot", "would_block"),
-    *("blocked_by", "key_fingerprint", "tags", "started_at", "ended_at", "latency_s", "pid", "host"),
-    *("usage_anomaly", "handed_to"),
-)
-_RECORDS = ", ".join(_RECORD_FIELDS)
 _Owed = tuple[tuple[str, str, str], Deltas]  # what one step owes the counters of its (run, model, day)
-
-
-def _record(row: Sequence[Any]) -> CallRecord:
-    values = dict(zip(_RECORD_FIELDS, row, strict=True))
-    values["overshoot"], values["would_block"] = bool(values["overshoot"]), bool(values["would_block"])
-    values["tags"] = json.loads(values["tags"]) if values["tags"] else {}
-    return CallRecord(**values)
 
 
 class _Transaction:
@@ -547,21 +532,8 @@ class SQLiteLedger:
     def call_records(
         self, *, since: float | None = None, until: float | None = None, run_id: str | None = None
     ) -> list[CallRecord]:
-        where, params = ["1 = 1"], []
-        for clause, value in (("started_at >= ?", since), ("started_at < ?", until), ("run_id = ?", run_id)):
-            if value is not None:
-                where.append(clause)
-                params.append(value)
         with self._errors("read"):
-            rows = (
-                self._conn()
-                .execute(
-                    f"SELECT {_RECORDS} FROM {EVERY_CALL} WHERE {' AND '.join(where)} ORDER BY started_at",
-                    params,
-                )
-                .fetchall()
-            )
-        return [_record(row) for row in rows]
+            return read_call_records(self._conn(), since=since, until=until, run_id=run_id)
 
     def start_run(self, run: RunRecord) -> None:
         with self._write("run") as conn:

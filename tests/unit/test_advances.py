@@ -11,7 +11,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,26 +24,43 @@ from quotawrap.ledger.scopes import scope_keys
 from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.quota import Counters, Limit
 from quotawrap.usage import Usage
+from tests.unit.test_ledger_sqlite import DAY, MODEL
+from tests.unit.test_ledger_sqlite import _hold as sqlite_hold
 
-MODEL = "doubao-seed-1-6-250615"
-DAY = "2026-05-01"
 RUN = "run-1"
 
 
 def _hold(reserve: int = 100, reserve_cost: int = 10, **changes: object) -> HoldRequest:
-    fields: dict[str, object] = {
-        "run_id": RUN,
-        "model": MODEL,
-        "day": DAY,
-        "reserve": reserve,
-        "reserve_cost": reserve_cost,
-        "endpoint": "chat",
-        "pid": os.getpid(),
-        "host": "test-host",
-        "expires_at": time.time() + 3600,
-        **changes,
-    }
-    return HoldRequest(**fields)  # type: ignore[arg-type]
+    """test_ledger_sqlite's call (run-1, MODEL, DAY, chat), with a cost."""
+    return sqlite_hold(reserve, reserve_cost=reserve_cost, **changes)
+
+
+class _Told(list[Settle]):
+    """The wrapper's socket, as Advances tells it of draws: takes each (True) until ``full``."""
+
+    full = False
+
+    def append(self, settle: Settle) -> bool:  # type: ignore[override]
+        if self.full:
+            return False
+        super().append(settle)
+        return True
+
+
+class _Wired(NamedTuple):
+    """Advances on a real SQLite ledger, with what they landed (closes) and told the wrapper (draws)."""
+
+    ledger: SQLiteLedger
+    advances: Advances
+    landed: list[Settle]
+    told: _Told
+
+
+def _wired(tmp_path: Path) -> _Wired:
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    landed: list[Settle] = []
+    told = _Told()
+    return _Wired(ledger, Advances(lambda: ledger, landed.append, told.append), landed, told)
 
 
 def _daily(cap: int) -> list[Limit]:
@@ -216,104 +233,82 @@ def test_in_flight_is_the_advance_left_plus_its_calls_open(
         ledger.close()
 
 
-class _Told(list[Settle]):
-    """The wrapper's socket, as Advances tells it of draws: takes each (True) until ``full``."""
-
-    full = False
-
-    def append(self, settle: Settle) -> bool:  # type: ignore[override]
-        if self.full:
-            return False
-        super().append(settle)
-        return True
-
-
 def test_advances_draw_until_what_is_left_does_not_cover_a_call(tmp_path: Path) -> None:
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
-    landed: list[Settle] = []
-    told = _Told()
-    advances = Advances(lambda: ledger, landed.append, told.append)
-    assert advances.draw(_hold(100, 10), 0.0) is None  # none open
-    taken = advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
+    wired = _wired(tmp_path)
+    assert wired.advances.draw(_hold(100, 10), 0.0) is None  # none open
+    taken = wired.advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
     assert taken is not None and taken.held and taken.advance_id is not None
-    assert _in_flight(ledger)["model_day"] == Counters(0, 1_600)
+    assert _in_flight(wired.ledger)["model_day"] == Counters(0, 1_600)
     # a call that reserves nothing is never drawn: an advance emptied by its other calls and its close is gone,
     # and the settle of a call drawn from a gone advance splits nothing
-    assert advances.draw(_hold(0, 0), 0.0) is None
-    drawn = [advances.draw(_hold(100, 10), 0.0) for _ in range(ADVANCE_CALLS - 1)]
+    assert wired.advances.draw(_hold(0, 0), 0.0) is None
+    drawn = [wired.advances.draw(_hold(100, 10), 0.0) for _ in range(ADVANCE_CALLS - 1)]
     assert all(d is not None and d.advance_id == taken.advance_id for d in drawn)
-    assert landed == []
-    assert advances.draw(_hold(100, 10), 0.0) is None  # spent: closed, giving back nothing
-    assert landed == [Settle(taken.advance_id, "close", drawn=Drawn(taken.advance_id, 0, 0, ADVANCE, None, 0.0, 0.0))]
+    assert wired.landed == []
+    assert wired.advances.draw(_hold(100, 10), 0.0) is None  # spent: closed, giving back nothing
+    nothing_left = Drawn(taken.advance_id, 0, 0, ADVANCE, None, 0.0, 0.0)
+    assert wired.landed == [Settle(taken.advance_id, "close", drawn=nothing_left)]
 
 
 def test_an_advance_older_than_its_time_is_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
-    landed: list[Settle] = []
-    told = _Told()
-    advances = Advances(lambda: ledger, landed.append, told.append)
+    wired = _wired(tmp_path)
     clock = [1_000.0]
     monkeypatch.setattr("quotawrap.advances.time.monotonic", lambda: clock[0])
-    taken = advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
-    assert taken is not None and advances.draw(_hold(100, 10), 0.0) is not None
+    taken = wired.advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
+    assert taken is not None and wired.advances.draw(_hold(100, 10), 0.0) is not None
     clock[0] += ADVANCE_S + 0.01
-    assert advances.draw(_hold(100, 10), 0.0) is None
-    assert [(s.hold_id, s.event, s.drawn and s.drawn.reserved) for s in landed] == [(taken.advance_id, "close", 1_400)]
+    assert wired.advances.draw(_hold(100, 10), 0.0) is None
+    assert [(s.hold_id, s.event, s.drawn and s.drawn.reserved) for s in wired.landed] == [
+        (taken.advance_id, "close", 1_400)
+    ]
 
 
 def test_the_idle_closer_gives_back_an_advance_no_call_draws(tmp_path: Path) -> None:
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
-    landed: list[Settle] = []
-    told = _Told()
-    advances = Advances(lambda: ledger, landed.append, told.append)
-    taken = advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
+    wired = _wired(tmp_path)
+    taken = wired.advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
     assert taken is not None
     deadline = time.monotonic() + 10 * ADVANCE_S
-    while not landed and time.monotonic() < deadline:
+    while not wired.landed and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [(s.hold_id, s.event) for s in landed] == [(taken.advance_id, "close")]
+    assert [(s.hold_id, s.event) for s in wired.landed] == [(taken.advance_id, "close")]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 def test_a_forked_child_starts_with_no_advance(tmp_path: Path) -> None:
     """Two processes never draw from one advance: the child forgets the parent's (the parent gives it back
     before the fork, with its settles)."""
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
-    landed: list[Settle] = []
-    told = _Told()
-    advances = Advances(lambda: ledger, landed.append, told.append)
-    assert advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters()) is not None
+    wired = _wired(tmp_path)
+    assert wired.advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters()) is not None
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         os.close(read)
-        os.write(write, b"none" if advances.draw(_hold(100, 10), 0.0) is None else b"drew")
+        os.write(write, b"none" if wired.advances.draw(_hold(100, 10), 0.0) is None else b"drew")
         os._exit(0)
     os.close(write)
     answer = os.read(read, 16)
     os.waitpid(pid, 0)
     assert answer == b"none"
-    assert [s.event for s in landed] == ["close"]  # given back before the fork
+    assert [s.event for s in wired.landed] == ["close"]  # given back before the fork
 
 
 def test_a_call_the_wrapper_cannot_be_told_of_is_not_drawn(tmp_path: Path) -> None:
     """The wrapper must know of every call in flight (it charges them if the process dies): a draw its socket
     does not take is undone, and the call reserves alone."""
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
-    landed: list[Settle] = []
-    told = _Told()
-    advances = Advances(lambda: ledger, landed.append, told.append)
-    taken = advances.take(_hold(100, 10), 5.0, _no_limits, [], _counters())
+    wired = _wired(tmp_path)
+    taken = wired.advances.take(_hold(100, 10), 5.0, _no_limits, [], _counters())
     assert taken is not None
-    (first,) = told
+    (first,) = wired.told
     assert (first.event, first.drawn) == (
         "draw",
         Drawn(taken.advance_id, 100, 10, "chat", None, 5.0, first.drawn.expires_at),
     )
-    told.full = True
-    assert advances.draw(_hold(100, 10), 6.0) is None
-    told.full = False
-    assert all(advances.draw(_hold(100, 10), 7.0) is not None for _ in range(ADVANCE_CALLS - 1))  # nothing was lost
+    wired.told.full = True
+    assert wired.advances.draw(_hold(100, 10), 6.0) is None
+    wired.told.full = False
+    assert all(
+        wired.advances.draw(_hold(100, 10), 7.0) is not None for _ in range(ADVANCE_CALLS - 1)
+    )  # nothing was lost
 
 
 def test_a_dead_process_advance_is_released_once_every_draw_landed(tmp_path: Path) -> None:
@@ -372,3 +367,16 @@ def test_only_a_guarded_child_under_a_wrapper_and_never_watch_takes_advances(
         monkeypatch.delenv(SOCKET_VARIABLE, raising=False)
     guard = Guard(Settings(run_id=RUN, watch=watch), SQLiteLedger(tmp_path / "l.sqlite3"), background_settle=True)
     assert (guard.advances is not None) is takes
+
+
+def test_every_advance_is_given_back_when_the_settles_land_at_exit(tmp_path: Path) -> None:
+    """flush_all (atexit, a multiprocessing child's finalizers, before fork) closes the advances first, so their
+    closes land with the settles."""
+    from quotawrap.settler import flush_all
+
+    wired = _wired(tmp_path)
+    taken = wired.advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
+    assert taken is not None and wired.landed == []
+    flush_all(timeout=0, retry=False)
+    assert [(s.hold_id, s.event) for s in wired.landed] == [(taken.advance_id, "close")]
+    assert wired.advances.draw(_hold(100, 10), 0.0) is None  # none open any more

@@ -241,7 +241,7 @@ class Relay:
                 with self._lock:
                     if self._closed:
                         return  # close() lands the rest
-                    taken = self._drain()
+                    received = self._drain()
                     # Landing is the dear part (a ledger transaction, ~0.3-0.45 ms of this process's CPU on
                     # two shared cores, nearly all of it per batch, not per settle): while they come steadily,
                     # gather for up to LAND_EVERY_S. Draining stays every LINGER_S (the kernel queues ~10).
@@ -251,7 +251,7 @@ class Relay:
                         and len(self._pending) < MAX_BATCH
                         and time.monotonic() - self._oldest < LAND_EVERY_S
                     )
-                    idle = not taken and not self._pending and not self._syncs
+                    idle = not received and not self._pending and not self._syncs
                 if gathering:
                     continue
                 if idle:
@@ -262,7 +262,7 @@ class Relay:
                     # next settle arrives, when its process has just finished a call and is some hundreds of µs
                     # from its next reserve (7 of 3,000 met it, against 50-90 landing at any moment). Redis
                     # queues a reserve behind the batch instead: there, just before the next reserve is the worst.
-                    taken += self._next(LINGER_S)
+                    self._next(LINGER_S)
             else:
                 try:
                     data = self._sock.recv(_RECEIVE_BYTES)
@@ -272,11 +272,11 @@ class Relay:
                     self._take(data)
                     if self._closed:
                         return  # close() lands the rest
-                taken = 1 + self._linger()
+                self._linger()
             with self._lock:
                 if self._closed:
                     return
-                taken += self._drain()
+                self._drain()
                 landed = self._land()
             while not landed and not self._stop.wait(backoff):  # the store is away: ask again later
                 backoff = min(backoff * 2, RETRY_MAX_S)
@@ -311,13 +311,11 @@ class Relay:
             self._take(data)
         return 1
 
-    def _linger(self) -> int:
-        """Gather for LINGER_S, reading on; how many datagrams."""
-        count = 0
+    def _linger(self) -> None:
+        """Gather for LINGER_S, reading on while datagrams come."""
         deadline = time.monotonic() + LINGER_S
         while (left := deadline - time.monotonic()) > 0 and not self._closed and self._next(left):
-            count += 1
-        return count
+            pass
 
     def _take(self, data: bytes) -> None:
         if not data:  # close()'s wake-up call: nothing to decode (nor the settle's modules to import)

@@ -14,6 +14,9 @@ import pytest
 import redis
 
 from quotawrap import quota
+from quotawrap.ledger.base import model_day_key
+from quotawrap.ledger.redis import RedisLedger
+from quotawrap.quota import Counters
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import child, start_cli
 from tests.redis_server import RedisServer, private_server, session_url
@@ -71,6 +74,40 @@ class TestRedisFleet:
         client = redis.Redis.from_url(redis_url)
         day = quota.beijing_day(time.time())
         assert int(client.get(f"daily_usage:{day}:{MODEL}:quotawrap") or 0) == billed
+
+    def test_two_wrappers_drawing_from_advances_share_one_cap_exactly(
+        self, sim: ArkSimulator, redis_url: str, tmp_path: Path
+    ) -> None:
+        """Two wrappers, each 4 processes x 8 threads, on a cap 64 times their advances and more: most calls are
+        drawn from advances (lua/advance.lua splits each from its advance as its settle lands), the cap holds,
+        every call is settled exactly once and nothing is left in flight."""
+        sim.configure(reply_tokens=100)
+        cap = 200_000
+        reports = [tmp_path / "a.json", tmp_path / "b.json"]
+        swarm = child("swarm.py", "--processes", "4", "--threads", "8", "--max-calls", "400", "--max-tokens", "120")
+        procs = [
+            _wrapper(_capped(redis_url, sim, cap, report), swarm, {"SIM_URL": sim.url, "SWARM_DRAWN": "1"})
+            for report in reports
+        ]
+        drawn = calls = 0
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=300)
+            assert proc.returncode == 0, stderr
+            records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+            drawn += sum(r["drawn"] for r in records if "drawn" in r)
+            calls += sum(1 for r in records if r.get("outcome") == "ok")
+        assert drawn > calls // 2  # most calls never asked Redis alone
+        billed = sim.billed_total()
+        assert 0.9 * cap <= billed <= cap
+        totals = [json.loads(report.read_text())["totals"] for report in reports]
+        assert sum(t["settled_tokens"] for t in totals) == billed
+        assert sum(t["calls"] for t in totals) == calls
+        ledger = RedisLedger(redis_url)
+        try:
+            key = model_day_key(MODEL, quota.beijing_day(time.time()))
+            assert ledger.counters([key])[key] == Counters(billed, 0)
+        finally:
+            ledger.close()
 
 
 class TestRedisFaults:

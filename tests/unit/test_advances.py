@@ -1,8 +1,8 @@
 """Advances (quotawrap.advances): room a process reserves ahead for its next calls, drawn without the ledger.
 
 The sizing rule is a table; the ledger's side (a drawn call's row split from the advance's as its settle lands,
-a close giving back what was not drawn) is checked on a real SQLite file against the sum of what each call
-and the advance still hold, on generated orders of settles, replays and closes.
+a close giving back what was not drawn) is checked on both ledgers, a real SQLite file and a real redis-server,
+against the sum of what each call and the advance still hold, on generated orders of settles, replays and closes.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,12 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotawrap.advances import ADVANCE_CALLS, ADVANCE_S, ROOM_SHARE, Advances, advance_size
-from quotawrap.ledger import HoldRequest
-from quotawrap.ledger.base import ADVANCE, Drawn, Settle
+from quotawrap.ledger import HoldRequest, Ledger, open_ledger
+from quotawrap.ledger.base import ADVANCE, Drawn, ModelTotals, Settle
 from quotawrap.ledger.scopes import scope_keys
 from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.quota import Counters, Limit
 from quotawrap.usage import Usage
+from tests.redis_server import flushed, session_url
 from tests.unit.test_ledger_sqlite import DAY, MODEL
 from tests.unit.test_ledger_sqlite import _hold as sqlite_hold
 
@@ -61,6 +63,35 @@ def _wired(tmp_path: Path) -> _Wired:
     landed: list[Settle] = []
     told = _Told()
     return _Wired(ledger, Advances(lambda: ledger, landed.append, told.append), landed, told)
+
+
+@pytest.fixture(scope="module")
+def module_redis() -> Iterator[str]:
+    with session_url() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def fresh_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Ledger]]:
+    """Opens an empty ledger of the kind the test runs on (the SQLite file, the Redis database flushed)."""
+    opened: list[Ledger] = []
+
+    def fresh() -> Ledger:
+        if request.param == "sqlite":
+            url = f"sqlite:///{tmp_path / f'ledger{len(opened)}.sqlite3'}"
+        else:
+            url = flushed(request.getfixturevalue("module_redis"))
+        opened.append(open_ledger(url))
+        return opened[-1]
+
+    yield fresh
+    for ledger in opened:
+        ledger.close()
+
+
+@pytest.fixture
+def ledger(fresh_ledger: Callable[[], Ledger]) -> Ledger:
+    return fresh_ledger()
 
 
 def _daily(cap: int) -> list[Limit]:
@@ -119,13 +150,13 @@ def _no_limits(_snapshot: object) -> list[Limit]:
     return []
 
 
-def _in_flight(ledger: SQLiteLedger) -> dict[str, Counters]:
+def _in_flight(ledger: Ledger) -> dict[str, Counters]:
     keys = scope_keys(RUN, MODEL, DAY)
     counters = ledger.counters(list(keys.values()))
     return {scope: counters[key] for scope, key in keys.items()}
 
 
-def _take(ledger: SQLiteLedger, size: int, cost: int) -> str:
+def _take(ledger: Ledger, size: int, cost: int) -> str:
     advance = _hold(size, cost, endpoint=ADVANCE, advance=True)
     assert ledger.reserve(advance, _no_limits).held
     return advance.hold_id
@@ -135,20 +166,19 @@ def _drawn(advance_id: str, reserve: int, cost: int) -> Drawn:
     return Drawn(advance_id, reserve, cost, "chat", "fp", time.time(), time.time() + 3600)
 
 
-def test_a_refused_advance_leaves_no_row(tmp_path: Path) -> None:
+def test_a_refused_advance_leaves_no_row(ledger: Ledger) -> None:
     """An advance the limits refuse is no call: no blocked row, nothing in any view."""
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
     advance = _hold(5_000, 0, endpoint=ADVANCE, advance=True)
     decision = ledger.reserve(advance, lambda _s: _daily(1_000))
     assert not decision.held and not decision.verdict.allowed
     assert ledger.call_records() == []
+    assert ledger.run_totals(RUN).totals == ModelTotals()
     # a call refused alike is recorded, as before
     assert not ledger.reserve(_hold(5_000, 0), lambda _s: _daily(1_000)).held
     assert [record.state for record in ledger.call_records()] == ["blocked"]
 
 
-def test_drawn_calls_settle_into_rows_of_their_own_and_the_advance_goes(tmp_path: Path) -> None:
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+def test_drawn_calls_settle_into_rows_of_their_own_and_the_advance_goes(ledger: Ledger) -> None:
     advance_id = _take(ledger, 1_000, 100)
     assert _in_flight(ledger)["model_day"] == Counters(0, 1_000)
     totals = ledger.run_totals(RUN).models[MODEL]
@@ -177,10 +207,9 @@ def test_drawn_calls_settle_into_rows_of_their_own_and_the_advance_goes(tmp_path
     assert advance_id not in {record.id for record in ledger.call_records()}  # an advance is no call
 
 
-def test_a_killed_process_advance_is_charged_whole_and_its_late_settles_count_once(tmp_path: Path) -> None:
+def test_a_killed_process_advance_is_charged_whole_and_its_late_settles_count_once(ledger: Ledger) -> None:
     """What the wrapper does when its child died with an advance open: the rest of the advance (its calls in
     flight are in it) is charged as unresolved; a drawn call's settle landing after that splits nothing."""
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
     advance_id = _take(ledger, 1_000, 100)
     done = _hold(300, 30)
     ledger.settle_many([Settle(done.hold_id, "settle", Usage(10, 20, 30), 0.1, 7, None, _drawn(advance_id, 300, 30))])
@@ -200,37 +229,39 @@ def test_a_killed_process_advance_is_charged_whole_and_its_late_settles_count_on
     ),
     close_at=st.integers(0, 16),
     seed=st.randoms(use_true_random=False),
+    batched=st.booleans(),
 )
 def test_in_flight_is_the_advance_left_plus_its_calls_open(
-    tmp_path: Path, calls: list[Any], close_at: int, seed: Any
+    fresh_ledger: Callable[[], Ledger], calls: list[Any], close_at: int, seed: Any, batched: bool
 ) -> None:
-    """On generated draws landed in any order, some twice, with the close anywhere among them: in flight is what
-    the open calls reserved plus, until the close, what no call drew; settled what the others were charged."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
-        ledger = SQLiteLedger(Path(directory) / "ledger.sqlite3")
-        size = sum(reserve for reserve, *_ in calls) + 50
-        advance_id = _take(ledger, size, 0)
-        settles, open_reserved, settled = [], 0, 0
-        for reserve, end, twice in calls:
-            hold = _hold(reserve, 0)
-            drawn = _drawn(advance_id, reserve, 0)
-            if end == "open":  # drawn, in flight: its settle has not landed (it stays in the advance)
-                open_reserved += reserve
-                continue
-            usage = Usage(1, 2, 3) if end == "settle" else None
-            event = "release" if end == "release" else "settle"
-            settles += [Settle(hold.hold_id, event, usage, None, None, None, drawn)] * (2 if twice else 1)
-            settled += {"settle": 3, "release": 0, "charge": reserve}[end]
-        seed.shuffle(settles)
-        close = Settle(advance_id, "close", drawn=Drawn(advance_id, 50, 0, ADVANCE, None, 0.0, 0.0))
-        settles.insert(min(close_at, len(settles)), close)
-        for settle in settles:
-            ledger.settle_many([settle])
-        assert _in_flight(ledger)["model_day"] == Counters(settled, open_reserved)
-        assert _in_flight(ledger)["run"] == Counters(settled, open_reserved)
-        ledger.close()
+    """On generated draws landed in any order, some twice, with the close anywhere among them, one by one or in
+    one batch: in flight is what the open calls reserved plus, until the close, what no call drew; settled what
+    the others were charged; each call landed counts once, and the advance, once empty, is gone."""
+    ledger = fresh_ledger()
+    size = sum(reserve for reserve, *_ in calls) + 50
+    advance_id = _take(ledger, size, 0)
+    settles, open_reserved, settled = [], 0, 0
+    for reserve, end, twice in calls:
+        hold = _hold(reserve, 0)
+        drawn = _drawn(advance_id, reserve, 0)
+        if end == "open":  # drawn, in flight: its settle has not landed (it stays in the advance)
+            open_reserved += reserve
+            continue
+        usage = Usage(1, 2, 3) if end == "settle" else None
+        event = "release" if end == "release" else "settle"
+        settles += [Settle(hold.hold_id, event, usage, None, None, None, drawn)] * (2 if twice else 1)
+        settled += {"settle": 3, "release": 0, "charge": reserve}[end]
+    seed.shuffle(settles)
+    close = Settle(advance_id, "close", drawn=Drawn(advance_id, 50, 0, ADVANCE, None, 0.0, 0.0))
+    settles.insert(min(close_at, len(settles)), close)
+    for batch in [settles] if batched else [[settle] for settle in settles]:
+        ledger.settle_many(batch)
+    assert _in_flight(ledger)["model_day"] == Counters(settled, open_reserved)
+    assert _in_flight(ledger)["run"] == Counters(settled, open_reserved)
+    totals = ledger.run_totals(RUN).totals
+    landed = sum(1 for _, end, _ in calls if end != "open")
+    assert (totals.calls, totals.reserved_open_tokens, totals.settled_tokens) == (landed, open_reserved, settled)
+    assert (advance_id in {record.id for record in ledger.call_records()}) == (open_reserved > 0)
 
 
 def test_advances_draw_until_what_is_left_does_not_cover_a_call(tmp_path: Path) -> None:
@@ -311,11 +342,10 @@ def test_a_call_the_wrapper_cannot_be_told_of_is_not_drawn(tmp_path: Path) -> No
     )  # nothing was lost
 
 
-def test_a_dead_process_advance_is_released_once_every_draw_landed(tmp_path: Path) -> None:
+def test_a_dead_process_advance_is_released_once_every_draw_landed(ledger: Ledger) -> None:
     """The wrapper's resolve after its relay landed everything: the calls drawn and still in flight are charged
     whole (rows of their own, split by their draws), what the dead process did not draw is released."""
     dead = subprocess_pid_that_exited()
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
     advance = _hold(1_000, 100, endpoint=ADVANCE, advance=True, pid=dead, host=socket.gethostname())
     assert ledger.reserve(advance, _no_limits).held
     in_flight, done = _hold(300, 30), _hold(200, 20)
@@ -333,9 +363,8 @@ def test_a_dead_process_advance_is_released_once_every_draw_landed(tmp_path: Pat
     assert states == {in_flight.hold_id: "unresolved", done.hold_id: "settled"}
 
 
-def test_a_live_process_advance_is_charged_whole_even_so(tmp_path: Path) -> None:
+def test_a_live_process_advance_is_charged_whole_even_so(ledger: Ledger) -> None:
     """A process of the run still alive may still draw from its advance: it is charged whole, never released."""
-    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
     _take(ledger, 1_000, 100)
     assert ledger.resolve_run(RUN, release_advances=True) == 1
     assert _in_flight(ledger)["model_day"] == Counters(1_000, 0)

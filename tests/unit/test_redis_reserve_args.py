@@ -58,6 +58,7 @@ def _reference(
         "can_wait": "1" if request.can_wait and request.waiter else "0",
         "lease": LEASE_S,
         "line_ttl": LINE_TTL_S,
+        "advance": "1" if request.advance else "0",
     }
 
 
@@ -79,6 +80,7 @@ def _request(rng: random.Random) -> HoldRequest:
         waiter=rng.choice((None, "w1", TEXTS[6])),
         ticket=rng.choice((None, 0, 7)),
         can_wait=rng.random() < 0.5,
+        advance=rng.random() < 0.3,
     )
 
 

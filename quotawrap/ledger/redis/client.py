@@ -38,6 +38,7 @@ _WITH_LIB = (
     "md_transition",
     "line_leave",
 )
+_WITH_ADVANCE = ("transition_many",)  # then lua/advance.lua (an advance's steps) after the library
 SCRIPTS = (*_WITH_LIB, "lease", "unlease")
 
 
@@ -86,7 +87,11 @@ def _load_scripts() -> dict[str, _Script]:
     lib = lua_file("lib")
     scripts = {}
     for name in SCRIPTS:
-        source = lib + lua_file(name) if name in _WITH_LIB else lua_file(name)
+        source = lua_file(name)
+        if name in _WITH_ADVANCE:
+            source = lua_file("advance") + source
+        if name in _WITH_LIB:
+            source = lib + source
         scripts[name] = _Script(source, hashlib.sha1(source.encode()).hexdigest())
     return scripts
 

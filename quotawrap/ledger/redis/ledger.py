@@ -19,28 +19,28 @@ the key schema. The shape of the design:
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from functools import partial
 from typing import ClassVar
 
 from ... import quota
 from ..._errors import ConfigError, StoreError
-from ...quota import BEIJING, Counters, Limit, Snapshot
+from ...quota import BEIJING, Counters, Limit, Snapshot, Verdict
 from ...usage import Usage
 from ..base import (
     Decision,
+    Drawn,
     HoldRequest,
     LimitsFor,
     RunTotals,
     Settle,
     pid_alive,
 )
-from ..holds import Event, clamp
+from ..holds import Event
 from ..scopes import ModelDay, Run, parse_counter_key
 from . import records
 from .client import Arg, Client, as_int, as_text
@@ -51,14 +51,15 @@ from .litellm import THEIR_SNAPSHOT_TTL_S, ForeignUsage, pick_snapshot, with_our
 from .options import DAY_S, RedisOptions, redact, split_url
 from .records import Location
 from .reserve_args import ReserveArgs
+from .transitions import OWN_DAILY_USAGE_TTL_S, Step, step_arg, step_keys
 
 __all__ = ["RedisLedger"]
 
-OWN_DAILY_USAGE_TTL_S = 48 * 3600  # the LiteLLM limiter's TTL for daily_usage keys (seed §6.1)
 OUR_SNAPSHOT_TTL_S = 48 * 3600
 SNAPSHOT_REUSE_S = 1.0  # a process re-reads the balance snapshot at least this often (the script checks it anyway)
 SYNC_HISTORY_MAX = 1000
 ACTIVE_KEEP_S = 3 * DAY_S
+LOCATIONS_KEPT = 4096  # holds' locations a process keeps (one it forgot is read from the store: one MGET a batch)
 
 
 def _lease_ttl(ttl_s: float) -> int:
@@ -69,7 +70,7 @@ class RedisLedger(RedisHistory):
     """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
 
     writers_sleep_when_busy: ClassVar[bool] = False  # the server queues a command behind the script it runs
-    takes_advances: ClassVar[bool] = False  # its scripts split no call from an advance: every call reserves
+    takes_advances: ClassVar[bool] = True  # on a single node (lua/advance.lua); Cluster refuses every advance
 
     def __init__(self, url: str, *, clock: Callable[[], float] = time.time, **options: object) -> None:
         self.url = url
@@ -206,7 +207,10 @@ class RedisLedger(RedisHistory):
         line: LineReply = NO_LINE,
     ) -> Decision:
         if held:
-            self._locations[request.hold_id] = Location(request.day, request.model, request.run_id)
+            locations = self._locations
+            if len(locations) >= LOCATIONS_KEPT:  # settles relayed to a wrapper never end them here: the oldest go
+                del locations[next(iter(locations))]
+            locations[request.hold_id] = Location(request.day, request.model, request.run_id)
         tokens, cost = Counters(run[0], run[1]), Counters(run[2], run[3])
         counters = {"run": tokens, "model_day": md, "run_cost": cost}
         return line.decision(request, ordered, blocking, counters, held)
@@ -252,6 +256,8 @@ class RedisLedger(RedisHistory):
         steps the run hold is held but not yet used: other calls of the same run may be refused
         for it, never let through beyond the cap.
         """
+        if request.advance:  # a call's split would span its run's and model-day's slots: each call reserves alone
+            return Decision(request.hold_id, Verdict(True), False, {})
         client, day, model, run_id, hold_id = self._client, request.day, request.model, request.run_id, request.hold_id
         expires = expire_at(day, request.expires_at)
         client.retrying("read", lambda: self._check_meta(day))
@@ -322,13 +328,14 @@ class RedisLedger(RedisHistory):
     def _locate(self, hold_id: str) -> Location | None:
         return self._locate_many((hold_id,)).get(hold_id)
 
-    def _locate_many(self, hold_ids: Sequence[str]) -> dict[str, Location]:
+    def _locate_many(self, hold_ids: Sequence[str], *, keep: Collection[str] = ()) -> dict[str, Location]:
         """``_locate`` for a batch: the holds this process did not reserve (a wrapper landing its child's settles
-        reserved none) are looked up in one MGET, not one GET round trip each."""
+        reserved none) are looked up in one MGET, not one GET round trip each. ``keep``: holds that stay
+        (advances whose calls are split from them), the others are forgotten as they end."""
         found: dict[str, Location] = {}
         unknown: list[str] = []
         for hold_id in hold_ids:
-            location = self._locations.pop(hold_id, None)
+            location = self._locations.get(hold_id) if hold_id in keep else self._locations.pop(hold_id, None)
             if location is not None:
                 found[hold_id] = location
             elif hold_id not in found:
@@ -352,7 +359,7 @@ class RedisLedger(RedisHistory):
     ) -> tuple[bool, str]:
         """Apply holds.step's ``event`` to one hold. (changed, new state)."""
         client = self._redis()  # connected again if close() came between the reserve and this
-        args = self._transition_args(at, hold_id, event, usage, latency_s, cost, note)
+        args = (self._step_arg(at, hold_id, event, Step(usage, latency_s, cost, note)),)
         if not client.cluster:
             keys = self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
             result = client.retrying(event, lambda: client.script("transition_one", keys, args))
@@ -376,42 +383,9 @@ class RedisLedger(RedisHistory):
                 client.delete(self._keys.location(hold_id))
         return True, target
 
-    def _transition_args(
-        self,
-        at: Location,
-        hold_id: str,
-        event: Event,
-        usage: Usage | None = None,
-        latency_s: float | None = None,
-        cost: int | None = None,
-        note: tuple[str, str] | None = None,
-    ) -> tuple[str]:
-        """The transition scripts' one argument (lib.lua's transition_args).
-
-        ``note``: ("anomaly", why the usage was not believed) or ("handed_to", the task that took the hold)."""
-        now = self._clock()
-        fields = {
-            "hold_id": hold_id,
-            "mode": event,
-            "has_usage": "1" if usage is not None else "0",
-            "total": usage.total_tokens if usage else 0,  # clamped by hold_step, as holds.step does
-            "prompt": clamp(usage.prompt_tokens) if usage else 0,
-            "completion": clamp(usage.completion_tokens) if usage else 0,
-            "reasoning": clamp(usage.reasoning_tokens) if usage else 0,
-            "cached": clamp(usage.cached_tokens) if usage else 0,
-            "latency": "" if latency_s is None else repr(float(latency_s)),
-            "now": repr(now),
-            "minute": int(now // 60),
-            "expire_at": expire_at(at.day),
-            "audit_max": self.options.audit_max,
-            "foreign": self._foreign.last(at.model, at.day),
-            "run_ttl": self.options.run_ttl_s,
-            "own_ttl": OWN_DAILY_USAGE_TTL_S,
-            "cost": "" if cost is None else int(cost),
-        }
-        if note is not None:
-            fields[note[0]] = note[1]
-        return (json.dumps(fields, separators=(",", ":")),)
+    def _step_arg(self, at: Location, hold_id: str, event: str, step: Step) -> str:
+        foreign = self._foreign.last(at.model, at.day)
+        return step_arg(at, hold_id, event, step, now=self._clock(), foreign=foreign, options=self.options)
 
     def settle(
         self,
@@ -433,11 +407,12 @@ class RedisLedger(RedisHistory):
             self._transition(at, hold_id, "release", note=None if handed_to is None else ("handed_to", handed_to))
 
     def settle_many(self, settles: Sequence[Settle]) -> None:
-        """Every settle and release; on a single node in one script call (lua/transition_many.lua)."""
+        """Every settle and release, and an advance's steps; on a single node in one script call
+        (lua/transition_many.lua)."""
         client = self._redis()
         if client.cluster:
             for hold_id, event, usage, latency_s, cost, anomaly, _ in settles:
-                if event in ("draw", "close"):  # no advance is taken on Redis (takes_advances)
+                if event in ("draw", "close"):  # Cluster takes no advance (_reserve_cluster)
                     continue
                 if event == "release":
                     self.release(hold_id)
@@ -446,29 +421,44 @@ class RedisLedger(RedisHistory):
             return
         keys: list[str] = []
         args: list[Arg] = []
-        located = self._locate_many([settle.hold_id for settle in settles])
-        for hold_id, event, usage, latency_s, cost, anomaly, _ in settles:
-            at = located.get(hold_id)
-            if at is None or (event != "settle" and event != "release"):  # no advance on Redis (takes_advances)
+        advances = {settle.drawn.advance_id for settle in settles if settle.drawn is not None}
+        located = self._locate_many([s.hold_id for s in settles] + list(advances), keep=advances)
+        for hold_id, event, usage, latency_s, cost, anomaly, drawn in settles:
+            # a drawn call not split yet lives where its advance does
+            at = located.get(hold_id) or (located.get(drawn.advance_id) if drawn is not None else None)
+            if at is None:
                 continue
-            keys += self._keys.transition_one(at.day, at.model, at.run_id, hold_id)
-            note = records.anomaly_note(anomaly)
-            args += self._transition_args(
-                at, hold_id, event, *(() if event == "release" else (usage, latency_s, cost, note))
-            )
+            named: Drawn | None = drawn
+            if event == "close":  # the hold is the advance, named twice in its keys
+                if drawn is None:
+                    continue
+                named = drawn._replace(advance_id=hold_id)
+                step = Step(drawn=named)
+            elif event == "settle":
+                step = Step(usage, latency_s, cost, records.anomaly_note(anomaly), drawn)
+            else:
+                step = Step(drawn=drawn)
+            keys += step_keys(self._keys, at, hold_id, named)
+            args.append(self._step_arg(at, hold_id, event, step))
         if args:
-            # one script, one round trip; each transition is idempotent, so a retried batch never counts one twice
+            # one script, one round trip; each step is idempotent, so a retried batch never counts one twice
             client.retrying("settle", partial(client.script, "transition_many", keys, args))
 
     def resolve_run(self, run_id: str, *, release_advances: bool = False) -> int:
-        del release_advances  # no advance is taken on Redis (takes_advances)
+        """``release_advances``: what is left of the advances of the run's dead processes on this host is
+        released first (every call drawn from them has a hold of its own); the rest is charged whole."""
         client = self._redis()
         copies = client.retrying("read", lambda: client.hgetall(self._keys.run_holds(run_id)))
+        held = {hold_id: records.parse_run_hold(copy) for hold_id, copy in copies.items()}
+        held = {hold_id: parsed for hold_id, parsed in held.items() if parsed[0] == "held"}
+        if release_advances:
+            for hold_id, (_, day, model) in list(held.items()):
+                advance, host, pid = self._hold_fields(day, model, [hold_id], "advance", "host", "pid")[0]
+                if advance == "1" and host == self._host and pid.isdigit() and not pid_alive(int(pid)):
+                    self._transition(Location(day, model, run_id), hold_id, "release")
+                    del held[hold_id]
         resolved = 0
-        for hold_id, copy in copies.items():
-            state, day, model = records.parse_run_hold(copy)
-            if state != "held":
-                continue
+        for hold_id, (_, day, model) in held.items():
             self._locations.pop(hold_id, None)
             changed, _ = self._transition(Location(day, model, run_id), hold_id, "resolve")
             if changed:

@@ -31,7 +31,7 @@ class ReserveArgs:
 
     def __init__(self, options: RedisOptions) -> None:
         self._options = options
-        self._static: dict[tuple[str, str, str, int, str, str, str, bool], str] = {}
+        self._static: dict[tuple[str, str, str, int, str, str, str, bool, bool], str] = {}
         self._limits: tuple[list[Limit], list[Limit], str] | None = None
         self._tags: tuple[list[tuple[str, str]], str] = ([], '""')
 
@@ -60,6 +60,7 @@ class ReserveArgs:
             request.endpoint,
             request.key_fingerprint or "",
             request.enforce,
+            request.advance,
         )
         static = self._static.get(key)
         if static is None:
@@ -67,6 +68,7 @@ class ReserveArgs:
             fields = {
                 "run": request.run_id,
                 "enforce": "1" if request.enforce else "0",
+                "advance": "1" if request.advance else "0",
                 "day": request.day,
                 "model": request.model,
                 "pid": str(int(request.pid)),

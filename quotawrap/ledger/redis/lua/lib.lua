@@ -379,6 +379,8 @@ local function md_reserve(k, a, run, foreign, line_refused, seen)
   local refused_by = blocking(a.limits, false, run, md_settled, md_in_flight, a.reserve, a.reserve_cost)
   if line_refused then refused_by = -1 end
   local held = (refused_by == 0 or a.enforce == '0')
+  local advance = a.advance == '1'  -- room ahead for a process's next calls (quotawrap.advances), no call itself
+  if advance and not held then return {refused_by, md_settled, md_in_flight, 0} end  -- refused: no trace at all
   local blocked_by, would_block = '', 0
   if refused_by > 0 then blocked_by, would_block = a.limits[refused_by][4], 1 end
   if refused_by < 0 then blocked_by, would_block = 'waiting_line', 1 end
@@ -391,7 +393,11 @@ local function md_reserve(k, a, run, foreign, line_refused, seen)
     redis.call('EXPIREAT', k.hold, a.expire_at)
     redis.call('ZADD', k.open, a.expires, a.hold_id)
     redis.call('HINCRBY', k.pids, a.host .. '|' .. a.pid, 1)
-    redis.call('HINCRBY', k.run_totals, 'calls', 1)
+    if advance then  -- its calls count as they are split from it
+      redis.call('HSET', k.hold, 'advance', 1)
+    else
+      redis.call('HINCRBY', k.run_totals, 'calls', 1)
+    end
     redis.call('HINCRBY', k.run_totals, 'reserved_open_tokens', int(a.reserve))
   else
     redis.call('HSET', k.hold, 'state', 'blocked', 'blocking', refused_by, 'reserved', int(a.reserve))
@@ -418,8 +424,9 @@ end
 -- Returns {changed, new state, reserved, charged, settled delta, run, charged cost}, or {0}.
 local function md_transition(k, a, w)
   local f = redis.call('HMGET', k.hold, 'state', 'reserved', 'charged', 'run', 'pid', 'host', 'endpoint',
-    'started', 'reserved_cost', 'charged_cost', 'kf', 'tags', 'would_block', 'blocked_by', 'anomaly')
+    'started', 'reserved_cost', 'charged_cost', 'kf', 'tags', 'would_block', 'blocked_by', 'anomaly', 'advance')
   local state = f[1]
+  local advance = f[16] == '1'
   if not state then return {0} end
   local reserved, charged, reserved_cost, charged_cost = num(f[2]), num(f[3]), num(f[9]), num(f[10])
   local usage_total, cost = nil, nil
@@ -449,9 +456,10 @@ local function md_transition(k, a, w)
     hincr(w, k.run_totals, 'unresolved_calls', 1)
   elseif target == 'released' and handed_to ~= '' then
     hincr(w, k.run_totals, 'calls', -1)
-  elseif target == 'released' then
+  elseif target == 'released' and not advance then
     hincr(w, k.run_totals, 'released_calls', 1)
   end
+  if advance and target == 'unresolved' then hincr(w, k.run_totals, 'calls', 1) end  -- charged whole: a call now
   local prompt, completion, reasoning, cached, overshoot = '', '', '', '', 0
   if target == 'settled' then
     prompt, completion, reasoning, cached = a.prompt, a.completion, a.reasoning, a.cached
@@ -477,13 +485,15 @@ local function md_transition(k, a, w)
   else
     redis.call('DEL', k.hold)
   end
-  redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', f[4],
-    'state', target, 'endpoint', f[7], 'reserved', int(reserved), 'charged', int(actual),
-    'reserved_cost', int(reserved_cost), 'charged_cost', int(actual_cost), 'prompt', prompt,
-    'completion', completion, 'reasoning', reasoning, 'cached', cached, 'overshoot', overshoot,
-    'would_block', f[13] or 0, 'blocked_by', f[14] or '', 'kf', f[11] or '', 'tags', f[12] or '',
-    'started', f[8] or a.now, 'ended', a.now, 'latency', a.latency, 'pid', f[5] or 0, 'host', f[6] or '',
-    'anomaly', anomaly, 'handed_to', handed_to)
+  if not (advance and target == 'released') then  -- an advance given back was never a call: no record of it
+    redis.call('XADD', k.audit, 'MAXLEN', '~', a.audit_max, '*', 'id', a.hold_id, 'run', f[4],
+      'state', target, 'endpoint', f[7], 'reserved', int(reserved), 'charged', int(actual),
+      'reserved_cost', int(reserved_cost), 'charged_cost', int(actual_cost), 'prompt', prompt,
+      'completion', completion, 'reasoning', reasoning, 'cached', cached, 'overshoot', overshoot,
+      'would_block', f[13] or 0, 'blocked_by', f[14] or '', 'kf', f[11] or '', 'tags', f[12] or '',
+      'started', f[8] or a.now, 'ended', a.now, 'latency', a.latency, 'pid', f[5] or 0, 'host', f[6] or '',
+      'anomaly', anomaly, 'handed_to', handed_to)
+  end
   for _, key in ipairs({k.counters, k.run_totals, k.series, k.audit}) do set_ttl(w, 'EXPIREAT', key, a.expire_at) end
   return {1, target, reserved, actual, settled_delta, f[4], actual_cost}
 end

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from quotawrap._errors import StoreError
 from quotawrap.audit import aggregate
 from quotawrap.ledger import Ledger, open_ledger
-from quotawrap.ledger.base import HoldRequest, RunRecord, Settle, model_day_key, run_cost_key, run_key
+from quotawrap.ledger.base import ADVANCE, HoldRequest, RunRecord, Settle, model_day_key, run_cost_key, run_key
 from quotawrap.ledger.holds import MAX_CHARGE
 from quotawrap.ledger.redis import RedisLedger
 from quotawrap.quota import (
@@ -774,6 +774,19 @@ def _client(url: str) -> Any:
 
 
 @pytest.mark.redis
+def test_a_process_keeps_a_bounded_number_of_locations(
+    redis_ledger: RedisLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child whose settles its wrapper lands never ends its holds itself: the oldest locations are forgotten,
+    and a hold whose location was forgotten is found in the store when it settles."""
+    monkeypatch.setattr("quotawrap.ledger.redis.ledger.LOCATIONS_KEPT", 3)
+    holds = [redis_ledger.reserve(request(100), limits(daily=10_000)).hold_id for _ in range(5)]
+    assert list(redis_ledger._locations) == holds[2:]
+    redis_ledger.settle_many([Settle(hold_id, "settle", usage(10)) for hold_id in holds])
+    assert md(redis_ledger) == Counters(50, 0)
+
+
+@pytest.mark.redis
 class TestScriptReload:
     def test_works_after_script_flush(self, redis_ledger: RedisLedger, redis_url: str) -> None:
         """After SCRIPT FLUSH the scripts are loaded again and the call goes through."""
@@ -1107,6 +1120,11 @@ class TestCluster:
         ledger.release(handed.hold_id, handed_to="task-1")
         totals = ledger.run_totals("run-a").models[MODEL]
         assert (totals.calls, totals.anomalous_calls, totals.released_calls) == (4, 1, 0)
+        # an advance would span two slots when split: refused at once, nothing written, the call reserves alone
+        before = md(ledger), rc(ledger)
+        advance = ledger.reserve(dataclasses.replace(request(100), endpoint=ADVANCE, advance=True), limits(daily=5000))
+        assert not advance.held and ledger.run_totals("run-a").models[MODEL] == totals
+        assert (md(ledger), rc(ledger)) == before
 
     def test_waiting_lines_on_cluster(self, cluster_url: str) -> None:
         """The lines on Cluster: the run slot's line in the gate, the model-day's in its own script."""

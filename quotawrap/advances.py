@@ -127,6 +127,7 @@ class Advances:
         self._open: dict[_Key, _Advance] = {}
         self._closer: threading.Thread | None = None
         self.drawn = 0  # calls admitted from an advance (not by a reserve of their own)
+        self.declined = False  # the store refused an advance that every limit let through: it takes none
         _all.add(self)
 
     def draw(self, hold: HoldRequest, started_at: float) -> Decision | None:
@@ -167,6 +168,8 @@ class Advances:
     ) -> Decision | None:
         """Reserve an advance sized from the counters ``seen`` last and draw the call from it: its admission,
         or None when room is short or the ledger refused the advance (the call then reserves alone)."""
+        if self.declined:
+            return None
         size = advance_size(limits, seen, hold.reserve, hold.reserve_cost)
         if size is None or not self._listening():
             return None
@@ -187,6 +190,9 @@ class Advances:
             self._land(Settle(request.hold_id, "release"))
             raise
         if not decision.held:
+            # Refused with every limit fitting: the store splits no call from an advance (Redis Cluster, where
+            # the split would span two slots). Asking again on every call would only cost the caller.
+            self.declined = decision.verdict.allowed
             return None
         key = _Key(hold.run_id, hold.model, hold.day)
         advance = _Advance(request.hold_id, size[0], size[1], time.monotonic(), decision.verdict, decision.counters)

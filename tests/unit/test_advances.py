@@ -264,6 +264,16 @@ def test_in_flight_is_the_advance_left_plus_its_calls_open(
     assert (advance_id in {record.id for record in ledger.call_records()}) == (open_reserved > 0)
 
 
+def test_an_advance_the_limits_refuse_is_asked_for_again_later(tmp_path: Path) -> None:
+    """Room short now is no reason to stop asking (only a store that refuses every advance is: see
+    test_ledger_contract's Cluster case)."""
+    wired = _wired(tmp_path)
+    counters = _counters()
+    assert wired.advances.take(_hold(100, 10), 0.0, lambda _s: _daily(1_000), [], counters) is None
+    assert not wired.advances.declined
+    assert wired.advances.take(_hold(100, 10), 0.0, _no_limits, [], counters) is not None
+
+
 def test_advances_draw_until_what_is_left_does_not_cover_a_call(tmp_path: Path) -> None:
     wired = _wired(tmp_path)
     assert wired.advances.draw(_hold(100, 10), 0.0) is None  # none open

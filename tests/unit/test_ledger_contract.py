@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotawrap._errors import StoreError
+from quotawrap.advances import Advances
 from quotawrap.audit import aggregate
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import ADVANCE, HoldRequest, RunRecord, Settle, model_day_key, run_cost_key, run_key
@@ -773,6 +774,17 @@ def _client(url: str) -> Any:
     return redis.Redis.from_url(url, decode_responses=True)
 
 
+class _Asked:
+    """A ledger, its reserves listed as they are asked."""
+
+    def __init__(self, ledger: Ledger, asked: list[HoldRequest]) -> None:
+        self._ledger, self._asked = ledger, asked
+
+    def reserve(self, hold: HoldRequest, limits_for: Any) -> Any:
+        self._asked.append(hold)
+        return self._ledger.reserve(hold, limits_for)
+
+
 @pytest.mark.redis
 def test_a_process_keeps_a_bounded_number_of_locations(
     redis_ledger: RedisLedger, monkeypatch: pytest.MonkeyPatch
@@ -1120,11 +1132,18 @@ class TestCluster:
         ledger.release(handed.hold_id, handed_to="task-1")
         totals = ledger.run_totals("run-a").models[MODEL]
         assert (totals.calls, totals.anomalous_calls, totals.released_calls) == (4, 1, 0)
-        # an advance would span two slots when split: refused at once, nothing written, the call reserves alone
+        # an advance would span two slots when split: refused at once, nothing written, the call reserves alone,
+        # and its process asks for none again
         before = md(ledger), rc(ledger)
         advance = ledger.reserve(dataclasses.replace(request(100), endpoint=ADVANCE, advance=True), limits(daily=5000))
         assert not advance.held and ledger.run_totals("run-a").models[MODEL] == totals
         assert (md(ledger), rc(ledger)) == before
+        asked: list[HoldRequest] = []
+        advances = Advances(lambda: _Asked(ledger, asked), lambda _settle: None, lambda _settle: True)
+        seen = {"model_day": Counters(0, 0)}
+        assert advances.take(request(100), 0.0, limits(daily=5000), [], seen) is None and advances.declined
+        assert advances.take(request(100), 0.0, limits(daily=5000), [], seen) is None
+        assert len(asked) == 1 and (md(ledger), rc(ledger)) == before
 
     def test_waiting_lines_on_cluster(self, cluster_url: str) -> None:
         """The lines on Cluster: the run slot's line in the gate, the model-day's in its own script."""

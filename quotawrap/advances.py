@@ -9,7 +9,8 @@ Exact as a hold per call is:
 
 * An advance is a hold: the ledger checked every limit when it took it and counts all of it in flight. A call is
   drawn from it only when what is left covers the call's whole reserve, tokens and cost; else it reserves alone.
-* A call is drawn only once the wrapper's socket holds a note of it (a ``draw``), and its settle carries the same
+* A call is drawn only once a note of it (a ``draw``) is where the wrapper reads it even after a kill (a slot of a
+  shared file: :mod:`quotawrap.draw_notes`), and its settle carries the same
   :class:`~quotawrap.ledger.base.Drawn`: the ledger splits the call's own row from the advance's as the first of
   the two lands, once, in the transaction that lands it, so what is in flight never drops below the truth.
 * What is not drawn is given back (a *close*) when the advance is ``ADVANCE_S`` old, too small for the next
@@ -116,8 +117,8 @@ class Advances:
         tell: Callable[[Settle], bool],
         listening: Callable[[], bool] = lambda: True,
     ) -> None:
-        """``land`` hands a close to the settler (or the wrapper), off the caller's path; ``tell`` hands the wrapper
-        a draw (True once its socket holds it): a call is drawn only once the wrapper knows of it, so a process
+        """``land`` hands a close to the settler (or the wrapper), off the caller's path; ``tell`` notes a draw for
+        the wrapper (True once noted): a call is drawn only once the wrapper would learn of it, so a process
         killed with calls in flight leaves each its own row, charged whole, and what it did not draw released."""
         self._ledger = ledger
         self._land = land

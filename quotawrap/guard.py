@@ -54,6 +54,7 @@ from .waiting import BoundEvent, EventLog, RoomSignal
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .advances import Advances
+    from .draw_notes import DrawNotes
     from .prices import PriceTable
     from .settler import Settler
 
@@ -107,10 +108,12 @@ class Guard(GuardBooks):
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
         self.settler: Settler | None = None
         self.advances: Advances | None = None
+        self._draw_notes: DrawNotes | None = None
         self._room_signal = RoomSignal()
         if background_settle:
             from .advances import Advances
-            from .settle_relay import sender_from_env
+            from .draw_notes import DrawNotes
+            from .settle_relay import encode, sender_from_env
             from .settler import Settler
 
             # Under a wrapper the settles go to it; while a call of this process waits for room they
@@ -119,8 +122,9 @@ class Guard(GuardBooks):
             relay = self.settler.relay
             # Only under a wrapper, which learns of every draw; never in --watch, which changes nothing.
             if relay is not None and not settings.watch:
+                notes = self._draw_notes = DrawNotes(os.path.dirname(relay.path), encode)
                 self.advances = Advances(
-                    lambda: self.ledger, lambda settle: self.land(settle, None), relay.send, relay.listening
+                    lambda: self.ledger, lambda settle: self.land(settle, None), notes.write, relay.listening
                 )
         self._events = EventLog(settings.events_log)
         self._allowances = AllowanceBook(lambda: self.ledger, clock=clock)
@@ -155,6 +159,9 @@ class Guard(GuardBooks):
     def land(self, settle: Settle, landed: Callable[[], None] | None, bound: BoundEvent | None = None) -> None:
         """Settle or release one hold: queued for the settler, or at once. Never raises. ``bound``: the call's
         bound event (the guard bounded it), recorded here unless the wrapper takes it with the settle."""
+        notes = self._draw_notes
+        if notes is not None and settle.drawn is not None and settle.event != "close":
+            landed = notes.clearing(settle.hold_id, landed)  # once the wrapper has the settle, or it landed
         relayed = self.settler is not None and self.settler.submit(settle, landed, bound)
         if bound is not None and not relayed:
             self._events.bounds((bound,))

@@ -13,10 +13,10 @@ killed after sending is landed anyway, and the wrapper lands all it received bef
 run's open holds (:meth:`Relay.close`). Datagrams are marshalled tuples of plain values (never
 pickles): only this user can reach the socket (the run directory is 0700).
 
-A call drawn from an advance (:mod:`quotawrap.advances`) is noted to the wrapper before it is sent (a ``draw``
-datagram), and an advance's unused rest is given back the same way (a ``close``). The relay keeps each draw until
-the call's settle comes (which carries the same split of the call's row from the advance's) and lands only the
-draws of calls that never settled, when it closes: then the advances of dead processes hold no call.
+A call drawn from an advance (:mod:`quotawrap.advances`) is noted in a file of the run directory before it is sent
+(:mod:`quotawrap.draw_notes`), and an advance's unused rest is given back as a datagram (a ``close``). The call's
+settle carries the same split of its row from the advance's; when it closes, the relay lands the notes still set,
+of calls whose settle never came: then the advances of dead processes hold no call.
 
 A call the guard bounded (``Plan.bound``) rides with its settle as a :data:`BoundEvent`, and the wrapper
 writes the run's ``bound`` events: a line the child wrote for each such call was two more system calls
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["SOCKET_VARIABLE", "Relay", "Sender", "decode", "encode", "relay_path"]
 
 MAX_BATCH = 256  # settles per ledger call, as the in-process settler
-MAX_DRAWS_KEPT = 4096  # draws kept waiting for their call's settle; the oldest beyond land (idempotent)
 LINGER_S = 0.005  # once woken, gather this long: as the in-process settler, so other processes' waiters see no change
 # Settles per LINGER_S up to which the thread polls for them rather than waking for each: a sequential agent on
 # loopback sends ~5 (each wake-up cost its send ~10 µs and the wrapper ~50 µs per settle), and 6 of the kernel's
@@ -215,8 +214,7 @@ class Relay:
         self._sock.bind(self.path)
         self._lock = threading.Lock()  # one batch lands at a time (the thread's, or close()'s)
         self._pending: list[Settle] = []  # received, not yet landed (gathered, or a batch the ledger refused)
-        self._draws: dict[str, Settle] = {}  # calls drawn from an advance whose settle has not come (in order)
-        self._landing_received = 0  # datagrams received that land (not the draws)
+        self._landing_received = 0  # datagrams received that land (all but sync requests)
         self._oldest = 0.0  # when the oldest of them was received
         self._syncs: list[str] = []  # where to answer once the settles received before have landed
         self._failing = False
@@ -231,7 +229,6 @@ class Relay:
         backoff = RETRY_MIN_S
         polling = False
         while True:
-            # Draws (quotawrap.advances) are kept, not landed: the pace of what lands decides how to read on.
             landing_before = self._landing_received
             if polling:
                 # Settles come steadily, a few per LINGER_S: poll for them. A send to a socket this thread is
@@ -328,15 +325,6 @@ class Relay:
         except Exception:  # not ours: nothing to land (a settle is only ever sent whole)
             self._warn("ignored a malformed datagram on the settle socket")
             return
-        if settle.event == "draw":
-            # Kept, not landed: the call's settle carries the same split and nearly always follows within
-            # moments. Only the draws of calls whose settle never came (their process died) land, in close().
-            self._draws[settle.hold_id] = settle
-            if len(self._draws) > MAX_DRAWS_KEPT:  # settles that went to their process's own settler
-                self._keep(self._draws.pop(next(iter(self._draws))))
-            return
-        if settle.drawn is not None:
-            self._draws.pop(settle.hold_id, None)
         self._landing_received += 1
         self._keep(settle)
         if bound is not None:
@@ -384,9 +372,12 @@ class Relay:
         return True
 
     def close(self, timeout: float = 30.0) -> bool:
-        """Land every settle received, before the run's open holds are charged: whether all landed. New sends
-        fail from the moment the socket file is gone (the child's own settler lands those)."""
+        """Land every settle received, and the draws noted of calls whose settle never came, before the run's
+        open holds are charged: whether all landed, every note read. New sends fail from the moment the socket
+        file is gone (the child's own settler lands those)."""
         import socket
+
+        from .draw_notes import read_notes
 
         with self._lock:
             self._closed = True
@@ -400,13 +391,14 @@ class Relay:
         deadline = time.monotonic() + timeout
         with self._lock:
             self._drain()
-            for draw in self._draws.values():  # calls in flight when their process ended: rows of their own
+            # calls in flight when their process ended get rows of their own (after their settles, if they came)
+            draws, every_note_read = read_notes(os.path.dirname(self.path), decode)
+            for draw in draws:
                 self._keep(draw)
-            self._draws.clear()
             while not self._land() and time.monotonic() < deadline:
                 time.sleep(RETRY_MIN_S)
             # What still could not land stays held in the ledger: resolve_run charges it whole.
-            landed = not self._pending
+            landed = not self._pending and every_note_read
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()

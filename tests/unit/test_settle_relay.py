@@ -341,24 +341,47 @@ def test_a_sync_lands_what_was_gathered_at_once(tmp_path: Path) -> None:
         relay.close()
 
 
-def test_a_draw_lands_only_for_a_call_whose_settle_never_came(tmp_path: Path) -> None:
-    """A call drawn from an advance is noted before it is sent; its settle carries the same split. The relay
-    lands the note only for a call whose settle never came (its process died), when it closes: the split once,
-    and no work per call for the others. A close of the advance lands as it comes."""
+def test_the_notes_of_calls_whose_settle_never_came_land_at_close(tmp_path: Path) -> None:
+    """A call drawn from an advance is noted in a slot of a file of the run directory before it is sent
+    (quotawrap.draw_notes); its settle carries the same split, and the note is cleared once the settle is in
+    the wrapper's socket. The relay does no work per note: when it closes, it lands the notes still set, after
+    the settles it received (a note cleared too late, its process killed in between, lands as nothing: the
+    split is idempotent). A close of the advance lands as it comes."""
+    from quotawrap.draw_notes import DrawNotes
     from quotawrap.ledger.base import Drawn
 
     ledger = Recording()
     relay = _relay(tmp_path, ledger)
-    sender = Sender(relay.path)
+    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
     drawn = Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)
-    assert sender.send(Settle("settles", "draw", drawn=drawn))
-    assert sender.send(Settle("in-flight", "draw", drawn=drawn))
+    for call in ("settles", "in-flight", "cleared-late"):
+        assert notes.write(Settle(call, "draw", drawn=drawn))
     assert sender.send(Settle("settles", "settle", usage(10), 0.1, 1, None, drawn))
+    notes.clear("settles")
+    assert sender.send(Settle("cleared-late", "release", drawn=drawn))
     assert sender.send(Settle("adv", "close", drawn=Drawn("adv", 800, 80, "advance", None, 0.0, 0.0)))
     assert decode(encode(Settle("settles", "settle", usage(10), 0.1, 1, None, drawn)))[0].drawn == drawn
-    relay.close()
+    assert relay.close() is True
     landed = [(s.hold_id, s.event) for batch in ledger.batches for s in batch]
-    assert landed == [("settles", "settle"), ("adv", "close"), ("in-flight", "draw")]
+    assert landed == [
+        ("settles", "settle"),
+        ("cleared-late", "release"),
+        ("adv", "close"),
+        ("in-flight", "draw"),
+        ("cleared-late", "draw"),
+    ]
+
+
+def test_a_note_that_cannot_be_read_whole_says_so_at_close(tmp_path: Path) -> None:
+    """A torn or foreign note: the relay cannot be sure it landed every draw, so close() says False and the
+    wrapper charges what is left of the advances whole (never short)."""
+    from quotawrap.draw_notes import SLOT_BYTES, SLOTS
+
+    relay = _relay(tmp_path, Recording())
+    torn = bytearray(SLOTS * SLOT_BYTES)
+    torn[0], torn[1:3], torn[3:6] = 1, (3).to_bytes(2, "little"), b"\xff\xff\xff"
+    (tmp_path / "draws-1-abcd").write_bytes(bytes(torn))
+    assert relay.close() is False
 
 
 def test_close_says_whether_everything_received_has_landed(tmp_path: Path) -> None:

@@ -1,0 +1,96 @@
+"""Draw notes (quotawrap.draw_notes): slots of a shared file, written by a guarded process, read by its wrapper.
+
+Real files, real mmap, a real fork and a real SIGKILL: what a killed process wrote is what the wrapper reads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+from pathlib import Path
+
+import pytest
+
+from quotawrap.draw_notes import SLOTS, DrawNotes, read_notes
+from quotawrap.ledger.base import Drawn, Settle
+from quotawrap.settle_relay import decode, encode
+
+
+def _draw(hold_id: str, key: str | None = "sha256:0123456789abcdef") -> Settle:
+    return Settle(hold_id, "draw", drawn=Drawn("advance-1", 1_000, 50, "chat", key, 1.5, 2.5))
+
+
+def test_a_note_is_read_back_exactly_until_cleared(tmp_path: Path) -> None:
+    notes = DrawNotes(str(tmp_path), encode)
+    assert notes.write(_draw("a")) and notes.write(_draw("b", None))
+    assert read_notes(str(tmp_path), decode) == ([_draw("a"), _draw("b", None)], True)
+    notes.clear("a")
+    notes.clear("a")  # twice: nothing more
+    assert read_notes(str(tmp_path), decode) == ([_draw("b", None)], True)
+    (path,) = tmp_path.iterdir()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.name.startswith(f"draws-{os.getpid()}-")
+
+
+def test_a_cleared_slot_is_used_again_and_a_full_file_draws_nothing(tmp_path: Path) -> None:
+    notes = DrawNotes(str(tmp_path), encode)
+    assert all(notes.write(_draw(f"call-{i}")) for i in range(SLOTS))
+    assert not notes.write(_draw("one-more"))  # no free slot: the call reserves alone
+    notes.clear("call-7")
+    assert notes.write(_draw("one-more"))
+    draws, whole = read_notes(str(tmp_path), decode)
+    assert whole and len(draws) == SLOTS and "one-more" in {d.hold_id for d in draws}
+
+
+def test_a_note_too_long_for_a_slot_is_not_written(tmp_path: Path) -> None:
+    notes = DrawNotes(str(tmp_path), encode)
+    assert not notes.write(_draw("a", "k" * 300))
+    assert read_notes(str(tmp_path), decode) == ([], True)
+
+
+def test_what_a_killed_process_noted_is_read(tmp_path: Path) -> None:
+    """The pages are the kernel's: a note survives its writer's SIGKILL."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        DrawNotes(str(tmp_path), encode).write(_draw("in-flight"))
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert read_notes(str(tmp_path), decode) == ([_draw("in-flight")], True)
+
+
+def test_a_forked_child_notes_in_a_file_of_its_own(tmp_path: Path) -> None:
+    """A parent's slots are the parent's to clear: a child clearing its own never touches them."""
+    notes = DrawNotes(str(tmp_path), encode)
+    assert notes.write(_draw("parent's"))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        notes.clear("parent's")  # not the child's: nothing
+        ok = notes.write(_draw("child's"))
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    draws, whole = read_notes(str(tmp_path), decode)
+    assert whole and sorted(d.hold_id for d in draws) == ["child's", "parent's"]
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_symlink_among_the_notes_is_not_followed_and_the_read_is_not_whole(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    DrawNotes(str(target), encode).write(_draw("planted"))
+    (planted,) = target.iterdir()
+    notes_dir = tmp_path / "run"
+    notes_dir.mkdir()
+    (notes_dir / "draws-1-0000").symlink_to(planted)
+    assert read_notes(str(notes_dir), decode) == ([], False)
+
+
+def test_no_directory_means_no_notes(tmp_path: Path) -> None:
+    assert read_notes(str(tmp_path / "gone"), decode) == ([], True)
+    assert not DrawNotes(str(tmp_path / "gone"), encode).write(_draw("a"))  # cannot note: not drawn
+
+
+@pytest.mark.parametrize("garbage", [b"\x01\x03\x00abc", b"\x01\xff\xff"])
+def test_a_torn_slot_makes_the_read_not_whole(tmp_path: Path, garbage: bytes) -> None:
+    (tmp_path / "draws-9-ffff").write_bytes(garbage + bytes(256 - len(garbage)))
+    assert read_notes(str(tmp_path), decode) == ([], False)

@@ -2,11 +2,12 @@
 
 A call is drawn from an advance (:mod:`quotawrap.advances`) only once its wrapper would learn of it even if the
 process were killed the moment after: then each call in flight gets a row of its own and what the process did
-not draw is released, never charged to nobody. A datagram said so for ~16 µs of the caller's time per call and
-~150 µs of the wrapper's CPU on a slow VM (a receive and a decode), for a note its call's settle, carrying the
-same split, nearly always makes moot within milliseconds.
+not draw is released, never charged to nobody. A datagram said so: a send per drawn call, and the relay's
+receive and decode of it (bench_guard_steps: 2.06 datagrams per call against 1.06, and ~125 µs more of the
+relay's CPU per settle on a slow VM), for a note its call's settle, carrying the same split, nearly always makes
+moot within milliseconds.
 
-A note is now a slot of a file the process maps (``mmap``, shared): written in place (~2 µs), cleared once the
+A note is now a slot of a file the process maps (``mmap``, shared): written in place, cleared once the
 call's settle is in the wrapper's socket or landed, and read by the wrapper only when it closes
 (:meth:`~quotawrap.settle_relay.Relay.close`). A slot still set is a call whose settle may never have come: its
 draw lands then. The split is idempotent, so a note cleared too late (a kill between the settle's send and the

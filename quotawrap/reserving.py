@@ -103,6 +103,7 @@ def _admit(guard: Guard, call: Call, room: Room, hold: HoldRequest, *, first: bo
         and call.enforce
         and call.found.endpoint in ENDPOINTS
         and getattr(guard.ledger, "takes_advances", False)  # a Ledger written before advances takes none
+        and not advances.declined  # its store refuses every advance (Redis Cluster): no limits to read for one
     ):
         drawn = advances.draw(hold, call.now)
         if drawn is not None:

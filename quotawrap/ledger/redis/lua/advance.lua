@@ -6,14 +6,27 @@
 -- k: advance (its hold), advance_location, hold (the call's), location (the call's), counters, open, pids,
 -- run_totals, run_counters, run_holds (the run's copies of holds); w: the batch's writes (lib.lua's batch_writes).
 
--- The run slot's copy of a hold with its reservation lowered by reserved, reserved_cost.
-local function run_copy_give_up(run_holds, hold_id, reserved, reserved_cost)
-  local copy = redis.call('HGET', run_holds, hold_id)
+-- The advance gives up reserved tokens and reserved_cost: its hash and its run copy hold that much less.
+-- Returns the day and model its run copy names (nil without one).
+local function advance_give_up(k, advance_id, reserved, reserved_cost)
+  redis.call('HINCRBY', k.advance, 'reserved', int(0 - reserved))
+  redis.call('HINCRBY', k.advance, 'reserved_cost', int(0 - reserved_cost))
+  local copy = redis.call('HGET', k.run_holds, advance_id)
   if not copy then return nil, nil end
   local state, held, charged, held_cost, charged_cost, day, model = parse_run_hold(copy)
-  redis.call('HSET', run_holds, hold_id,
+  redis.call('HSET', k.run_holds, advance_id,
     run_hold(state, held - reserved, charged, held_cost - reserved_cost, charged_cost, day, model))
   return day, model
+end
+
+-- What no hold holds any more leaves the counters in flight (the model-day's, the run's, its open total).
+local function out_of_flight(k, reserved, reserved_cost, w)
+  if reserved ~= 0 then
+    hincr(w, k.counters, 'in_flight', 0 - reserved)
+    hincr(w, k.run_counters, 'in_flight', 0 - reserved)
+    hincr(w, k.run_totals, 'reserved_open_tokens', 0 - reserved)
+  end
+  if reserved_cost ~= 0 then hincr(w, k.run_counters, 'cost_in_flight', 0 - reserved_cost) end
 end
 
 -- An advance whose room is all drawn and settled, or given back, is gone: it was never a call (no record).
@@ -21,12 +34,7 @@ local function gone_if_empty(k, advance_id, w)
   local f = redis.call('HMGET', k.advance, 'reserved', 'reserved_cost', 'host', 'pid')
   local reserved, reserved_cost = num(f[1]), num(f[2])
   if reserved > 0 or reserved_cost > 0 then return end
-  if reserved ~= 0 then  -- what it still held (none: a call drew no more than was left)
-    hincr(w, k.counters, 'in_flight', 0 - reserved)
-    hincr(w, k.run_counters, 'in_flight', 0 - reserved)
-    hincr(w, k.run_totals, 'reserved_open_tokens', 0 - reserved)
-  end
-  if reserved_cost ~= 0 then hincr(w, k.run_counters, 'cost_in_flight', 0 - reserved_cost) end
+  out_of_flight(k, reserved, reserved_cost, w)  -- what it still held (none: a call drew no more than was left)
   redis.call('ZREM', k.open, advance_id)
   pids_leave(w, k.pids, f[3] .. '|' .. f[4])
   redis.call('HDEL', k.run_holds, advance_id)
@@ -42,9 +50,7 @@ local function split_advance(k, a, d, w)
   if f[1] ~= 'held' or f[2] ~= '1' or redis.call('EXISTS', k.hold) == 1 then return 0 end
   if redis.call('HSETNX', k.advance, 'split:' .. a.hold_id, 1) == 0 then return 0 end  -- split and settled before
   local reserved, reserved_cost = clamp(tonumber(d.reserved)), clamp(tonumber(d.reserved_cost))
-  redis.call('HINCRBY', k.advance, 'reserved', int(0 - reserved))
-  redis.call('HINCRBY', k.advance, 'reserved_cost', int(0 - reserved_cost))
-  local day, model = run_copy_give_up(k.run_holds, d.advance_id, reserved, reserved_cost)
+  local day, model = advance_give_up(k, d.advance_id, reserved, reserved_cost)
   redis.call('HSET', k.hold, 'state', 'held', 'run', f[3], 'reserved', int(reserved), 'charged', 0,
     'reserved_cost', int(reserved_cost), 'charged_cost', 0, 'pid', f[4], 'host', f[5], 'expires', d.expires,
     'started', d.started, 'endpoint', d.endpoint, 'kf', d.kf, 'tags', f[6] or '', 'blocking', 0,
@@ -69,15 +75,8 @@ local function close_advance(k, a, d, w)
   if f[1] ~= 'held' or f[2] ~= '1' or f[3] then return 0 end
   local reserved, reserved_cost = clamp(tonumber(d.reserved)), clamp(tonumber(d.reserved_cost))
   redis.call('HSET', k.advance, 'closed', 1, 'endpoint', d.endpoint)
-  redis.call('HINCRBY', k.advance, 'reserved', int(0 - reserved))
-  redis.call('HINCRBY', k.advance, 'reserved_cost', int(0 - reserved_cost))
-  run_copy_give_up(k.run_holds, a.hold_id, reserved, reserved_cost)
-  if reserved ~= 0 then
-    hincr(w, k.counters, 'in_flight', 0 - reserved)
-    hincr(w, k.run_counters, 'in_flight', 0 - reserved)
-    hincr(w, k.run_totals, 'reserved_open_tokens', 0 - reserved)
-  end
-  if reserved_cost ~= 0 then hincr(w, k.run_counters, 'cost_in_flight', 0 - reserved_cost) end
+  advance_give_up(k, a.hold_id, reserved, reserved_cost)
+  out_of_flight(k, reserved, reserved_cost, w)
   gone_if_empty(k, a.hold_id, w)
   return 1
 end

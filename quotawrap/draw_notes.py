@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable
 
 TYPE_CHECKING = False
@@ -55,6 +56,11 @@ class DrawNotes:
         self._map: mmap.mmap | None = None
         self._free: list[int] = []
         self._slots: dict[str, int] = {}  # hold id -> its slot
+        _all.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: another thread of the parent may have held the lock at the fork (a write)."""
+        self._lock = threading.Lock()
 
     def write(self, draw: Settle) -> bool:
         """Note ``draw`` (a Settle of event draw); True once it is in the shared file."""
@@ -119,6 +125,18 @@ class DrawNotes:
             os.close(fd)
         self._free = list(range(SLOTS - 1, -1, -1))  # the first slots first: the fewest pages touched
         return self._map
+
+
+_all: weakref.WeakSet[DrawNotes] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for notes in list(_all):
+        notes._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def read_notes(directory: str, decode: Decode) -> tuple[list[Settle], bool]:

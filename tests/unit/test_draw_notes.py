@@ -74,6 +74,18 @@ def test_a_forked_child_notes_in_a_file_of_its_own(tmp_path: Path) -> None:
     assert len(list(tmp_path.iterdir())) == 2
 
 
+def test_a_fork_while_another_thread_writes_leaves_the_child_free_to_write(tmp_path: Path) -> None:
+    """A thread of the parent holds the notes' lock at the fork (mid-write): the child's own lock is free."""
+    notes = DrawNotes(str(tmp_path), encode)
+    with notes._lock:  # as a write in another thread would, at the moment of the fork
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            signal.alarm(10)  # a lock inherited held would hang here: fail, not hang the suite
+            os._exit(0 if notes.write(_draw("child's")) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_a_symlink_among_the_notes_is_not_followed_and_the_read_is_not_whole(tmp_path: Path) -> None:
     target = tmp_path / "elsewhere"
     target.mkdir()

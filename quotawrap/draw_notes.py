@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,7 +43,17 @@ if TYPE_CHECKING:
 Encode = Callable[["Settle"], bytes]  # settle_relay.encode: a note is a draw as its datagram would carry it
 Decode = Callable[[bytes], "tuple[Settle, BoundEvent | None]"]  # settle_relay.decode
 
-__all__ = ["NOTED", "SETTLED", "SLOTS", "SLOT_BYTES", "DrawNotes", "free_slot", "read_notes", "settled_slots"]
+__all__ = [
+    "NOTED",
+    "SETTLED",
+    "SLOTS",
+    "SLOT_BYTES",
+    "DrawNotes",
+    "free_slot",
+    "read_notes",
+    "read_settled",
+    "settled_slots",
+]
 
 SLOT_BYTES = 512  # a draw's note is ~150 bytes (two hold ids, the endpoint, the key's fingerprint, two times)
 SLOTS = 4096  # the header and calls of one process drawn and not yet landed at once; a 2 MiB sparse file
@@ -195,17 +205,21 @@ def slots_used(notes: bytes | mmap.mmap) -> int:
     return min(int.from_bytes(notes[_USED_AT : _USED_AT + 2], "little"), len(notes) // SLOT_BYTES)
 
 
-def settled_slots(
-    notes: bytes | mmap.mmap, decode: Decode
-) -> Iterator[tuple[int, tuple[Settle, BoundEvent | None] | None]]:
-    """The slots of ``notes`` that hold a settle, each with it (its draw from the note beside it) and the bound
-    event riding with it, or None for a slot that does not read whole."""
-    used = slots_used(notes)
-    states = notes[0 : used * SLOT_BYTES : SLOT_BYTES]
+def settled_slots(notes: bytes | mmap.mmap) -> list[int]:
+    """The slots of ``notes`` that hold a settle (read one with :func:`read_settled`)."""
+    states = notes[0 : slots_used(notes) * SLOT_BYTES : SLOT_BYTES]
+    found = []
     slot = states.find(SETTLED, 1)
     while slot > 0:
-        yield slot, _settled(notes, slot * SLOT_BYTES, decode)
+        found.append(slot)
         slot = states.find(SETTLED, slot + 1)
+    return found
+
+
+def read_settled(notes: bytes | mmap.mmap, slot: int, decode: Decode) -> tuple[Settle, BoundEvent | None] | None:
+    """The settle in ``slot`` with its draw from the note beside it, and the bound event riding with it; None
+    for a slot that does not read whole."""
+    return _settled(notes, slot * SLOT_BYTES, decode)
 
 
 def free_slot(notes: mmap.mmap, slot: int) -> None:

@@ -68,6 +68,8 @@ _EVENTS = ("settle", "release", "draw", "close")
 # With no datagram coming, the thread looks in the notes this often: a drawn call's settle is written there, and
 # the next ones are polled for (a sync, or the close, looks at once).
 IDLE_COLLECT_S = 0.020
+IDLE_MAX_S = 0.2  # and, while none comes, less often, down to this
+_AIM_LOOK_S = 0.001  # waiting for the next settle to land right after it, it looks in the slots this often
 _BUFFER_BYTES = 4 << 20  # the wrapper's receive queue: thousands of settles while a batch lands
 
 
@@ -247,12 +249,14 @@ class Relay:
         self._notes: dict[str, mmap.mmap] = {}
         self._done_with: set[str] = set()  # files of processes gone, read to the end
         self._collected: dict[tuple[str, int], mmap.mmap] = {}  # slots whose settle is pending
+        self._looked_for_files = -1.0
         self._thread = threading.Thread(target=self._run, name="quotawrap-settle-relay", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         backoff = RETRY_MIN_S
         polling = False
+        idle_look = IDLE_COLLECT_S
         while True:
             landing_before = self._landing_received
             if polling:
@@ -284,14 +288,18 @@ class Relay:
                     # next settle arrives, when its process has just finished a call and is some hundreds of µs
                     # from its next reserve (7 of 3,000 met it, against 50-90 landing at any moment). Redis
                     # queues a reserve behind the batch instead: there, just before the next reserve is the worst.
-                    self._next(LINGER_S)
+                    self._next_settle(LINGER_S)
             else:
-                if not self._next(IDLE_COLLECT_S):  # no datagram: a settle may be waiting in a slot
+                if not self._next(idle_look):  # no datagram: a drawn call's settle may be waiting in its slot
                     with self._lock:
                         if self._closed:
                             return  # close() lands the rest
-                        if not self._collect():
-                            continue
+                        collected = self._collect()
+                    # found: more will come, poll for them; none: look less often while none come
+                    polling = collected > 0
+                    idle_look = IDLE_COLLECT_S if polling else min(idle_look * 2, IDLE_MAX_S)
+                    continue
+                idle_look = IDLE_COLLECT_S
                 with self._lock:
                     if self._closed:
                         return  # close() lands the rest
@@ -334,6 +342,17 @@ class Relay:
             self._take(data)
         return 1
 
+    def _next_settle(self, timeout: float) -> int:
+        """Wait up to ``timeout`` for the next settle, a datagram or one written in a slot; how many came."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0 and not self._closed:
+            came = self._next(min(left, _AIM_LOOK_S))
+            with self._lock:
+                came += self._collect()
+            if came:
+                return came
+        return 0
+
     def _linger(self) -> None:
         """Gather for LINGER_S, reading on while datagrams come."""
         deadline = time.monotonic() + LINGER_S
@@ -345,6 +364,7 @@ class Relay:
             return
         if data.startswith(_SYNC):
             self._syncs.append(data[len(_SYNC) :].decode(errors="replace"))
+            self._looked_for_files = -1.0  # the process may be new to the run: its file too is looked in
             return
         try:
             settle, bound = decode(data)
@@ -361,22 +381,22 @@ class Relay:
             self._oldest = time.monotonic()
         self._pending.append(settle)
 
-    def _collect(self) -> int:
-        """Take the settles written in the notes' slots since the last look (under the lock); how many."""
-        from .draw_notes import note_files, settled_slots
+    def _collect(self, *, look_for_files: bool = False) -> int:
+        """Take the settles written in the notes' slots since the last look (under the lock); how many. New files
+        (and processes gone) are looked for every IDLE_COLLECT_S, or when asked (a sync, the close)."""
+        from .draw_notes import read_settled, settled_slots
 
+        now = time.monotonic()
+        if look_for_files or now - self._looked_for_files >= IDLE_COLLECT_S:
+            self._look_for_files()
+            self._looked_for_files = now
         count = 0
-        for name in note_files(self._directory):
-            notes = self._notes.get(name)
-            if notes is None and name not in self._done_with:
-                notes = self._mapped(name)
-            if notes is None:
-                continue
-            self._notes[name] = notes
-            found = False
-            for slot, settled in settled_slots(notes, decode):
-                found = True
-                if settled is None or (name, slot) in self._collected:  # torn: close() reads it (or says so)
+        for name, notes in self._notes.items():
+            for slot in settled_slots(notes):
+                if (name, slot) in self._collected:  # pending: freed once it has landed
+                    continue
+                settled = read_settled(notes, slot, decode)
+                if settled is None:  # torn: close() reads it (or says so)
                     continue
                 settle, bound = settled
                 self._collected[name, slot] = notes
@@ -384,11 +404,22 @@ class Relay:
                 if bound is not None:
                     self._bounds.append(bound)
                 count += 1
-            if not found and not _alive(name):  # a process gone writes no more: read to the end
-                self._done_with.add(name)
-                self._notes.pop(name, None)
         self._landing_received += count
         return count
+
+    def _look_for_files(self) -> None:
+        """Map the notes files of processes new to the run; forget those of processes gone, read to the end."""
+        from .draw_notes import note_files, settled_slots
+
+        for name in note_files(self._directory):
+            if name not in self._notes and name not in self._done_with:
+                notes = self._mapped(name)
+                if notes is not None:
+                    self._notes[name] = notes
+        for name, notes in list(self._notes.items()):
+            if not _alive(name) and not [slot for slot in settled_slots(notes) if (name, slot) not in self._collected]:
+                self._done_with.add(name)  # its pending slots are freed all the same (self._collected)
+                del self._notes[name]
 
     def _mapped(self, name: str) -> mmap.mmap | None:
         """A notes file, mapped to be read and its slots freed (never through a symlink); None if it is not one."""
@@ -463,7 +494,7 @@ class Relay:
         file is gone (the child's own settler lands those)."""
         import socket
 
-        from .draw_notes import note_files, read_notes, stop_collecting
+        from .draw_notes import read_notes, stop_collecting
 
         with self._lock:
             self._closed = True
@@ -476,10 +507,9 @@ class Relay:
         self._thread.join(timeout=timeout)
         deadline = time.monotonic() + timeout
         with self._lock:
-            for name in note_files(self._directory):  # from now on a process sends its settles as datagrams
-                notes = self._notes.get(name) or (None if name in self._done_with else self._mapped(name))
-                if notes is not None:
-                    stop_collecting(notes)
+            self._look_for_files()
+            for notes in self._notes.values():  # from now on a process sends its settles as datagrams
+                stop_collecting(notes)
             self._drain()
             while not self._land() and time.monotonic() < deadline:
                 time.sleep(RETRY_MIN_S)

@@ -19,6 +19,7 @@ from quotawrap.draw_notes import (
     free_slot,
     note_files,
     read_notes,
+    read_settled,
     settled_slots,
     slots_used,
     stop_collecting,
@@ -142,7 +143,7 @@ def test_a_settle_is_written_beside_its_note_and_read_with_its_draw(tmp_path: Pa
     assert not notes.settle("b", b"x" * SLOT_BYTES)  # too long: it goes as a datagram, its note stays
     (name,) = note_files(str(tmp_path))
     mapped = (tmp_path / name).read_bytes()
-    assert [(slot, settled) for slot, settled in settled_slots(mapped, decode)] == [(1, (_settle("a"), ("m", 64, 1)))]
+    assert settled_slots(mapped) == [1] and read_settled(mapped, 1, decode) == (_settle("a"), ("m", 64, 1))
     assert read_notes(str(tmp_path), decode) == ([_settle("a"), _draw("b")], True)
 
 
@@ -158,11 +159,11 @@ def test_slots_the_wrapper_freed_are_written_again(tmp_path: Path) -> None:
     assert notes.settle("first", encode(_settle("first"), with_draw=False))  # settled, never freed
     for i in range(1000):
         assert notes.write(_draw(f"c{i}")) and notes.settle(f"c{i}", encode(_settle(f"c{i}"), with_draw=False))
-        for slot, _ in list(settled_slots(wrapper_view, decode)):
+        for slot in settled_slots(wrapper_view):
             if slot != 1:
                 free_slot(wrapper_view, slot)
     assert slots_used(wrapper_view) <= 66
-    assert [slot for slot, _ in settled_slots(wrapper_view, decode)] == [1]
+    assert settled_slots(wrapper_view) == [1]
     assert read_notes(str(tmp_path), decode) == ([_settle("first")], True)
     stop_collecting(wrapper_view)
     assert notes.write(_draw("late")) and not notes.settle("late", encode(_settle("late"), with_draw=False))

@@ -221,9 +221,9 @@ def test_sync_returns_once_the_wrapper_has_landed_what_was_sent_before(tmp_path:
 
 
 class _CountingSocket:
-    """The relay's socket, counting the receives that wait (a send to a socket a thread waits on wakes it): idle
-    (nothing came for a while: it looks in the notes every IDLE_COLLECT_S), or aimed (with a timeout: a landing
-    waits for the next settle)."""
+    """The relay's socket, counting the receives a send woke (a send to a socket a thread waits on wakes it): idle
+    (nothing came for a while: it looks in the notes every IDLE_COLLECT_S or less often), or aimed (a landing
+    waits for the next settle, looking in the notes meanwhile)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -236,11 +236,11 @@ class _CountingSocket:
         self._inner.settimeout(timeout)
 
     def recv(self, size: int, flags: int = 0) -> bytes:
-        if not flags and self._timeout in (None, IDLE_COLLECT_S):
+        data: bytes = self._inner.recv(size, flags)  # a timeout raises: no send woke it
+        if not flags and (self._timeout is None or self._timeout >= IDLE_COLLECT_S):
             self.idle_receives += 1
         elif not flags:
             self.aimed_receives += 1
-        data: bytes = self._inner.recv(size, flags)
         return data
 
     def __getattr__(self, name: str) -> Any:

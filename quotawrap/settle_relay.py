@@ -13,12 +13,10 @@ killed after sending is landed anyway, and the wrapper lands all it received bef
 run's open holds (:meth:`Relay.close`). Datagrams are marshalled tuples of plain values (never
 pickles): only this user can reach the socket (the run directory is 0700).
 
-A call drawn from an advance (:mod:`quotawrap.advances`) is noted in a slot of a file of the run directory before
-it is sent (:mod:`quotawrap.draw_notes`), and its settle is written into the same slot, where the relay collects
-it (no datagram) and frees the slot once it has landed; an advance's unused rest is given back as a datagram (a
-``close``). The settle carries the same split of its row from the advance's; when it closes, the relay lands what
-the slots still hold, settles and the notes of calls whose settle never came: then the advances of dead processes
-hold no call.
+A call drawn from an advance (:mod:`quotawrap.advances`) is noted in a file of the run directory before it is sent
+(:mod:`quotawrap.draw_notes`), and an advance's unused rest is given back as a datagram (a ``close``). The call's
+settle carries the same split of its row from the advance's; when it closes, the relay lands the notes still set,
+of calls whose settle never came: then the advances of dead processes hold no call.
 
 A call the guard bounded (``Plan.bound``) rides with its settle as a :data:`BoundEvent`, and the wrapper
 writes the run's ``bound`` events: a line the child wrote for each such call was two more system calls
@@ -38,10 +36,8 @@ from .files import SOCKET_VARIABLE, relay_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import mmap
     import socket
 
-    from .draw_notes import DrawNotes
     from .ledger.base import Ledger, Settle
     from .waiting import BoundEvent, EventLog
 
@@ -65,16 +61,10 @@ RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
 _SYNC = b"\0sync "  # then the path to answer at; never a marshalled settle (which starts with a type code)
 _EVENTS = ("settle", "release", "draw", "close")
-# With no datagram coming, the thread looks in the notes this often: a drawn call's settle is written there, and
-# the next ones are polled for (a sync, or the close, looks at once).
-IDLE_COLLECT_S = 0.020
-IDLE_MAX_S = 0.2  # and, while none comes, less often, down to this
-_AIM_LOOK_S = 0.001  # waiting for the next settle to land right after it, it looks in the slots this often
 _BUFFER_BYTES = 4 << 20  # the wrapper's receive queue: thousands of settles while a batch lands
 
 
-def encode(settle: Settle, bound: BoundEvent | None = None, *, with_draw: bool = True) -> bytes:
-    """The settle's datagram; ``with_draw=False`` leaves its draw out (a settle written beside its note)."""
+def encode(settle: Settle, bound: BoundEvent | None = None) -> bytes:
     usage = settle.usage
     fields = None
     if usage is not None:
@@ -97,7 +87,7 @@ def encode(settle: Settle, bound: BoundEvent | None = None, *, with_draw: bool =
             settle.cost,
             settle.anomaly,
             bound,
-            None if drawn is None or not with_draw else tuple(drawn),
+            None if drawn is None else tuple(drawn),
         )
     )
 
@@ -143,7 +133,6 @@ class Sender:
         self.path = path
         self._sock: socket.socket | None = None
         self.unsynced = 0  # sends since the last sync began: settles the wrapper may not have landed yet
-        self.notes: DrawNotes | None = None  # where a drawn call's settle is written instead of sent
 
     def listening(self) -> bool:
         """Whether the wrapper's socket is there (it binds it once a process of the run opens the ledger)."""
@@ -151,18 +140,8 @@ class Sender:
 
     def send(self, settle: Settle, bound: BoundEvent | None = None) -> bool:
         """True once the wrapper's socket holds the settle (and ``bound``, which the wrapper then records);
-        False (never raises, never blocks) otherwise. A drawn call's settle is written beside its note, where
-        the wrapper collects it (:mod:`quotawrap.draw_notes`)."""
+        False (never raises, never blocks) otherwise."""
         try:
-            notes = self.notes
-            if (
-                notes is not None
-                and settle.drawn is not None
-                and settle.event in ("settle", "release")
-                and notes.settle(settle.hold_id, encode(settle, bound, with_draw=False))
-            ):
-                self.unsynced += 1
-                return True
             sock = self._sock
             if sock is None:
                 import socket
@@ -243,20 +222,12 @@ class Relay:
         self._closed = False
         self._stop = threading.Event()
         self.landed = 0
-        # The notes files of the run's processes (quotawrap.draw_notes), mapped: drawn calls' settles are collected
-        # from their slots, which are freed once those settles have landed.
-        self._directory = os.path.dirname(path)
-        self._notes: dict[str, mmap.mmap] = {}
-        self._done_with: set[str] = set()  # files of processes gone, read to the end
-        self._collected: dict[tuple[str, int], mmap.mmap] = {}  # slots whose settle is pending
-        self._looked_for_files = -1.0
         self._thread = threading.Thread(target=self._run, name="quotawrap-settle-relay", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         backoff = RETRY_MIN_S
         polling = False
-        idle_look = IDLE_COLLECT_S
         while True:
             landing_before = self._landing_received
             if polling:
@@ -288,19 +259,14 @@ class Relay:
                     # next settle arrives, when its process has just finished a call and is some hundreds of µs
                     # from its next reserve (7 of 3,000 met it, against 50-90 landing at any moment). Redis
                     # queues a reserve behind the batch instead: there, just before the next reserve is the worst.
-                    self._next_settle(LINGER_S)
+                    self._next(LINGER_S)
             else:
-                if not self._next(idle_look):  # no datagram: a drawn call's settle may be waiting in its slot
-                    with self._lock:
-                        if self._closed:
-                            return  # close() lands the rest
-                        collected = self._collect()
-                    # found: more will come, poll for them; none: look less often while none come
-                    polling = collected > 0
-                    idle_look = IDLE_COLLECT_S if polling else min(idle_look * 2, IDLE_MAX_S)
-                    continue
-                idle_look = IDLE_COLLECT_S
+                try:
+                    data = self._sock.recv(_RECEIVE_BYTES)
+                except OSError:
+                    return
                 with self._lock:
+                    self._take(data)
                     if self._closed:
                         return  # close() lands the rest
                 self._linger()
@@ -342,17 +308,6 @@ class Relay:
             self._take(data)
         return 1
 
-    def _next_settle(self, timeout: float) -> int:
-        """Wait up to ``timeout`` for the next settle, a datagram or one written in a slot; how many came."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0 and not self._closed:
-            came = self._next(min(left, _AIM_LOOK_S))
-            with self._lock:
-                came += self._collect()
-            if came:
-                return came
-        return 0
-
     def _linger(self) -> None:
         """Gather for LINGER_S, reading on while datagrams come."""
         deadline = time.monotonic() + LINGER_S
@@ -364,7 +319,6 @@ class Relay:
             return
         if data.startswith(_SYNC):
             self._syncs.append(data[len(_SYNC) :].decode(errors="replace"))
-            self._looked_for_files = -1.0  # the process may be new to the run: its file too is looked in
             return
         try:
             settle, bound = decode(data)
@@ -381,73 +335,11 @@ class Relay:
             self._oldest = time.monotonic()
         self._pending.append(settle)
 
-    def _collect(self, *, look_for_files: bool = False) -> int:
-        """Take the settles written in the notes' slots since the last look (under the lock); how many. New files
-        (and processes gone) are looked for every IDLE_COLLECT_S, or when asked (a sync, the close)."""
-        from .draw_notes import read_settled, settled_slots
-
-        now = time.monotonic()
-        if look_for_files or now - self._looked_for_files >= IDLE_COLLECT_S:
-            self._look_for_files()
-            self._looked_for_files = now
-        count = 0
-        for name, notes in self._notes.items():
-            for slot in settled_slots(notes):
-                if (name, slot) in self._collected:  # pending: freed once it has landed
-                    continue
-                settled = read_settled(notes, slot, decode)
-                if settled is None:  # torn: close() reads it (or says so)
-                    continue
-                settle, bound = settled
-                self._collected[name, slot] = notes
-                self._keep(settle)
-                if bound is not None:
-                    self._bounds.append(bound)
-                count += 1
-        self._landing_received += count
-        return count
-
-    def _look_for_files(self) -> None:
-        """Map the notes files of processes new to the run; forget those of processes gone, read to the end."""
-        from .draw_notes import note_files, settled_slots
-
-        for name in note_files(self._directory):
-            if name not in self._notes and name not in self._done_with:
-                notes = self._mapped(name)
-                if notes is not None:
-                    self._notes[name] = notes
-        for name, notes in list(self._notes.items()):
-            if not _alive(name) and not [slot for slot in settled_slots(notes) if (name, slot) not in self._collected]:
-                self._done_with.add(name)  # its pending slots are freed all the same (self._collected)
-                del self._notes[name]
-
-    def _mapped(self, name: str) -> mmap.mmap | None:
-        """A notes file, mapped to be read and its slots freed (never through a symlink); None if it is not one."""
-        import mmap
-
-        from .draw_notes import SLOT_BYTES, SLOTS
-
-        try:
-            fd = os.open(os.path.join(self._directory, name), os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            self._done_with.add(name)
-            return None
-        try:
-            if os.fstat(fd).st_size != SLOTS * SLOT_BYTES:
-                self._done_with.add(name)
-                return None
-            return mmap.mmap(fd, SLOTS * SLOT_BYTES)
-        except (OSError, ValueError):
-            self._done_with.add(name)
-            return None
-        finally:
-            os.close(fd)
-
     def _drain(self) -> int:
-        """Take what the socket and the notes' slots hold now, without waiting; how many settles and requests."""
+        """Take what the socket holds now, without waiting; how many datagrams."""
         import socket
 
-        count = self._collect()
+        count = 0
         while True:
             try:
                 data = self._sock.recv(_RECEIVE_BYTES, socket.MSG_DONTWAIT)
@@ -473,20 +365,11 @@ class Relay:
             self._failing = False
             del self._pending[: len(batch)]
             self.landed += len(batch)
-        self._free_collected()
         for path in self._syncs:  # all received before their requests has landed
             with contextlib.suppress(OSError):
                 self._sock.sendto(b"ok", path)
         self._syncs.clear()
         return True
-
-    def _free_collected(self) -> None:
-        """The slots whose settles have landed: their processes may write them again."""
-        from .draw_notes import free_slot
-
-        for (_name, slot), notes in self._collected.items():
-            free_slot(notes, slot)
-        self._collected.clear()
 
     def close(self, timeout: float = 30.0) -> bool:
         """Land every settle received, and the draws noted of calls whose settle never came, before the run's
@@ -494,7 +377,7 @@ class Relay:
         file is gone (the child's own settler lands those)."""
         import socket
 
-        from .draw_notes import read_notes, stop_collecting
+        from .draw_notes import read_notes
 
         with self._lock:
             self._closed = True
@@ -507,38 +390,19 @@ class Relay:
         self._thread.join(timeout=timeout)
         deadline = time.monotonic() + timeout
         with self._lock:
-            self._look_for_files()
-            for notes in self._notes.values():  # from now on a process sends its settles as datagrams
-                stop_collecting(notes)
             self._drain()
-            while not self._land() and time.monotonic() < deadline:
-                time.sleep(RETRY_MIN_S)
-            # Calls in flight when their process ended get rows of their own (after their settles, if they came),
-            # and a settle written as collecting stopped lands (once more, as nothing, if it landed).
-            noted, every_note_read = read_notes(self._directory, decode)
-            for settle in noted:
-                self._keep(settle)
+            # calls in flight when their process ended get rows of their own (after their settles, if they came)
+            draws, every_note_read = read_notes(os.path.dirname(self.path), decode)
+            for draw in draws:
+                self._keep(draw)
             while not self._land() and time.monotonic() < deadline:
                 time.sleep(RETRY_MIN_S)
             # What still could not land stays held in the ledger: resolve_run charges it whole.
             landed = not self._pending and every_note_read
-            for notes in self._notes.values():
-                notes.close()
-            self._notes.clear()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         return landed
-
-
-def _alive(name: str) -> bool:
-    """Whether the process that writes the notes file ``name`` (``draws-<pid>-<random>``) is alive."""
-    from .ledger.base import pid_alive
-
-    try:
-        return pid_alive(int(name.split("-")[1]))
-    except (IndexError, ValueError):
-        return False
 
 
 def open_relay(

@@ -122,7 +122,7 @@ class Guard(GuardBooks):
             relay = self.settler.relay
             # Only under a wrapper, which learns of every draw; never in --watch, which changes nothing.
             if relay is not None and not settings.watch:
-                notes = self._draw_notes = DrawNotes(os.path.dirname(relay.path), encode)
+                notes = self._draw_notes = relay.notes = DrawNotes(os.path.dirname(relay.path), encode)
                 self.advances = Advances(
                     lambda: self.ledger, lambda settle: self.land(settle, None), notes.write, relay.listening
                 )

@@ -13,10 +13,12 @@ killed after sending is landed anyway, and the wrapper lands all it received bef
 run's open holds (:meth:`Relay.close`). Datagrams are marshalled tuples of plain values (never
 pickles): only this user can reach the socket (the run directory is 0700).
 
-A call drawn from an advance (:mod:`quotawrap.advances`) is noted in a file of the run directory before it is sent
-(:mod:`quotawrap.draw_notes`), and an advance's unused rest is given back as a datagram (a ``close``). The call's
-settle carries the same split of its row from the advance's; when it closes, the relay lands the notes still set,
-of calls whose settle never came: then the advances of dead processes hold no call.
+A call drawn from an advance (:mod:`quotawrap.advances`) is noted in a slot of a file of the run directory before
+it is sent (:mod:`quotawrap.draw_notes`), and its settle is written into the same slot, where the relay takes it
+(no datagram) when the advance's unused rest is given back (a datagram: a ``close``), on a sync, or within
+COLLECT_EVERY_S, and frees the slot once it has landed. The settle carries the same split of its row from the advance's; when it closes, the relay lands what
+the slots still hold, settles and the notes of calls whose settle never came: then the advances of dead processes
+hold no call.
 
 A call the guard bounded (``Plan.bound``) rides with its settle as a :data:`BoundEvent`, and the wrapper
 writes the run's ``bound`` events: a line the child wrote for each such call was two more system calls
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import marshal
+import math
 import os
 import threading
 import time
@@ -36,8 +39,10 @@ from .files import SOCKET_VARIABLE, relay_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import mmap
     import socket
 
+    from .draw_notes import DrawNotes
     from .ledger.base import Ledger, Settle
     from .waiting import BoundEvent, EventLog
 
@@ -61,10 +66,18 @@ RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
 _SYNC = b"\0sync "  # then the path to answer at; never a marshalled settle (which starts with a type code)
 _EVENTS = ("settle", "release", "draw", "close")
+# With no datagram coming, the thread looks in the notes this often: a drawn call's settle is written there, and
+# the next ones are polled for (a sync, or the close, looks at once).
+# A drawn call's settle is written in its slot: the relay takes those when its process closes the advance (a
+# datagram, every ADVANCE_CALLS calls or ADVANCE_S seconds), on a sync, at its own close, and at the latest this
+# long after it was written (while no datagram comes). Looking on a timer of its own cost the wrapper more than
+# receiving each settle (docs/benchmarks.md, session 25).
+COLLECT_EVERY_S = 0.1
 _BUFFER_BYTES = 4 << 20  # the wrapper's receive queue: thousands of settles while a batch lands
 
 
-def encode(settle: Settle, bound: BoundEvent | None = None) -> bytes:
+def encode(settle: Settle, bound: BoundEvent | None = None, *, with_draw: bool = True) -> bytes:
+    """The settle's datagram; ``with_draw=False`` leaves its draw out (a settle written beside its note)."""
     usage = settle.usage
     fields = None
     if usage is not None:
@@ -87,7 +100,7 @@ def encode(settle: Settle, bound: BoundEvent | None = None) -> bytes:
             settle.cost,
             settle.anomaly,
             bound,
-            None if drawn is None else tuple(drawn),
+            None if drawn is None or not with_draw else tuple(drawn),
         )
     )
 
@@ -133,6 +146,7 @@ class Sender:
         self.path = path
         self._sock: socket.socket | None = None
         self.unsynced = 0  # sends since the last sync began: settles the wrapper may not have landed yet
+        self.notes: DrawNotes | None = None  # where a drawn call's settle is written instead of sent
 
     def listening(self) -> bool:
         """Whether the wrapper's socket is there (it binds it once a process of the run opens the ledger)."""
@@ -140,8 +154,18 @@ class Sender:
 
     def send(self, settle: Settle, bound: BoundEvent | None = None) -> bool:
         """True once the wrapper's socket holds the settle (and ``bound``, which the wrapper then records);
-        False (never raises, never blocks) otherwise."""
+        False (never raises, never blocks) otherwise. A drawn call's settle is written beside its note, where
+        the wrapper collects it (:mod:`quotawrap.draw_notes`)."""
         try:
+            notes = self.notes
+            if (
+                notes is not None
+                and settle.drawn is not None
+                and settle.event in ("settle", "release")
+                and notes.settle(settle.hold_id, encode(settle, bound, with_draw=False))
+            ):
+                self.unsynced += 1
+                return True
             sock = self._sock
             if sock is None:
                 import socket
@@ -222,6 +246,15 @@ class Relay:
         self._closed = False
         self._stop = threading.Event()
         self.landed = 0
+        # The notes files of the run's processes (quotawrap.draw_notes), mapped: drawn calls' settles are collected
+        # from their slots, which are freed once those settles have landed.
+        self._directory = os.path.dirname(path)
+        self._notes: dict[str, mmap.mmap] = {}
+        self._done_with: set[str] = set()  # files of processes gone, read to the end
+        self._collected: dict[tuple[str, int], mmap.mmap] = {}  # slots whose settle is pending
+        self._looked_for_files = -math.inf
+        self._collect_due = False  # a close or a sync came: look in the slots before landing
+        self._collected_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="quotawrap-settle-relay", daemon=True)
         self._thread.start()
 
@@ -261,12 +294,14 @@ class Relay:
                     # queues a reserve behind the batch instead: there, just before the next reserve is the worst.
                     self._next(LINGER_S)
             else:
-                try:
-                    data = self._sock.recv(_RECEIVE_BYTES)
-                except OSError:
-                    return
+                if not self._next(COLLECT_EVERY_S):  # no datagram: drawn calls' settles may wait in their slots
+                    with self._lock:
+                        if self._closed:
+                            return  # close() lands the rest
+                        self._collect_due = True
+                        if not self._drain():
+                            continue
                 with self._lock:
-                    self._take(data)
                     if self._closed:
                         return  # close() lands the rest
                 self._linger()
@@ -319,6 +354,8 @@ class Relay:
             return
         if data.startswith(_SYNC):
             self._syncs.append(data[len(_SYNC) :].decode(errors="replace"))
+            self._collect_due = True
+            self._looked_for_files = -math.inf  # the process may be new to the run: its file too is looked in
             return
         try:
             settle, bound = decode(data)
@@ -326,6 +363,8 @@ class Relay:
             self._warn("ignored a malformed datagram on the settle socket")
             return
         self._landing_received += 1
+        if settle.event == "close":  # the advance's calls drawn and, most of them, settled in their slots
+            self._collect_due = True
         self._keep(settle)
         if bound is not None:
             self._bounds.append(bound)
@@ -335,8 +374,71 @@ class Relay:
             self._oldest = time.monotonic()
         self._pending.append(settle)
 
+    def _collect(self, *, look_for_files: bool = False) -> int:
+        """Take the settles written in the notes' slots since the last look (under the lock); how many. New files
+        (and processes gone) are looked for every COLLECT_EVERY_S, or when asked (a sync, the close)."""
+        from .draw_notes import read_settled, settled_slots
+
+        self._collect_due = False
+        now = self._collected_at = time.monotonic()
+        if look_for_files or now - self._looked_for_files >= COLLECT_EVERY_S:
+            self._look_for_files()
+            self._looked_for_files = now
+        count = 0
+        for name, notes in self._notes.items():
+            for slot in settled_slots(notes):
+                if (name, slot) in self._collected:  # pending: freed once it has landed
+                    continue
+                settled = read_settled(notes, slot, decode)
+                if settled is None:  # torn: close() reads it (or says so)
+                    continue
+                settle, bound = settled
+                self._collected[name, slot] = notes
+                self._keep(settle)
+                if bound is not None:
+                    self._bounds.append(bound)
+                count += 1
+        self._landing_received += count
+        return count
+
+    def _look_for_files(self) -> None:
+        """Map the notes files of processes new to the run; forget those of processes gone, read to the end."""
+        from .draw_notes import note_files, settled_slots
+
+        for name in note_files(self._directory):
+            if name not in self._notes and name not in self._done_with:
+                notes = self._mapped(name)
+                if notes is not None:
+                    self._notes[name] = notes
+        for name, notes in list(self._notes.items()):
+            if not _alive(name) and not [slot for slot in settled_slots(notes) if (name, slot) not in self._collected]:
+                self._done_with.add(name)  # its pending slots are freed all the same (self._collected)
+                del self._notes[name]
+
+    def _mapped(self, name: str) -> mmap.mmap | None:
+        """A notes file, mapped to be read and its slots freed (never through a symlink); None if it is not one."""
+        import mmap
+
+        from .draw_notes import SLOT_BYTES, SLOTS
+
+        try:
+            fd = os.open(os.path.join(self._directory, name), os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            self._done_with.add(name)
+            return None
+        try:
+            if os.fstat(fd).st_size != SLOTS * SLOT_BYTES:
+                self._done_with.add(name)
+                return None
+            return mmap.mmap(fd, SLOTS * SLOT_BYTES)
+        except (OSError, ValueError):
+            self._done_with.add(name)
+            return None
+        finally:
+            os.close(fd)
+
     def _drain(self) -> int:
-        """Take what the socket holds now, without waiting; how many datagrams."""
+        """Take what the socket and the notes' slots hold now, without waiting; how many settles and requests."""
         import socket
 
         count = 0
@@ -344,9 +446,13 @@ class Relay:
             try:
                 data = self._sock.recv(_RECEIVE_BYTES, socket.MSG_DONTWAIT)
             except OSError:  # BlockingIOError: empty
-                return count
+                break
             self._take(data)
             count += 1
+        # After the datagrams: a settle written in its slot before a sync (or a close) was sent is taken with it.
+        if self._collect_due or time.monotonic() - self._collected_at >= COLLECT_EVERY_S:
+            count += self._collect()
+        return count
 
     def _land(self) -> bool:
         if self._bounds:  # recorded whether or not the store takes the batch
@@ -365,11 +471,20 @@ class Relay:
             self._failing = False
             del self._pending[: len(batch)]
             self.landed += len(batch)
+        self._free_collected()
         for path in self._syncs:  # all received before their requests has landed
             with contextlib.suppress(OSError):
                 self._sock.sendto(b"ok", path)
         self._syncs.clear()
         return True
+
+    def _free_collected(self) -> None:
+        """The slots whose settles have landed: their processes may write them again."""
+        from .draw_notes import free_slot
+
+        for (_name, slot), notes in self._collected.items():
+            free_slot(notes, slot)
+        self._collected.clear()
 
     def close(self, timeout: float = 30.0) -> bool:
         """Land every settle received, and the draws noted of calls whose settle never came, before the run's
@@ -377,7 +492,7 @@ class Relay:
         file is gone (the child's own settler lands those)."""
         import socket
 
-        from .draw_notes import read_notes
+        from .draw_notes import read_notes, stop_collecting
 
         with self._lock:
             self._closed = True
@@ -390,19 +505,39 @@ class Relay:
         self._thread.join(timeout=timeout)
         deadline = time.monotonic() + timeout
         with self._lock:
+            self._look_for_files()
+            for notes in self._notes.values():  # from now on a process sends its settles as datagrams
+                stop_collecting(notes)
+            self._collect_due = True
             self._drain()
-            # calls in flight when their process ended get rows of their own (after their settles, if they came)
-            draws, every_note_read = read_notes(os.path.dirname(self.path), decode)
-            for draw in draws:
-                self._keep(draw)
+            while not self._land() and time.monotonic() < deadline:
+                time.sleep(RETRY_MIN_S)
+            # Calls in flight when their process ended get rows of their own (after their settles, if they came),
+            # and a settle written as collecting stopped lands (once more, as nothing, if it landed).
+            noted, every_note_read = read_notes(self._directory, decode)
+            for settle in noted:
+                self._keep(settle)
             while not self._land() and time.monotonic() < deadline:
                 time.sleep(RETRY_MIN_S)
             # What still could not land stays held in the ledger: resolve_run charges it whole.
             landed = not self._pending and every_note_read
+            for notes in self._notes.values():
+                notes.close()
+            self._notes.clear()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         return landed
+
+
+def _alive(name: str) -> bool:
+    """Whether the process that writes the notes file ``name`` (``draws-<pid>-<random>``) is alive."""
+    from .ledger.base import pid_alive
+
+    try:
+        return pid_alive(int(name.split("-")[1]))
+    except (IndexError, ValueError):
+        return False
 
 
 def open_relay(

@@ -18,6 +18,7 @@ from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
 from quotawrap.quota import Counters
 from quotawrap.settle_relay import (
+    COLLECT_EVERY_S,
     LAND_EVERY_S,
     LINGER_S,
     Relay,
@@ -64,9 +65,9 @@ def sqlite(tmp_path: Path) -> Iterator[Ledger]:
         opened.close()
 
 
-def _relay(tmp_path: Path, ledger: object, warnings: list[str] | None = None) -> Relay:
+def _relay(tmp_path: Path, ledger: object, warnings: list[str] | None = None, events: EventLog | None = None) -> Relay:
     sink = warnings if warnings is not None else []
-    return Relay(relay_path(str(tmp_path)), lambda: cast(Ledger, ledger), sink.append)
+    return Relay(relay_path(str(tmp_path)), lambda: cast(Ledger, ledger), sink.append, events)
 
 
 def test_a_settle_survives_the_datagram_exactly() -> None:
@@ -220,8 +221,9 @@ def test_sync_returns_once_the_wrapper_has_landed_what_was_sent_before(tmp_path:
 
 
 class _CountingSocket:
-    """The relay's socket, counting the receives that wait (a send to a socket a thread waits on wakes it): idle
-    (no timeout: nothing came for a while), or aimed (with a timeout: a landing waits for the next settle)."""
+    """The relay's socket, counting the receives a send woke (a send to a socket a thread waits on wakes it): idle
+    (nothing came for a while: it looks in the notes' slots every COLLECT_EVERY_S), or aimed (a landing waits
+    for the next settle)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -234,11 +236,11 @@ class _CountingSocket:
         self._inner.settimeout(timeout)
 
     def recv(self, size: int, flags: int = 0) -> bytes:
-        if not flags and self._timeout is None:
+        data: bytes = self._inner.recv(size, flags)  # a timeout raises: no send woke it
+        if not flags and (self._timeout is None or self._timeout >= COLLECT_EVERY_S):
             self.idle_receives += 1
         elif not flags:
             self.aimed_receives += 1
-        data: bytes = self._inner.recv(size, flags)
         return data
 
     def __getattr__(self, name: str) -> Any:
@@ -379,7 +381,9 @@ def test_a_note_that_cannot_be_read_whole_says_so_at_close(tmp_path: Path) -> No
 
     relay = _relay(tmp_path, Recording())
     torn = bytearray(SLOTS * SLOT_BYTES)
-    torn[0], torn[1:3], torn[3:6] = 1, (3).to_bytes(2, "little"), b"\xff\xff\xff"
+    torn[1:3] = (2).to_bytes(2, "little")  # the header: slot 1 was used
+    start = SLOT_BYTES
+    torn[start], torn[start + 1 : start + 3], torn[start + 3 : start + 6] = 1, (3).to_bytes(2, "little"), b"\xff" * 3
     (tmp_path / "draws-1-abcd").write_bytes(bytes(torn))
     assert relay.close() is False
 
@@ -395,3 +399,160 @@ def test_close_says_whether_everything_received_has_landed(tmp_path: Path) -> No
     assert relay.close(timeout=0.3) is False
     (tmp_path / "other").mkdir()
     assert _relay(tmp_path / "other", Recording()).close() is True
+
+
+def test_a_drawn_calls_settle_is_collected_from_its_slot_and_the_slot_freed(tmp_path: Path) -> None:
+    """A drawn call's settle is written beside its note, no datagram sent: the relay collects it (with the bound
+    event riding with it) and frees the slot once it has landed, and the process writes that slot again. A sync
+    lands it at once; a settle of a process the relay no longer collects from goes as a datagram."""
+    from quotawrap.draw_notes import SLOT_BYTES, DrawNotes, note_files
+    from quotawrap.ledger.base import Drawn
+
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger, events=EventLog(str(tmp_path / "events.jsonl")))
+    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
+    sender.notes = notes
+    sent: list[Any] = []
+    sender._sock = sent  # type: ignore[assignment]  # test-only: a datagram would fail here (a list has no sendto)
+    drawn = Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)
+    settle = Settle("call-1", "settle", usage(10), 0.1, 7, None, drawn)
+    assert notes.write(Settle("call-1", "draw", drawn=drawn))
+    assert sender.send(settle, ("m", 64, 1)) and sender.unsynced == 1
+    assert sender.sync(5.0)  # its own datagram: the settle written before it has landed by the answer
+    assert ledger.landed == ["call-1"] and ledger.batches[0][0] == settle
+    (name,) = note_files(str(tmp_path))
+    data = (tmp_path / name).read_bytes()
+    assert data[SLOT_BYTES] == 0  # freed: its process may write it again
+    assert notes.write(Settle("call-2", "draw", drawn=drawn))
+    relay.close()
+    assert read_events(tmp_path / "events.jsonl").bounded_by_model == {"m": 1}
+    assert not notes.settle("call-2", encode(settle, with_draw=False))  # closed: it goes as a datagram
+
+
+def test_settles_in_slots_that_come_steadily_land_in_order_and_reuse_few_slots(tmp_path: Path) -> None:
+    """A sequential agent's drawn calls: each settle is collected while the flow goes on, every one lands once,
+    and the process, finding the slots its wrapper freed, keeps to the first few pages of its file."""
+    from quotawrap.draw_notes import DrawNotes, note_files, slots_used
+    from quotawrap.ledger.base import Drawn
+
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger)
+    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
+    sender.notes = notes
+    drawn = Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)
+    sent = []
+    for i in range(300):
+        assert notes.write(Settle(f"c{i}", "draw", drawn=drawn))
+        assert sender.send(Settle(f"c{i}", "release", drawn=drawn))
+        sent.append(f"c{i}")
+        threading.Event().wait(LINGER_S / 4)
+    assert ledger.landed, "nothing landed while the settles kept coming"
+    assert relay.close()
+    assert sorted(ledger.landed) == sorted(sent)  # each once; a look takes slots in their order, not the sends'
+    (name,) = note_files(str(tmp_path))
+    assert slots_used((tmp_path / name).read_bytes()) < 300  # slots freed were written again
+
+
+def test_a_settle_written_in_a_slot_by_a_killed_process_lands_exactly_at_close(tmp_path: Path) -> None:
+    """SIGKILLed right after its call settled: the settle is in the slot (the kernel's pages), and the wrapper
+    lands it exactly, with its draw, instead of charging the call whole."""
+    import os
+    import signal
+
+    from quotawrap.draw_notes import DrawNotes
+    from quotawrap.ledger.base import Drawn
+
+    ledger = Recording()
+    ledger.gate.clear()  # nothing lands before close(): the settle is still in its slot when the process dies
+    relay = _relay(tmp_path, ledger)
+    drawn = Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)
+    settle = Settle("killed", "settle", usage(10), 0.1, 7, None, drawn)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
+        sender.notes = notes
+        notes.write(Settle("killed", "draw", drawn=drawn))
+        sender.send(settle)
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    ledger.gate.set()
+    assert relay.close() is True
+    assert settle in [s for batch in ledger.batches for s in batch]
+    assert all(s.event != "draw" for batch in ledger.batches for s in batch)  # its note made moot by the settle
+
+
+def _drawn_in_slot(notes: Any, sender: Sender, hold_id: str) -> Settle:
+    """A call drawn from advance ``adv`` and settled: its note, then its settle, written in its slot."""
+    from quotawrap.ledger.base import Drawn
+
+    drawn = Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)
+    assert notes.write(Settle(hold_id, "draw", drawn=drawn))
+    settle = Settle(hold_id, "settle", usage(10), 0.1, 7, None, drawn)
+    assert sender.send(settle)
+    return settle
+
+
+def test_settles_in_slots_are_taken_when_their_advance_closes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay need not look in the slots on a timer: it takes them when the process closes the advance they
+    were drawn from (its datagram), and lands them with the close."""
+    from quotawrap import settle_relay
+    from quotawrap.draw_notes import DrawNotes
+    from quotawrap.ledger.base import Drawn
+
+    monkeypatch.setattr(settle_relay, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger)
+    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
+    sender.notes = notes
+    try:
+        settles = [_drawn_in_slot(notes, sender, f"call-{i}") for i in range(3)]
+        started = time.monotonic()
+        assert sender.send(Settle("adv", "close", drawn=Drawn("adv", 70, 7, "advance", None, 0.0, 0.0)))
+        while len(ledger.landed) < 4 and time.monotonic() - started < 5:
+            time.sleep(0.001)
+        assert sorted(ledger.landed) == ["adv", "call-0", "call-1", "call-2"]
+        assert [s for batch in ledger.batches for s in batch if s.event == "settle"] == settles
+    finally:
+        relay.close()
+
+
+def test_a_sync_takes_the_settles_written_in_slots_before_it_while_the_relay_polls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Settles come steadily as datagrams (the relay polls for them); one written in a slot just before a sync
+    has landed when the sync is answered."""
+    from quotawrap import settle_relay
+    from quotawrap.draw_notes import DrawNotes
+
+    monkeypatch.setattr(settle_relay, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger)
+    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
+    sender.notes = notes
+    try:
+        for i in range(20):  # as datagrams: releases of calls not drawn
+            assert sender.send(Settle(f"h{i}", "release"))
+            threading.Event().wait(LINGER_S / 3)
+        in_slot = _drawn_in_slot(notes, sender, "drawn")
+        assert sender.sync(5.0)
+        assert in_slot in [s for batch in ledger.batches for s in batch]
+    finally:
+        relay.close()
+
+
+def test_with_nothing_else_coming_a_settle_in_a_slot_lands_within_a_look(tmp_path: Path) -> None:
+    from quotawrap.draw_notes import DrawNotes
+    from quotawrap.settle_relay import COLLECT_EVERY_S
+
+    ledger = Recording()
+    relay = _relay(tmp_path, ledger)
+    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
+    sender.notes = notes
+    try:
+        _drawn_in_slot(notes, sender, "alone")
+        started = time.monotonic()
+        while not ledger.landed and time.monotonic() - started < 30 * COLLECT_EVERY_S:
+            time.sleep(0.005)
+        assert ledger.landed == ["alone"]
+    finally:
+        relay.close()

@@ -16,9 +16,9 @@ pickles): only this user can reach the socket (the run directory is 0700).
 A call drawn from an advance (:mod:`quotawrap.advances`) is noted in a slot of a file of the run directory before
 it is sent (:mod:`quotawrap.draw_notes`), and its settle is written into the same slot, where the relay takes it
 (no datagram) when the advance's unused rest is given back (a datagram: a ``close``), on a sync, or within
-COLLECT_EVERY_S, and frees the slot once it has landed. The settle carries the same split of its row from the advance's; when it closes, the relay lands what
-the slots still hold, settles and the notes of calls whose settle never came: then the advances of dead processes
-hold no call.
+COLLECT_EVERY_S, and frees the slot once it has landed. The settle carries the same split of its row from the
+advance's; when it closes, the relay lands what the slots still hold, settles and the notes of calls whose settle
+never came: then the advances of dead processes hold no call.
 
 A call the guard bounded (``Plan.bound``) rides with its settle as a :data:`BoundEvent`, and the wrapper
 writes the run's ``bound`` events: a line the child wrote for each such call was two more system calls

@@ -66,8 +66,6 @@ RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
 _SYNC = b"\0sync "  # then the path to answer at; never a marshalled settle (which starts with a type code)
 _EVENTS = ("settle", "release", "draw", "close")
-# With no datagram coming, the thread looks in the notes this often: a drawn call's settle is written there, and
-# the next ones are polled for (a sync, or the close, looks at once).
 # A drawn call's settle is written in its slot: the relay takes those when its process closes the advance (a
 # datagram, every ADVANCE_CALLS calls or ADVANCE_S seconds), on a sync, at its own close, and at the latest this
 # long after it was written (while no datagram comes). Looking on a timer of its own cost the wrapper more than
@@ -374,14 +372,14 @@ class Relay:
             self._oldest = time.monotonic()
         self._pending.append(settle)
 
-    def _collect(self, *, look_for_files: bool = False) -> int:
+    def _collect(self) -> int:
         """Take the settles written in the notes' slots since the last look (under the lock); how many. New files
-        (and processes gone) are looked for every COLLECT_EVERY_S, or when asked (a sync, the close)."""
+        (and processes gone) are looked for every COLLECT_EVERY_S, and on a sync."""
         from .draw_notes import read_settled, settled_slots
 
         self._collect_due = False
         now = self._collected_at = time.monotonic()
-        if look_for_files or now - self._looked_for_files >= COLLECT_EVERY_S:
+        if now - self._looked_for_files >= COLLECT_EVERY_S:
             self._look_for_files()
             self._looked_for_files = now
         count = 0

@@ -403,8 +403,8 @@ def test_close_says_whether_everything_received_has_landed(tmp_path: Path) -> No
 
 def test_a_drawn_calls_settle_is_collected_from_its_slot_and_the_slot_freed(tmp_path: Path) -> None:
     """A drawn call's settle is written beside its note, no datagram sent: the relay collects it (with the bound
-    event riding with it) and frees the slot once it has landed, and the process writes that slot again. A sync
-    lands it at once; a settle of a process the relay no longer collects from goes as a datagram."""
+    event riding with it) and frees the slot once it has landed, for its process to write again. A sync lands it
+    at once; a settle of a process the relay no longer collects from goes as a datagram."""
     from quotawrap.draw_notes import SLOT_BYTES, DrawNotes, note_files
     from quotawrap.ledger.base import Drawn
 

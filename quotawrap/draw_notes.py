@@ -52,9 +52,12 @@ __all__ = [
     "SLOT_BYTES",
     "DrawNotes",
     "free_slot",
+    "note_files",
     "read_notes",
     "read_settled",
     "settled_slots",
+    "slots_used",
+    "stop_collecting",
 ]
 
 SLOT_BYTES = 512  # a draw's note is ~150 bytes (two hold ids, the endpoint, the key's fingerprint, two times)
@@ -218,12 +221,6 @@ def settled_slots(notes: bytes | mmap.mmap) -> list[int]:
     return found
 
 
-def read_settled(notes: bytes | mmap.mmap, slot: int, decode: Decode) -> tuple[Settle, BoundEvent | None] | None:
-    """The settle in ``slot`` with its draw from the note beside it, and the bound event riding with it; None
-    for a slot that does not read whole."""
-    return _settled(notes, slot * SLOT_BYTES, decode)
-
-
 def free_slot(notes: mmap.mmap, slot: int) -> None:
     """The wrapper has landed the slot's settle: its process may write the slot again."""
     notes[slot * SLOT_BYTES] = 0
@@ -239,8 +236,8 @@ def _field(notes: bytes | mmap.mmap, at: int, most: int) -> bytes | None:
     return None if length > most else notes[at + 2 : at + 2 + length]
 
 
-def _noted(notes: bytes | mmap.mmap, start: int, decode: Decode) -> Settle | None:
-    data = _field(notes, start + 1, _SETTLE_AT - 3)
+def _noted(notes: bytes | mmap.mmap, slot: int, decode: Decode) -> Settle | None:
+    data = _field(notes, slot * SLOT_BYTES + 1, _SETTLE_AT - 3)
     try:
         draw = None if data is None else decode(data)[0]
     except Exception:
@@ -248,9 +245,11 @@ def _noted(notes: bytes | mmap.mmap, start: int, decode: Decode) -> Settle | Non
     return draw if draw is not None and draw.event == "draw" and draw.drawn is not None else None
 
 
-def _settled(notes: bytes | mmap.mmap, start: int, decode: Decode) -> tuple[Settle, BoundEvent | None] | None:
-    draw = _noted(notes, start, decode)
-    data = _field(notes, start + _SETTLE_AT, SLOT_BYTES - _SETTLE_AT - 2)
+def read_settled(notes: bytes | mmap.mmap, slot: int, decode: Decode) -> tuple[Settle, BoundEvent | None] | None:
+    """The settle in ``slot`` with its draw from the note beside it, and the bound event riding with it; None
+    for a slot that does not read whole."""
+    draw = _noted(notes, slot, decode)
+    data = _field(notes, slot * SLOT_BYTES + _SETTLE_AT, SLOT_BYTES - _SETTLE_AT - 2)
     try:
         settle, bound = (None, None) if data is None or draw is None else decode(data)
     except Exception:
@@ -279,17 +278,13 @@ def read_notes(directory: str, decode: Decode) -> tuple[list[Settle], bool]:
             whole = False
             continue
         for slot in range(1, slots_used(data)):
-            start = slot * SLOT_BYTES
-            state = data[start]
-            found = None
-            if state == NOTED:
-                found = _noted(data, start, decode)
-                draws += [found] if found is not None else []
-            elif state == SETTLED:
-                settled = _settled(data, start, decode)
-                found = None if settled is None else settled[0]
-                settles += [found] if found is not None else []
-            elif not state:
+            state = data[slot * SLOT_BYTES]
+            if not state:
                 continue
-            whole = whole and found is not None
+            if state == NOTED and (draw := _noted(data, slot, decode)) is not None:
+                draws.append(draw)
+            elif state == SETTLED and (settled := read_settled(data, slot, decode)) is not None:
+                settles.append(settled[0])
+            else:  # torn, or not a state quotawrap writes
+                whole = False
     return settles + draws, whole

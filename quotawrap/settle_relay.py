@@ -409,7 +409,7 @@ class Relay:
                 if notes is not None:
                     self._notes[name] = notes
         for name, notes in list(self._notes.items()):
-            if not _alive(name) and not [slot for slot in settled_slots(notes) if (name, slot) not in self._collected]:
+            if not _alive(name) and all((name, slot) in self._collected for slot in settled_slots(notes)):
                 self._done_with.add(name)  # its pending slots are freed all the same (self._collected)
                 del self._notes[name]
 

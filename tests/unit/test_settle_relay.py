@@ -70,6 +70,16 @@ def _relay(tmp_path: Path, ledger: object, warnings: list[str] | None = None, ev
     return Relay(relay_path(str(tmp_path)), lambda: cast(Ledger, ledger), sink.append, events)
 
 
+def _relay_and_slots(tmp_path: Path, ledger: Recording, events: EventLog | None = None) -> tuple[Relay, Sender, Any]:
+    """A relay, and a sender whose drawn calls' settles are written in a notes file of the run directory."""
+    from quotawrap.draw_notes import DrawNotes
+
+    relay = _relay(tmp_path, ledger, events=events)
+    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
+    sender.notes = notes
+    return relay, sender, notes
+
+
 def test_a_settle_survives_the_datagram_exactly() -> None:
     full = Usage(10, 20, 30, reasoning_tokens=5, cached_tokens=2, images=1, actions=(("web", 2),))
     for settle in (
@@ -405,13 +415,11 @@ def test_a_drawn_calls_settle_is_collected_from_its_slot_and_the_slot_freed(tmp_
     """A drawn call's settle is written beside its note, no datagram sent: the relay collects it (with the bound
     event riding with it) and frees the slot once it has landed, for its process to write again. A sync lands it
     at once; a settle of a process the relay no longer collects from goes as a datagram."""
-    from quotawrap.draw_notes import SLOT_BYTES, DrawNotes, note_files
+    from quotawrap.draw_notes import SLOT_BYTES, note_files
     from quotawrap.ledger.base import Drawn
 
     ledger = Recording()
-    relay = _relay(tmp_path, ledger, events=EventLog(str(tmp_path / "events.jsonl")))
-    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
-    sender.notes = notes
+    relay, sender, notes = _relay_and_slots(tmp_path, ledger, EventLog(str(tmp_path / "events.jsonl")))
     sent: list[Any] = []
     sender._sock = sent  # type: ignore[assignment]  # test-only: a datagram would fail here (a list has no sendto)
     drawn = Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)
@@ -432,13 +440,11 @@ def test_a_drawn_calls_settle_is_collected_from_its_slot_and_the_slot_freed(tmp_
 def test_settles_in_slots_that_come_steadily_land_in_order_and_reuse_few_slots(tmp_path: Path) -> None:
     """A sequential agent's drawn calls: each settle is collected while the flow goes on, every one lands once,
     and the process, finding the slots its wrapper freed, keeps to the first few pages of its file."""
-    from quotawrap.draw_notes import DrawNotes, note_files, slots_used
+    from quotawrap.draw_notes import note_files, slots_used
     from quotawrap.ledger.base import Drawn
 
     ledger = Recording()
-    relay = _relay(tmp_path, ledger)
-    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
-    sender.notes = notes
+    relay, sender, notes = _relay_and_slots(tmp_path, ledger)
     drawn = Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)
     sent = []
     for i in range(300):
@@ -496,14 +502,11 @@ def test_settles_in_slots_are_taken_when_their_advance_closes(tmp_path: Path, mo
     """The relay need not look in the slots on a timer: it takes them when the process closes the advance they
     were drawn from (its datagram), and lands them with the close."""
     from quotawrap import settle_relay
-    from quotawrap.draw_notes import DrawNotes
     from quotawrap.ledger.base import Drawn
 
     monkeypatch.setattr(settle_relay, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
     ledger = Recording()
-    relay = _relay(tmp_path, ledger)
-    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
-    sender.notes = notes
+    relay, sender, notes = _relay_and_slots(tmp_path, ledger)
     try:
         settles = [_drawn_in_slot(notes, sender, f"call-{i}") for i in range(3)]
         started = time.monotonic()
@@ -522,13 +525,10 @@ def test_a_sync_takes_the_settles_written_in_slots_before_it_while_the_relay_pol
     """Settles come steadily as datagrams (the relay polls for them); one written in a slot just before a sync
     has landed when the sync is answered."""
     from quotawrap import settle_relay
-    from quotawrap.draw_notes import DrawNotes
 
     monkeypatch.setattr(settle_relay, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
     ledger = Recording()
-    relay = _relay(tmp_path, ledger)
-    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
-    sender.notes = notes
+    relay, sender, notes = _relay_and_slots(tmp_path, ledger)
     try:
         for i in range(20):  # as datagrams: releases of calls not drawn
             assert sender.send(Settle(f"h{i}", "release"))
@@ -541,13 +541,10 @@ def test_a_sync_takes_the_settles_written_in_slots_before_it_while_the_relay_pol
 
 
 def test_with_nothing_else_coming_a_settle_in_a_slot_lands_within_a_look(tmp_path: Path) -> None:
-    from quotawrap.draw_notes import DrawNotes
     from quotawrap.settle_relay import COLLECT_EVERY_S
 
     ledger = Recording()
-    relay = _relay(tmp_path, ledger)
-    sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
-    sender.notes = notes
+    relay, sender, notes = _relay_and_slots(tmp_path, ledger)
     try:
         _drawn_in_slot(notes, sender, "alone")
         started = time.monotonic()

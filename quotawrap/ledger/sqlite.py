@@ -65,11 +65,14 @@ from .sqlite_reserve import (
     RESERVE_INTO_HOLDS,
     SNAPSHOT_COLUMNS,
     UPDATE_FINAL,
+    Owed,
     close_advance,
+    land_drawn,
     read_counters,
     read_for_reserve,
     release_dead_advances,
     split_from_advance,
+    step_values,
     tags_column,
 )
 
@@ -79,9 +82,6 @@ FILE_CHECK_S = 1.0  # how often an open ledger checks that its file is still the
 # A process that leaves checkpoints to another (leave_checkpoints) still runs one past this many WAL pages:
 # SQLite's own threshold is 1,000, so the other process nearly always runs them first.
 BACKSTOP_CHECKPOINT_PAGES = 10_000
-
-
-_Owed = tuple[tuple[str, str, str], Deltas]  # what one step owes the counters of its (run, model, day)
 
 
 class _Transaction:
@@ -314,7 +314,7 @@ class SQLiteLedger:
         latency_s: float | None = None,
         anomaly: str | None = None,
         handed_to: str | None = None,
-    ) -> _Owed | None:
+    ) -> Owed | None:
         """Apply holds.step to one call row (``HOLD_ROW``'s): what it owes the counters, None if it changed
         nothing. The caller charges it (``_charge_owed``): a batch once per (run, model, day)."""
         held, hold_id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost = row
@@ -330,29 +330,13 @@ class SQLiteLedger:
         )
         if moved is None:
             return None
-        conn.execute(
-            MOVE_HELD if held else UPDATE_FINAL,
-            (
-                moved.state,
-                moved.charged,
-                moved.charged_cost,
-                clamp(usage.prompt_tokens) if usage else None,
-                clamp(usage.completion_tokens) if usage else None,
-                clamp(usage.reasoning_tokens) if usage else None,
-                clamp(usage.cached_tokens) if usage else None,
-                int(moved.overshoot),
-                self._clock(),
-                latency_s,
-                anomaly,
-                handed_to,
-                hold_id,
-            ),
-        )
+        values = step_values(moved, usage, latency_s, anomaly, handed_to, self._clock())
+        conn.execute(MOVE_HELD if held else UPDATE_FINAL, (*values, hold_id))
         if held:  # it left 'held' (a hold never returns to it): its row moved to calls
             conn.execute("DELETE FROM holds WHERE id = ?", (hold_id,))
         return (run_id, model, day), moved.deltas
 
-    def _charge_owed(self, conn: sqlite3.Connection, steps: Iterable[_Owed | None]) -> int:
+    def _charge_owed(self, conn: sqlite3.Connection, steps: Iterable[Owed | None]) -> int:
         """Charge what ``steps`` owe, each counter once; how many changed a call."""
         owed: dict[tuple[str, str, str], Deltas] = {}
         changed = 0
@@ -387,17 +371,23 @@ class SQLiteLedger:
         with self._write("settle") as conn:
             self._charge_owed(conn, self._settle_steps(conn, settles))
 
-    def _settle_steps(self, conn: sqlite3.Connection, settles: Sequence[Settle]) -> Iterator[_Owed | None]:
+    def _settle_steps(self, conn: sqlite3.Connection, settles: Sequence[Settle]) -> Iterator[Owed | None]:
         """Each settle's step, its row read right before it (a replay in the batch sees the state it left)."""
-        for hold_id, event, usage, latency_s, cost, anomaly, drawn in settles:
+        for settle in settles:
+            hold_id, event, usage, latency_s, cost, anomaly, drawn = settle
             if event == "close":  # an advance's rest given back (quotawrap.advances)
                 if drawn is not None:
                     close_advance(conn, hold_id, drawn)
                 continue
-            if drawn is not None:  # a call drawn from an advance: its own row first, once
-                split_from_advance(conn, hold_id, drawn)
-            if event == "draw":
+            if event == "draw":  # a call drawn from an advance, in flight: its own row, once
+                if drawn is not None:
+                    split_from_advance(conn, hold_id, drawn)
                 continue
+            if drawn is not None:  # a drawn call settled with no row yet goes straight to calls
+                landed = land_drawn(conn, event, settle, drawn, self._clock())
+                if landed is not None:
+                    yield landed
+                    continue
             row = conn.execute(HOLD_ROW, (hold_id,)).fetchone()
             if row is not None:
                 yield self._step(conn, row, event, usage, cost, latency_s, anomaly)

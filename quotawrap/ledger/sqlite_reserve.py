@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..quota import Counters, Snapshot
-from .base import ADVANCE, ADVANCE_CLOSED, Drawn, pid_alive
+from ..usage import Usage
+from .base import ADVANCE, ADVANCE_CLOSED, Drawn, Settle, pid_alive
+from .holds import Deltas, Event, Step, clamp, step
 from .scopes import ModelDay, Run, RunCost, parse_counter_key
 from .sqlite_file import CALL_COLUMNS
 from .sqlite_lines import WaiterRow
@@ -28,14 +31,20 @@ __all__ = [
     "RESERVE_INTO_CALLS",
     "RESERVE_INTO_HOLDS",
     "SNAPSHOT_COLUMNS",
+    "STEP_COLUMNS",
     "UPDATE_FINAL",
+    "Owed",
     "close_advance",
+    "land_drawn",
     "read_counters",
     "read_for_reserve",
     "release_dead_advances",
     "split_from_advance",
+    "step_values",
     "tags_column",
 ]
+
+Owed = tuple[tuple[str, str, str], Deltas]  # what one step owes the counters of its (run, model, day)
 
 SNAPSHOT_COLUMNS = "balance, usage_at_sync, lagged_usage, synced_at, day, source"  # Snapshot's fields, in order
 
@@ -151,18 +160,18 @@ RESERVE_INTO_HOLDS, RESERVE_INTO_CALLS = (
 )
 # What a step writes of a call's row. A hold's row moves to calls with these values (then leaves holds);
 # an unresolved call's row is updated in place. Parameters: these columns' values in order, then the id.
-_STEP_COLUMNS = (
+STEP_COLUMNS = (
     *("state", "charged", "charged_cost", "prompt_tokens", "completion_tokens", "reasoning_tokens"),
     *("cached_tokens", "overshoot", "ended_at", "latency_s", "usage_anomaly", "handed_to"),
 )
-_ID = f"?{len(_STEP_COLUMNS) + 1}"
+_ID = f"?{len(STEP_COLUMNS) + 1}"
 UPDATE_FINAL = (
-    f"UPDATE calls SET ({', '.join(_STEP_COLUMNS)})"
-    f" = ({', '.join(f'?{n}' for n in range(1, len(_STEP_COLUMNS) + 1))}) WHERE id = {_ID}"
+    f"UPDATE calls SET ({', '.join(STEP_COLUMNS)})"
+    f" = ({', '.join(f'?{n}' for n in range(1, len(STEP_COLUMNS) + 1))}) WHERE id = {_ID}"
 )
 MOVE_HELD = (
     f"INSERT INTO calls ({', '.join(CALL_COLUMNS)}) SELECT "
-    + ", ".join(f"?{_STEP_COLUMNS.index(c) + 1}" if c in _STEP_COLUMNS else c for c in CALL_COLUMNS)
+    + ", ".join(f"?{STEP_COLUMNS.index(c) + 1}" if c in STEP_COLUMNS else c for c in CALL_COLUMNS)
     + f" FROM holds WHERE id = {_ID}"
 )
 
@@ -189,6 +198,89 @@ WHERE id = ?8 AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')
 _GIVE_UP = "UPDATE holds SET reserved = reserved - ?, reserved_cost = reserved_cost - ? WHERE id = ?"
 # An advance all of whose room is drawn and settled, or given back, is gone: it was never a call.
 _GONE_IF_EMPTY = "DELETE FROM holds WHERE id = ? AND reserved <= 0 AND reserved_cost <= 0"
+
+
+# A drawn call whose settle comes while no row of it exists lands straight in calls, final: the row
+# split_from_advance would give it in holds, moved on by the same step at once (two statements and a row of
+# holds written and deleted fewer, on every drawn call the wrapper lands). Its run, model, day, pid, host and
+# tags are the advance's. Parameters: the step's values (STEP_COLUMNS'), the id, the advance's columns
+# (_DRAWN_SOURCE's first six), then the Drawn's (endpoint, reserved, reserved_cost, key_fingerprint,
+# started_at, expires_at).
+_FROM_ADVANCE = ("run_id", "model", "day", "pid", "host", "tags")
+_FROM_DRAWN = ("endpoint", "reserved", "reserved_cost", "key_fingerprint", "started_at", "expires_at")
+_LAND_PARAMETERS = (*STEP_COLUMNS, "id", *_FROM_ADVANCE, *_FROM_DRAWN)
+_NEVER_BLOCKED = {"would_block": "0", "blocked_by": "NULL"}
+_LAND_DRAWN = (
+    f"INSERT INTO calls ({', '.join(CALL_COLUMNS)}) VALUES ("
+    + ", ".join(_NEVER_BLOCKED.get(c) or f"?{_LAND_PARAMETERS.index(c) + 1}" for c in CALL_COLUMNS)
+    + ")"
+)
+# The advance a drawn call lands from, with what it still reserves, when the call has no row yet; nothing
+# when the advance is gone (charged whole as unresolved when its process died: the call's share was charged
+# with it, so its settle must not count again). Parameters: the advance's id, the call's.
+_DRAWN_SOURCE = f"""
+SELECT {", ".join(_FROM_ADVANCE)}, reserved, reserved_cost FROM holds
+WHERE id = ?1 AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')
+  AND NOT EXISTS (SELECT 1 FROM calls WHERE id = ?2) AND NOT EXISTS (SELECT 1 FROM holds WHERE id = ?2)
+"""
+
+
+def step_values(
+    moved: Step,
+    usage: Usage | None,
+    latency_s: float | None,
+    anomaly: str | None,
+    handed_to: str | None,
+    ended_at: float,
+) -> tuple[Any, ...]:
+    """What a step writes of a call's row, in STEP_COLUMNS' order."""
+    return (
+        moved.state,
+        moved.charged,
+        moved.charged_cost,
+        clamp(usage.prompt_tokens) if usage else None,
+        clamp(usage.completion_tokens) if usage else None,
+        clamp(usage.reasoning_tokens) if usage else None,
+        clamp(usage.cached_tokens) if usage else None,
+        int(moved.overshoot),
+        ended_at,
+        latency_s,
+        anomaly,
+        handed_to,
+    )
+
+
+def land_drawn(conn: sqlite3.Connection, event: Event, settle: Settle, drawn: Drawn, ended_at: float) -> Owed | None:
+    """A drawn call's settle or release when no row of it exists yet: its row goes straight to calls
+    (_LAND_DRAWN), as a split then a step would leave it, and the advance gives up what the call reserved (gone
+    once nothing is left). None when there is nothing to land it from: its row exists (split by its draw, or
+    landed before), or its advance is gone."""
+    source = conn.execute(_DRAWN_SOURCE, (drawn.advance_id, settle.hold_id)).fetchone()
+    if source is None:
+        return None
+    reserved, reserved_cost = max(drawn.reserved, 0), max(drawn.reserved_cost, 0)
+    usage = settle.usage
+    moved = step(
+        "held",
+        event,
+        reserved=reserved,
+        charged=0,
+        reserved_cost=reserved_cost,
+        charged_cost=0,
+        usage_total=None if usage is None else usage.total_tokens,
+        cost=settle.cost,
+    )
+    if moved is None:  # pragma: no cover - a held call's settle and release always move it
+        return None
+    values = step_values(moved, usage, settle.latency_s, settle.anomaly, None, ended_at)
+    called = (drawn.endpoint, reserved, reserved_cost, drawn.key_fingerprint, drawn.started_at, drawn.expires_at)
+    conn.execute(_LAND_DRAWN, (*values, settle.hold_id, *source[:6], *called))
+    if source[6] - reserved <= 0 and source[7] - reserved_cost <= 0:
+        conn.execute("DELETE FROM holds WHERE id = ?", (drawn.advance_id,))
+    else:
+        conn.execute(_GIVE_UP, (reserved, reserved_cost, drawn.advance_id))
+    run_id, model, day = source[:3]
+    return (run_id, model, day), moved.deltas
 
 
 def split_from_advance(conn: sqlite3.Connection, hold_id: str, drawn: Drawn) -> None:

@@ -264,6 +264,43 @@ def test_in_flight_is_the_advance_left_plus_its_calls_open(
     assert (advance_id in {record.id for record in ledger.call_records()}) == (open_reserved > 0)
 
 
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    reserve=st.integers(-5, 400),
+    cost=st.integers(-5, 40),
+    spare=st.sampled_from([0, 1, 300]),
+    end=st.sampled_from(["settle", "release", "unknown", "absurd"]),
+    later=st.sampled_from([None, "settle", "release"]),
+)
+def test_a_drawn_call_lands_alike_whether_its_draw_landed_first(
+    tmp_path_factory: pytest.TempPathFactory, reserve: int, cost: int, spare: int, end: str, later: str | None
+) -> None:
+    """SQLite lands a drawn call's settle straight into calls when no row of it exists (land_drawn); with its
+    draw landed first, the call's row is split into holds and the settle moves it (split_from_advance, then
+    the step). On generated settles, the advance emptied or not, and a second settle after: the rows, the
+    counters and what is left of the advance are the same either way."""
+    clock = lambda: 1_000.0  # noqa: E731 - both ledgers' rows end at the same moment
+    advance = _hold(max(reserve, 0) + spare, max(cost, 0) + spare, endpoint=ADVANCE, advance=True)
+    hold, drawn = _hold(reserve, cost), _drawn(advance.hold_id, reserve, cost)
+    usage = {"settle": Usage(10, 20, 30), "absurd": Usage(-1, 2**70, 2**70)}.get(end)
+    event = "release" if end == "release" else "settle"
+    books = []
+    for draw_first in (False, True):
+        ledger = SQLiteLedger(tmp_path_factory.mktemp("ledger") / "ledger.sqlite3", clock=clock)
+        assert ledger.reserve(advance, _no_limits).held
+        if draw_first:
+            ledger.settle_many([Settle(hold.hold_id, "draw", drawn=drawn)])
+        ledger.settle_many([Settle(hold.hold_id, event, usage, 0.25, cost + 1, "why", drawn)])
+        if later is not None:  # the same call's settle again, or another end: the first one stands
+            ledger.settle_many([Settle(hold.hold_id, later, Usage(1, 1, 2), None, 1, None, drawn)])
+        books.append((ledger.call_records(), _in_flight(ledger)))
+        ledger.close()
+    assert books[0] == books[1]
+    records, _ = books[0]
+    assert any(record.id == hold.hold_id for record in records)
+    assert (advance.hold_id in {record.id for record in records}) == (spare > 0)
+
+
 def test_an_advance_the_limits_refuse_is_asked_for_again_later(tmp_path: Path) -> None:
     """Room short now is no reason to stop asking (only a store that refuses every advance is: see
     test_ledger_contract's Cluster case)."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -102,6 +103,14 @@ def start_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Po
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def communicate_all(procs: Sequence[subprocess.Popen[str]], timeout: float) -> list[tuple[str, str]]:
+    """Each run's (stdout, stderr), read all at once. Read one after another, a run's pipe left unread while
+    the test waits for another fills (64 KiB): its processes block in write() with calls in flight, and the
+    other run's calls wait for that room (--wait), so neither ends."""
+    with ThreadPoolExecutor(len(procs)) as pool:
+        return list(pool.map(lambda proc: proc.communicate(timeout=timeout), procs))
 
 
 def load_bench(script: str, module_name: str) -> ModuleType:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, cli_json, ledger_rows, run_quotawrap
+from tests.conftest import child, cli_json, communicate_all, ledger_rows, run_quotawrap
 from tests.redis_server import session_url
 
 
@@ -150,7 +150,7 @@ class TestAcrossRunsOnRedis:
                 )
                 for n in range(2)
             ]
-            outputs = [proc.communicate(timeout=300) for proc in procs]
+            outputs = communicate_all(procs, timeout=300)
         for proc, (_, stderr) in zip(procs, outputs, strict=True):
             assert proc.returncode == 0, stderr
         records = [record for stdout, _ in outputs for record in _records(stdout)]

@@ -19,7 +19,7 @@ from quotawrap.ledger import model_day_key, open_ledger
 from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator
 from quotawrap.sync import record_balance
-from tests.conftest import child, run_cli, run_quotawrap, start_cli
+from tests.conftest import child, communicate_all, run_cli, run_quotawrap, start_cli
 
 MODEL = "deepseek-v4-flash"
 BALANCE = 900_000
@@ -36,7 +36,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def _two_at_once(*args: str) -> list[str]:
     """Two `quotawrap ARGS` started together (two hosts, or two timers firing): their stderr, both having exited 0."""
     procs = [start_cli(*args, env=ENV) for _ in range(2)]
-    outputs = [proc.communicate(timeout=120) for proc in procs]
+    outputs = communicate_all(procs, timeout=120)
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     return [err for _, err in outputs]
 

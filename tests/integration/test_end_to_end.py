@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import CHILDREN, child, ledger_rows, run_quotawrap, sigkill_mid_stream, start_cli
+from tests.conftest import CHILDREN, child, communicate_all, ledger_rows, run_quotawrap, sigkill_mid_stream, start_cli
 
 MODEL = "deepseek-v4-flash"
 
@@ -87,8 +87,7 @@ class TestConcurrentCap:
         procs = [
             start_cli(*args, "--", *child("swarm.py", "--threads", "8"), env={"SIM_URL": sim.url}) for _ in range(2)
         ]
-        for proc in procs:
-            _, stderr = proc.communicate(timeout=120)
+        for proc, (_, stderr) in zip(procs, communicate_all(procs, timeout=120), strict=True):
             assert proc.returncode == 0, stderr
         billed = sim.billed_total()
         assert billed <= cap

@@ -18,7 +18,7 @@ from quotawrap.ledger.base import model_day_key
 from quotawrap.ledger.redis import RedisLedger
 from quotawrap.quota import Counters
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, start_cli
+from tests.conftest import child, communicate_all, start_cli
 from tests.redis_server import RedisServer, private_server, session_url
 
 MODEL = "deepseek-v4-flash"
@@ -62,8 +62,7 @@ class TestRedisFleet:
             )
             for report in reports
         ]
-        for proc in procs:
-            _, stderr = proc.communicate(timeout=240)
+        for proc, (_, stderr) in zip(procs, communicate_all(procs, timeout=240), strict=True):
             assert proc.returncode == 0, stderr
         settled = sum(json.loads(report.read_text())["totals"]["settled_tokens"] for report in reports)
         billed = sim.billed_total()
@@ -90,8 +89,7 @@ class TestRedisFleet:
             for report in reports
         ]
         drawn = calls = 0
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=300)
+        for proc, (stdout, stderr) in zip(procs, communicate_all(procs, timeout=300), strict=True):
             assert proc.returncode == 0, stderr
             records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
             drawn += sum(r["drawn"] for r in records if "drawn" in r)

@@ -312,12 +312,11 @@ def _worth_parsing(payload: bytes) -> bool:
     """
     if b"error" in payload or b"response." in payload:
         return True
-    at = payload.find(b"usage")
+    at = payload.rfind(b"usage")  # from the end: a chunk's usage is its last key
     if at < 0:
         return False
-    if payload.find(b"usage", at + 5) >= 0:
-        return True
-    return not payload[at + 5 : at + 14].replace(b" ", b"").startswith(b'":null')
+    null = payload.startswith(b'":null', at + 5) or payload[at + 5 : at + 14].replace(b" ", b"").startswith(b'":null')
+    return not null or payload.find(b"usage", 0, at) >= 0  # a usage, or a second one: parse
 
 
 class SSEUsageReader:

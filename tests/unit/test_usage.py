@@ -17,6 +17,7 @@ from quotawrap.usage import (
     SSEUsageReader,
     Usage,
     UsageBound,
+    _worth_parsing,
     check_usage,
     is_event_stream,
     usage_from_body,
@@ -548,6 +549,28 @@ class TestSSEUsageReader:
         reader.finish()
         assert reader.usage == Usage(11, 7, 18)
         assert reader.events == 2
+
+    @pytest.mark.parametrize(
+        ("payload", "parse"),
+        [
+            (b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\n', False),
+            (b'data: {"choices":[{"delta":{"content":"hi"}}],"usage" :  null}\n\n', False),
+            (b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', False),
+            (b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n', True),
+            # the last "usage" is null, an earlier one is not (or is a word of the text): parse
+            (b'data: {"usage":{"prompt_tokens":1},"x":{"usage":null}}\n\n', True),
+            (b'data: {"choices":[{"delta":{"content":"usage"}}],"usage":null}\n\n', True),
+            (b'data: {"choices":[{"delta":{"content":"usage"}}],"usage":{"total_tokens":3}}\n\n', True),
+            (b'data: {"usage":null,"choices":[{"delta":{"content":"hi"}}]}\n\n', False),
+            (b'data: {"usage":"null-ish"}\n\n', True),
+            (b'data: {"error":{"code":"x"}}\n\n', True),
+            (b'data: {"type":"response.completed"}\n\n', True),
+            (b'data: {"x":"usage"', True),  # cut short after the word: parse, never skip
+        ],
+    )
+    def test_which_chunks_are_parsed(self, payload: bytes, parse: bool) -> None:
+        """The hot path's byte test parses every chunk that may hold a usage, and skips the usage-null ones."""
+        assert _worth_parsing(payload) is parse
 
     def test_null_usage_chunks_are_not_usage(self) -> None:
         """OpenAI's `"usage":null` on every chunk is not mistaken for a usage."""

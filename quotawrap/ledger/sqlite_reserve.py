@@ -201,9 +201,9 @@ _GONE_IF_EMPTY = "DELETE FROM holds WHERE id = ? AND reserved <= 0 AND reserved_
 
 
 # A drawn call whose settle comes while no row of it exists lands straight in calls, final: the row
-# split_from_advance would give it in holds, moved on by the same step at once (two statements and a row of
-# holds written and deleted fewer, on every drawn call the wrapper lands). Its run, model, day, pid, host and
-# tags are the advance's. Parameters: the step's values (STEP_COLUMNS'), the id, the advance's columns
+# split_from_advance would give it in holds, moved on by the same step at once (three statements instead of
+# six, and no row of holds written and deleted, on every drawn call the wrapper lands). Its run, model, day,
+# pid, host and tags are the advance's. Parameters: the step's values (STEP_COLUMNS'), the id, the advance's columns
 # (_DRAWN_SOURCE's first six), then the Drawn's (endpoint, reserved, reserved_cost, key_fingerprint,
 # started_at, expires_at).
 _FROM_ADVANCE = ("run_id", "model", "day", "pid", "host", "tags")
@@ -273,8 +273,8 @@ def land_drawn(conn: sqlite3.Connection, event: Event, settle: Settle, drawn: Dr
     if moved is None:  # pragma: no cover - a held call's settle and release always move it
         return None
     values = step_values(moved, usage, settle.latency_s, settle.anomaly, None, ended_at)
-    called = (drawn.endpoint, reserved, reserved_cost, drawn.key_fingerprint, drawn.started_at, drawn.expires_at)
-    conn.execute(_LAND_DRAWN, (*values, settle.hold_id, *source[:6], *called))
+    of_drawn = (drawn.endpoint, reserved, reserved_cost, drawn.key_fingerprint, drawn.started_at, drawn.expires_at)
+    conn.execute(_LAND_DRAWN, (*values, settle.hold_id, *source[:6], *of_drawn))
     if source[6] - reserved <= 0 and source[7] - reserved_cost <= 0:
         conn.execute("DELETE FROM holds WHERE id = ?", (drawn.advance_id,))
     else:

@@ -189,11 +189,16 @@ OPEN_HOLDS = f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE "  # then the condition
 # in flight is unchanged (the sum over holds). Once only (the settle may land twice): a call whose row exists
 # in either table is not split again. Parameters: the call's id, endpoint, reserved, reserved_cost,
 # key_fingerprint, started_at, expires_at, then the advance's id.
+# The advance's row, while the call has none in either table (the condition the split and the direct landing
+# below share; nothing when the advance is gone, or the call was split or landed before).
+_ADVANCE_OF_ROWLESS_CALL = (
+    f"WHERE id = {{advance}} AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')"
+    " AND NOT EXISTS (SELECT 1 FROM calls WHERE id = {call}) AND NOT EXISTS (SELECT 1 FROM holds WHERE id = {call})"
+)
 _SPLIT = f"""
 INSERT INTO holds ({_RESERVE_COLUMNS})
 SELECT ?1, run_id, model, day, ?2, 'held', ?3, ?4, 0, NULL, pid, host, ?5, tags, ?6, ?7 FROM holds
-WHERE id = ?8 AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')
-  AND NOT EXISTS (SELECT 1 FROM calls WHERE id = ?1) AND NOT EXISTS (SELECT 1 FROM holds WHERE id = ?1)
+{_ADVANCE_OF_ROWLESS_CALL.format(advance="?8", call="?1")}
 """
 _GIVE_UP = "UPDATE holds SET reserved = reserved - ?, reserved_cost = reserved_cost - ? WHERE id = ?"
 # An advance all of whose room is drawn and settled, or given back, is gone: it was never a call.
@@ -201,11 +206,11 @@ _GONE_IF_EMPTY = "DELETE FROM holds WHERE id = ? AND reserved <= 0 AND reserved_
 
 
 # A drawn call whose settle comes while no row of it exists lands straight in calls, final: the row
-# split_from_advance would give it in holds, moved on by the same step at once (three statements instead of
+# split_from_advance would give it in holds, moved on by the same step at once (four statements instead of
 # six, and no row of holds written and deleted, on every drawn call the wrapper lands). Its run, model, day,
-# pid, host and tags are the advance's. Parameters: the step's values (STEP_COLUMNS'), the id, the advance's columns
-# (_DRAWN_SOURCE's first six), then the Drawn's (endpoint, reserved, reserved_cost, key_fingerprint,
-# started_at, expires_at).
+# pid, host and tags are the advance's. Parameters: the step's values (STEP_COLUMNS'), the id, the advance's
+# columns (_DRAWN_SOURCE's), then the Drawn's (endpoint, reserved, reserved_cost, key_fingerprint, started_at,
+# expires_at).
 _FROM_ADVANCE = ("run_id", "model", "day", "pid", "host", "tags")
 _FROM_DRAWN = ("endpoint", "reserved", "reserved_cost", "key_fingerprint", "started_at", "expires_at")
 _LAND_PARAMETERS = (*STEP_COLUMNS, "id", *_FROM_ADVANCE, *_FROM_DRAWN)
@@ -215,14 +220,10 @@ _LAND_DRAWN = (
     + ", ".join(_NEVER_BLOCKED.get(c) or f"?{_LAND_PARAMETERS.index(c) + 1}" for c in CALL_COLUMNS)
     + ")"
 )
-# The advance a drawn call lands from, with what it still reserves, when the call has no row yet; nothing
-# when the advance is gone (charged whole as unresolved when its process died: the call's share was charged
-# with it, so its settle must not count again). Parameters: the advance's id, the call's.
-_DRAWN_SOURCE = f"""
-SELECT {", ".join(_FROM_ADVANCE)}, reserved, reserved_cost FROM holds
-WHERE id = ?1 AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')
-  AND NOT EXISTS (SELECT 1 FROM calls WHERE id = ?2) AND NOT EXISTS (SELECT 1 FROM holds WHERE id = ?2)
-"""
+# The advance a drawn call lands from, when the call has no row yet. Parameters: the advance's id, the call's.
+_DRAWN_SOURCE = (
+    f"SELECT {', '.join(_FROM_ADVANCE)} FROM holds {_ADVANCE_OF_ROWLESS_CALL.format(advance='?1', call='?2')}"
+)
 
 
 def step_values(
@@ -258,7 +259,7 @@ def land_drawn(conn: sqlite3.Connection, event: Event, settle: Settle, drawn: Dr
     source = conn.execute(_DRAWN_SOURCE, (drawn.advance_id, settle.hold_id)).fetchone()
     if source is None:
         return None
-    reserved, reserved_cost = max(drawn.reserved, 0), max(drawn.reserved_cost, 0)
+    reserved, reserved_cost = _reserved(drawn)
     usage = settle.usage
     moved = step(
         "held",
@@ -274,11 +275,8 @@ def land_drawn(conn: sqlite3.Connection, event: Event, settle: Settle, drawn: Dr
         return None
     values = step_values(moved, usage, settle.latency_s, settle.anomaly, None, ended_at)
     of_drawn = (drawn.endpoint, reserved, reserved_cost, drawn.key_fingerprint, drawn.started_at, drawn.expires_at)
-    conn.execute(_LAND_DRAWN, (*values, settle.hold_id, *source[:6], *of_drawn))
-    if source[6] - reserved <= 0 and source[7] - reserved_cost <= 0:
-        conn.execute("DELETE FROM holds WHERE id = ?", (drawn.advance_id,))
-    else:
-        conn.execute(_GIVE_UP, (reserved, reserved_cost, drawn.advance_id))
+    conn.execute(_LAND_DRAWN, (*values, settle.hold_id, *source, *of_drawn))
+    _give_up(conn, drawn.advance_id, reserved, reserved_cost)
     run_id, model, day = source[:3]
     return (run_id, model, day), moved.deltas
 
@@ -288,7 +286,7 @@ def split_from_advance(conn: sqlite3.Connection, hold_id: str, drawn: Drawn) -> 
 
     Nothing when the advance is gone (charged whole as unresolved when its process died: the call's share
     was charged with it, so its settle must not count again) or the call was split before."""
-    reserved, reserved_cost = max(drawn.reserved, 0), max(drawn.reserved_cost, 0)
+    reserved, reserved_cost = _reserved(drawn)
     split = conn.execute(
         _SPLIT,
         (
@@ -303,8 +301,19 @@ def split_from_advance(conn: sqlite3.Connection, hold_id: str, drawn: Drawn) -> 
         ),
     )
     if split.rowcount:
-        conn.execute(_GIVE_UP, (reserved, reserved_cost, drawn.advance_id))
-        conn.execute(_GONE_IF_EMPTY, (drawn.advance_id,))
+        _give_up(conn, drawn.advance_id, reserved, reserved_cost)
+
+
+def _reserved(drawn: Drawn) -> tuple[int, int]:
+    """What a drawn call (or an advance's rest) reserved, never below zero."""
+    return max(drawn.reserved, 0), max(drawn.reserved_cost, 0)
+
+
+def _give_up(conn: sqlite3.Connection, advance_id: str, reserved: int, reserved_cost: int) -> None:
+    """The advance gives up what its drawn call reserved (what is in flight, the sum over holds, is unchanged),
+    and is gone once nothing is left."""
+    conn.execute(_GIVE_UP, (reserved, reserved_cost, advance_id))
+    conn.execute(_GONE_IF_EMPTY, (advance_id,))
 
 
 _ADVANCE_ROWS = f"run_id = ? AND host = ? AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')"
@@ -326,7 +335,7 @@ def close_advance(conn: sqlite3.Connection, advance_id: str, left: Drawn) -> Non
     closed = conn.execute(
         f"UPDATE holds SET reserved = reserved - ?, reserved_cost = reserved_cost - ?, endpoint = '{ADVANCE_CLOSED}'"
         f" WHERE id = ? AND endpoint = '{ADVANCE}'",
-        (max(left.reserved, 0), max(left.reserved_cost, 0), advance_id),
+        (*_reserved(left), advance_id),
     )
     if closed.rowcount:
         conn.execute(_GONE_IF_EMPTY, (advance_id,))

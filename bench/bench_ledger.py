@@ -4,6 +4,8 @@ Each configuration starts P processes (1, 4, 16) that each run the same number o
 reserve+settle pairs against one shared ledger and one model-day cap that never binds
 (so every pair takes the full path). Throughput is all pairs over the wall time from the
 common start to the last process's end; p50/p99 are over every pair of every process.
+``--modes``: each settle at once (direct), queued for the background settler as a guarded child
+does (settler), or none at all (reserve: the ceiling a settle off the caller's path can approach).
 
 Redis is a private ``redis-server`` (no persistence) started from PATH, or ``REDIS_URL``.
 
@@ -50,6 +52,7 @@ TOTAL_PAIRS = 4000  # per configuration, split over its processes
 WARMUP_PAIRS = 50
 LIMITS = [Limit("run_cap", "run", 10**15), Limit("daily_cap", "model_day", 10**15)]
 HEADING = "## Ledger throughput"
+_MODE_NAMES = {"settler": "settler", "reserve": "reserves alone"}  # how a mode other than direct is shown
 
 
 def _worker(
@@ -58,13 +61,13 @@ def _worker(
     pairs: int,
     start_at: float,
     out: multiprocessing.Queue,  # type: ignore[type-arg]
-    background: bool,
+    mode: str,
 ) -> None:
     from quotawrap.ledger.base import Settle
     from quotawrap.settler import Settler
 
     ledger = open_ledger(url)
-    settler = Settler(lambda: ledger) if background else None
+    settler = Settler(lambda: ledger) if mode == "settler" else None
     day = beijing_day(time.time())
     pid, host = os.getpid(), "bench"
     limits_for = lambda snapshot: LIMITS  # noqa: E731
@@ -84,8 +87,9 @@ def _worker(
         used = Usage(100, 200 + i % 100, 300 + i % 100)
         if settler is not None:  # what a guarded child does: the settle queued, landed in batches
             settler.submit(Settle(decision.hold_id, "settle", used))
-        else:
+        elif mode == "direct":
             ledger.settle(decision.hold_id, used)
+        # mode "reserve": no settle at all, the ceiling that settling off the caller's path can approach
 
     try:
         for i in range(WARMUP_PAIRS):  # connections, scripts, caches
@@ -151,15 +155,13 @@ def _server_cpu(url: str) -> Callable[[], float] | None:
     return read
 
 
-def run_config(store: str, url: str, processes: int, background: bool = False) -> Result:
+def run_config(store: str, url: str, processes: int, mode: str = "direct") -> Result:
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     pairs = max(TOTAL_PAIRS // processes, 100)
     start_at = time.time() + 1.0 + 0.05 * processes
     server_cpu = _server_cpu(url)
-    workers = [
-        context.Process(target=_worker, args=(url, i, pairs, start_at, queue, background)) for i in range(processes)
-    ]
+    workers = [context.Process(target=_worker, args=(url, i, pairs, start_at, queue, mode)) for i in range(processes)]
     for worker in workers:
         worker.start()
     while time.time() < start_at:
@@ -301,12 +303,12 @@ def _run_rounds(
             for round_ in range(1, repeat + 1):
                 for store in stores:
                     for processes in counts:
-                        for mode in modes:  # direct settle and background settler alternate in each round
-                            r = run_config(store, urls[store], processes, background=mode == "settler")
+                        for mode in modes:  # the modes alternate in each round
+                            r = run_config(store, urls[store], processes, mode)
                             if store == "Redis" and label:
                                 r = dataclasses.replace(r, store=f"Redis, {label}")
-                            if mode == "settler":
-                                r = dataclasses.replace(r, store=f"{r.store}, settler")
+                            if mode != "direct":
+                                r = dataclasses.replace(r, store=f"{r.store}, {_MODE_NAMES[mode]}")
                             results.append(r)
                             server_cpu = "" if r.server_cpu_us is None else f"  server {r.server_cpu_us:.0f} µs/pair"
                             print(
@@ -343,7 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--without-hiredis", action="store_true", help="redis-py's pure-Python parser and packer")
     parser.add_argument("--json", type=Path, help="also write every run's figures to this file")
     parser.add_argument(
-        "--modes", default="direct", help="comma-separated: direct (settle per pair), settler (background batches)"
+        "--modes",
+        default="direct",
+        help="comma-separated: direct (settle per pair), settler (background batches), reserve (no settle)",
     )
     args = parser.parse_args(argv)
     if args.without_hiredis:
@@ -352,6 +356,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = [int(n) for n in args.processes.split(",")]
     load_before = _load()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = set(modes) - {"direct", *_MODE_NAMES}
+    if unknown:
+        parser.error(f"unknown --modes: {', '.join(sorted(unknown))}")
     results = _run_rounds(stores, counts, args.repeat, "no hiredis" if args.without_hiredis else "", modes)
     load_after = _load()
     child_load = None

@@ -10,6 +10,7 @@ import os
 import sqlite3
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from quotawrap._errors import StoreCorrupt, StoreError
 from quotawrap.guard import Guard
 from quotawrap.ledger import HoldRequest, model_day_key
+from quotawrap.ledger.base import new_hold_id
 from quotawrap.ledger.sqlite import SCHEMA_VERSION, SQLiteLedger
 from quotawrap.ledger.sqlite_file import _SCHEMA, PAGE_SIZE
 from quotawrap.quota import Counters
@@ -515,3 +517,25 @@ def test_what_is_in_flight_is_what_the_open_holds_reserved(tmp_path: Path, holds
                     assert read == expected
                     assert ledger.counters(list(keys.values())) == {keys[s]: c for s, c in expected.items()}
         ledger.close()
+
+
+def test_hold_ids_are_led_by_the_time_they_were_made_and_never_repeat() -> None:
+    """A batch of settles adds its calls at the end of the calls id index only if the ids of calls made one after
+    another sort next to each other (new_hold_id); the random rest keeps the ids of threads at once apart."""
+    made: list[list[str]] = [[] for _ in range(4)]
+
+    def make(into: list[str]) -> None:
+        for _ in range(500):
+            into.append(new_hold_id())
+
+    threads = [threading.Thread(target=make, args=(into,)) for into in made]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [hold_id for ids in made for hold_id in ids]
+    assert len(set(every)) == len(every)
+    assert all(len(hold_id) == 32 and int(hold_id, 16) >= 0 and hold_id == hold_id.lower() for hold_id in every)
+    for ids in made:  # in each thread, in the order made (to the microsecond: ids of one microsecond may swap)
+        assert [hold_id[:13] for hold_id in ids] == sorted(hold_id[:13] for hold_id in ids)
+    assert abs(int(every[0][:13], 16) / 1e6 - time.time()) < 60

@@ -66,8 +66,8 @@ def new_hold_id() -> str:
     76 random bits, which keep ids unique across threads, processes and hosts.
 
     Led by the time, the ids of calls made one after another sort next to each other: a batch of settles adds its
-    rows at the end of the ``calls`` id index instead of on a page of its own each, anywhere in it (SQLite: ~46
-    against ~34 µs per drawn settle landed, a third of the WAL written; docs/benchmarks.md, session 27). Not uuid4:
+    rows at the end of the ``calls`` id index instead of on a page of its own each, anywhere in it: a quarter less
+    time per drawn settle landed, under half the WAL written (bench/bench_landing.py, docs/benchmarks.md). Not uuid4:
     it cost 5x as much (an object to print), and importing uuid (platform) ~2 ms of a command's start."""
     return f"{time.time_ns() // 1000:013x}{os.urandom(10).hex()[:19]}"
 

@@ -67,6 +67,7 @@ from .sqlite_reserve import (
     UPDATE_FINAL,
     Owed,
     close_advance,
+    drawn_runs,
     land_drawn,
     read_counters,
     read_for_reserve,
@@ -372,9 +373,10 @@ class SQLiteLedger:
             self._charge_owed(conn, self._settle_steps(conn, settles))
 
     def _settle_steps(self, conn: sqlite3.Connection, settles: Sequence[Settle]) -> Iterator[Owed | None]:
-        """Each settle's step, its row read right before it (a replay in the batch sees the state it left)."""
-        for settle in settles:
-            hold_id, event, usage, latency_s, cost, anomaly, drawn = settle
+        """Each settle's step, its row read right before it (a replay in the batch sees the state it left); the
+        drawn calls of one advance with no row yet land together (land_drawn)."""
+        for run in drawn_runs(settles):
+            hold_id, event, _, _, _, _, drawn = run[0]
             if event == "close":  # an advance's rest given back (quotawrap.advances)
                 if drawn is not None:
                     close_advance(conn, hold_id, drawn)
@@ -383,14 +385,14 @@ class SQLiteLedger:
                 if drawn is not None:
                     split_from_advance(conn, hold_id, drawn)
                 continue
-            if drawn is not None:  # a drawn call settled with no row yet goes straight to calls
-                landed = land_drawn(conn, event, settle, drawn, self._clock())
-                if landed is not None:
-                    yield landed
-                    continue
-            row = conn.execute(HOLD_ROW, (hold_id,)).fetchone()
-            if row is not None:
-                yield self._step(conn, row, event, usage, cost, latency_s, anomaly)
+            if drawn is not None:  # drawn calls settled with no row yet go straight to calls
+                landed, run = land_drawn(conn, run, self._clock())
+                yield from landed
+            for hold_id, event, usage, latency_s, cost, anomaly, _ in run:  # drawn_runs: only settles, releases
+                row = conn.execute(HOLD_ROW, (hold_id,)).fetchone()
+                if row is not None:
+                    ended: Event = "release" if event == "release" else "settle"
+                    yield self._step(conn, row, ended, usage, cost, latency_s, anomaly)
 
     def _charge_open(self, where: str, params: tuple[Any, ...]) -> int:
         with self._write("resolve") as conn:

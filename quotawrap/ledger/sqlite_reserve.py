@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..quota import Counters, Snapshot
 from ..usage import Usage
 from .base import ADVANCE, ADVANCE_CLOSED, Drawn, Settle, pid_alive
-from .holds import Deltas, Event, Step, clamp, step
+from .holds import Deltas, Step, clamp, step
 from .scopes import ModelDay, Run, RunCost, parse_counter_key
 from .sqlite_file import CALL_COLUMNS
 from .sqlite_lines import WaiterRow
@@ -26,6 +26,7 @@ __all__ = [
     "HOLD_COLUMNS",
     "HOLD_ROW",
     "IN_FLIGHT",
+    "LANDED_TOGETHER",
     "MOVE_HELD",
     "OPEN_HOLDS",
     "RESERVE_INTO_CALLS",
@@ -35,6 +36,7 @@ __all__ = [
     "UPDATE_FINAL",
     "Owed",
     "close_advance",
+    "drawn_runs",
     "land_drawn",
     "read_counters",
     "read_for_reserve",
@@ -45,6 +47,10 @@ __all__ = [
 ]
 
 Owed = tuple[tuple[str, str, str], Deltas]  # what one step owes the counters of its (run, model, day)
+
+# At most this many drawn calls are landed by one statement set (land_drawn): an advance holds ADVANCE_CALLS,
+# and the statements that read a run's rows, one per length, stay few.
+LANDED_TOGETHER = 32
 
 SNAPSHOT_COLUMNS = "balance, usage_at_sync, lagged_usage, synced_at, day, source"  # Snapshot's fields, in order
 
@@ -184,17 +190,19 @@ HOLD_ROW = (
 OPEN_HOLDS = f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE "  # then the condition: the holds in flight, as HOLD_ROW's
 
 
+# The advance calls are drawn from and land from, open or closed (gone once given back whole).
+_ADVANCE_ROW = f"id = {{advance}} AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')"
+# The advance's row, while the call has none in either table (nothing when the advance is gone, or the call
+# was split or landed before).
+_ADVANCE_OF_ROWLESS_CALL = (
+    f"WHERE {_ADVANCE_ROW}"
+    " AND NOT EXISTS (SELECT 1 FROM calls WHERE id = {call}) AND NOT EXISTS (SELECT 1 FROM holds WHERE id = {call})"
+)
 # A call drawn from an advance (quotawrap.advances) gets its own row in holds, split from the advance's (whose
 # run, model, day, pid, host and tags are the call's), the advance giving up what the call reserved: what is
 # in flight is unchanged (the sum over holds). Once only (the settle may land twice): a call whose row exists
 # in either table is not split again. Parameters: the call's id, endpoint, reserved, reserved_cost,
 # key_fingerprint, started_at, expires_at, then the advance's id.
-# The advance's row, while the call has none in either table (the condition the split and the direct landing
-# below share; nothing when the advance is gone, or the call was split or landed before).
-_ADVANCE_OF_ROWLESS_CALL = (
-    f"WHERE id = {{advance}} AND endpoint IN ('{ADVANCE}', '{ADVANCE_CLOSED}')"
-    " AND NOT EXISTS (SELECT 1 FROM calls WHERE id = {call}) AND NOT EXISTS (SELECT 1 FROM holds WHERE id = {call})"
-)
 _SPLIT = f"""
 INSERT INTO holds ({_RESERVE_COLUMNS})
 SELECT ?1, run_id, model, day, ?2, 'held', ?3, ?4, 0, NULL, pid, host, ?5, tags, ?6, ?7 FROM holds
@@ -206,11 +214,11 @@ _GONE_IF_EMPTY = "DELETE FROM holds WHERE id = ? AND reserved <= 0 AND reserved_
 
 
 # A drawn call whose settle comes while no row of it exists lands straight in calls, final: the row
-# split_from_advance would give it in holds, moved on by the same step at once (four statements instead of
-# six, and no row of holds written and deleted, on every drawn call the wrapper lands). Its run, model, day,
-# pid, host and tags are the advance's. Parameters: the step's values (STEP_COLUMNS'), the id, the advance's
-# columns (_DRAWN_SOURCE's), then the Drawn's (endpoint, reserved, reserved_cost, key_fingerprint, started_at,
-# expires_at).
+# split_from_advance would give it in holds, moved on by the same step at once (no row of holds written and
+# deleted, on every drawn call the wrapper lands; land_drawn takes a run of them together). Its run, model,
+# day, pid, host and tags are the advance's. Parameters: the step's values (STEP_COLUMNS'), the id, the
+# advance's columns (_FROM_ADVANCE's), then the Drawn's (endpoint, reserved, reserved_cost, key_fingerprint,
+# started_at, expires_at).
 _FROM_ADVANCE = ("run_id", "model", "day", "pid", "host", "tags")
 _FROM_DRAWN = ("endpoint", "reserved", "reserved_cost", "key_fingerprint", "started_at", "expires_at")
 _LAND_PARAMETERS = (*STEP_COLUMNS, "id", *_FROM_ADVANCE, *_FROM_DRAWN)
@@ -220,10 +228,14 @@ _LAND_DRAWN = (
     + ", ".join(_NEVER_BLOCKED.get(c) or f"?{_LAND_PARAMETERS.index(c) + 1}" for c in CALL_COLUMNS)
     + ")"
 )
-# The advance a drawn call lands from, when the call has no row yet. Parameters: the advance's id, the call's.
-_DRAWN_SOURCE = (
-    f"SELECT {', '.join(_FROM_ADVANCE)} FROM holds {_ADVANCE_OF_ROWLESS_CALL.format(advance='?1', call='?2')}"
-)
+# What drawn calls land from: their advance's columns (_FROM_ADVANCE). Parameters: the advance's id.
+_ADVANCE_SOURCE = f"SELECT {', '.join(_FROM_ADVANCE)} FROM holds WHERE {_ADVANCE_ROW.format(advance='?')}"
+# Which of a run's calls have a row in either table (split by their draw, or landed before), by the run's length.
+_ROWED = {
+    count: f"SELECT id FROM calls WHERE id IN ({marks}) UNION ALL SELECT id FROM holds WHERE id IN ({marks})"
+    for count in range(1, LANDED_TOGETHER + 1)
+    for marks in [",".join("?" * count)]
+}
 
 
 def step_values(
@@ -251,34 +263,78 @@ def step_values(
     )
 
 
-def land_drawn(conn: sqlite3.Connection, event: Event, settle: Settle, drawn: Drawn, ended_at: float) -> Owed | None:
-    """A drawn call's settle or release when no row of it exists yet: its row goes straight to calls
-    (_LAND_DRAWN), as a split then a step would leave it, and the advance gives up what the call reserved (gone
-    once nothing is left). None when there is nothing to land it from: its row exists (split by its draw, or
-    landed before), or its advance is gone."""
-    source = conn.execute(_DRAWN_SOURCE, (drawn.advance_id, settle.hold_id)).fetchone()
+def drawn_runs(settles: Iterable[Settle]) -> Iterator[list[Settle]]:
+    """``settles`` in order, in the runs the landing takes together: the settles and releases of calls drawn
+    from one advance, one after another, each call once and at most LANDED_TOGETHER of them; any other settle
+    is a run of its own. A call's second settle starts the next run, so it meets the row its first one left."""
+    run: list[Settle] = []
+    ids: set[str] = set()
+    for settle in settles:
+        drawn = settle.drawn
+        if drawn is None or settle.event in ("draw", "close"):
+            if run:
+                yield run
+                run, ids = [], set()
+            yield [settle]
+            continue
+        advance_id = run[0].drawn.advance_id if run and run[0].drawn else None
+        if run and (advance_id != drawn.advance_id or settle.hold_id in ids or len(run) == LANDED_TOGETHER):
+            yield run
+            run, ids = [], set()
+        run.append(settle)
+        ids.add(settle.hold_id)
+    if run:
+        yield run
+
+
+def land_drawn(conn: sqlite3.Connection, run: Sequence[Settle], ended_at: float) -> tuple[list[Owed], list[Settle]]:
+    """Land a run of drawn_runs' (calls drawn from one advance, each once) whose calls have no row yet: each
+    row goes straight to calls (_LAND_DRAWN), as a split then a step would leave it, and the advance gives up
+    what they reserved in one step (gone once nothing is left): one read of the advance, one of the calls'
+    rows and two writes of it for the whole run. Returns what the landed calls owe, and the settles it did
+    not land, in order: those whose row exists (split by their draw, or landed before), or every one when the
+    advance is gone."""
+    first = run[0].drawn
+    assert first is not None  # drawn_runs' runs of drawn calls
+    source = conn.execute(_ADVANCE_SOURCE, (first.advance_id,)).fetchone()
     if source is None:
-        return None
-    reserved, reserved_cost = _reserved(drawn)
-    usage = settle.usage
-    moved = step(
-        "held",
-        event,
-        reserved=reserved,
-        charged=0,
-        reserved_cost=reserved_cost,
-        charged_cost=0,
-        usage_total=None if usage is None else usage.total_tokens,
-        cost=settle.cost,
-    )
-    if moved is None:  # pragma: no cover - a held call's settle and release always move it
-        return None
-    values = step_values(moved, usage, settle.latency_s, settle.anomaly, None, ended_at)
-    of_drawn = (drawn.endpoint, reserved, reserved_cost, drawn.key_fingerprint, drawn.started_at, drawn.expires_at)
-    conn.execute(_LAND_DRAWN, (*values, settle.hold_id, *source, *of_drawn))
-    _give_up(conn, drawn.advance_id, reserved, reserved_cost)
+        return [], list(run)
+    ids = [settle.hold_id for settle in run]
+    rowed = {hold_id for (hold_id,) in conn.execute(_ROWED[len(ids)], ids + ids)}
     run_id, model, day = source[:3]
-    return (run_id, model, day), moved.deltas
+    owed: list[Owed] = []
+    rows: list[tuple[Any, ...]] = []
+    left: list[Settle] = []
+    given_up, given_up_cost = 0, 0
+    for settle in run:
+        drawn = settle.drawn
+        if drawn is None or settle.hold_id in rowed:
+            left.append(settle)
+            continue
+        reserved, reserved_cost = _reserved(drawn)
+        usage = settle.usage
+        moved = step(
+            "held",
+            "release" if settle.event == "release" else "settle",
+            reserved=reserved,
+            charged=0,
+            reserved_cost=reserved_cost,
+            charged_cost=0,
+            usage_total=None if usage is None else usage.total_tokens,
+            cost=settle.cost,
+        )
+        if moved is None:  # pragma: no cover - a held call's settle and release always move it
+            continue
+        values = step_values(moved, usage, settle.latency_s, settle.anomaly, None, ended_at)
+        of_drawn = (drawn.endpoint, reserved, reserved_cost, drawn.key_fingerprint, drawn.started_at, drawn.expires_at)
+        rows.append((*values, settle.hold_id, *source, *of_drawn))
+        owed.append(((run_id, model, day), moved.deltas))
+        given_up += reserved
+        given_up_cost += reserved_cost
+    if rows:
+        conn.executemany(_LAND_DRAWN, rows)
+        _give_up(conn, first.advance_id, given_up, given_up_cost)
+    return owed, left
 
 
 def split_from_advance(conn: sqlite3.Connection, hold_id: str, drawn: Drawn) -> None:

@@ -264,6 +264,57 @@ def test_in_flight_is_the_advance_left_plus_its_calls_open(
     assert (advance_id in {record.id for record in ledger.call_records()}) == (open_reserved > 0)
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.integers(0, 1),  # the advance it was drawn from
+            st.integers(1, 400),
+            st.sampled_from(["settle", "release", "absurd"]),
+            st.booleans(),  # its draw landed first (a row split into holds)
+            st.booleans(),  # landed twice
+        ),
+        max_size=40,
+    ),
+    close_at=st.lists(st.integers(0, 80), min_size=2, max_size=2),
+    seed=st.randoms(use_true_random=False),
+)
+def test_a_batch_of_drawn_settles_lands_as_its_settles_one_by_one(
+    tmp_path_factory: pytest.TempPathFactory, calls: list[Any], close_at: list[int], seed: Any
+) -> None:
+    """SQLite lands a batch's drawn calls of one advance together (land_drawn: one read of the advance, one of
+    the calls' rows, one give-up). On generated batches, drawn from two advances in any order, some drawn
+    first, some twice, more than LANDED_TOGETHER of them, each advance's close anywhere among them: the rows,
+    the counters and what is left of each advance are what landing each settle on its own leaves."""
+    clock = lambda: 1_000.0  # noqa: E731 - both ledgers' rows end at the same moment
+    sizes = [sum(reserve for which, reserve, *_ in calls if which == advance) + 50 for advance in (0, 1)]
+    advances = [_hold(size, size // 10, endpoint=ADVANCE, advance=True) for size in sizes]
+    draws, settles = [], []
+    for which, reserve, end, draw_first, twice in calls:
+        hold, drawn = _hold(reserve, reserve // 10), _drawn(advances[which].hold_id, reserve, reserve // 10)
+        if draw_first:
+            draws.append(Settle(hold.hold_id, "draw", drawn=drawn))
+        usage = {"settle": Usage(10, 20, 30), "absurd": Usage(-1, 2**70, 2**70)}.get(end)
+        event = "release" if end == "release" else "settle"
+        settles += [Settle(hold.hold_id, event, usage, 0.25, reserve // 20, None, drawn)] * (2 if twice else 1)
+    seed.shuffle(settles)
+    for advance, at in zip(advances, close_at, strict=True):
+        rest = Drawn(advance.hold_id, 50, 5, ADVANCE, None, 0.0, 0.0)
+        settles.insert(min(at, len(settles)), Settle(advance.hold_id, "close", drawn=rest))
+    books = []
+    for batched in (False, True):
+        ledger = SQLiteLedger(tmp_path_factory.mktemp("ledger") / "ledger.sqlite3", clock=clock)
+        assert all(ledger.reserve(advance, _no_limits).held for advance in advances)
+        if draws:
+            ledger.settle_many(draws)
+        for batch in [settles] if batched else [[settle] for settle in settles]:
+            ledger.settle_many(batch)
+        books.append((sorted(ledger.call_records(), key=lambda record: record.id), _in_flight(ledger)))
+        ledger.close()
+    assert books[0] == books[1]
+    assert {call.id for call in books[0][0]} >= {settle.hold_id for settle in settles if settle.event != "close"}
+
+
 @settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 @given(
     reserve=st.integers(-5, 400),

@@ -269,20 +269,19 @@ def drawn_runs(settles: Iterable[Settle]) -> Iterator[list[Settle]]:
     is a run of its own. A call's second settle starts the next run, so it meets the row its first one left."""
     run: list[Settle] = []
     ids: set[str] = set()
+    run_advance = ""
     for settle in settles:
         drawn = settle.drawn
-        if drawn is None or settle.event in ("draw", "close"):
-            if run:
-                yield run
-                run, ids = [], set()
-            yield [settle]
-            continue
-        advance_id = run[0].drawn.advance_id if run and run[0].drawn else None
-        if run and (advance_id != drawn.advance_id or settle.hold_id in ids or len(run) == LANDED_TOGETHER):
+        advance = drawn.advance_id if drawn is not None and settle.event in ("settle", "release") else None
+        if run and (advance != run_advance or settle.hold_id in ids or len(run) == LANDED_TOGETHER):
             yield run
             run, ids = [], set()
+        if advance is None:
+            yield [settle]
+            continue
         run.append(settle)
         ids.add(settle.hold_id)
+        run_advance = advance
     if run:
         yield run
 

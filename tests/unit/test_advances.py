@@ -23,6 +23,7 @@ from quotawrap.ledger import HoldRequest, Ledger, open_ledger
 from quotawrap.ledger.base import ADVANCE, Drawn, ModelTotals, Settle
 from quotawrap.ledger.scopes import scope_keys
 from quotawrap.ledger.sqlite import SQLiteLedger
+from quotawrap.ledger.sqlite_reserve import LANDED_TOGETHER, drawn_runs
 from quotawrap.quota import Counters, Limit
 from quotawrap.usage import Usage
 from tests.redis_server import flushed, session_url
@@ -313,6 +314,21 @@ def test_a_batch_of_drawn_settles_lands_as_its_settles_one_by_one(
         ledger.close()
     assert books[0] == books[1]
     assert {call.id for call in books[0][0]} >= {settle.hold_id for settle in settles if settle.event != "close"}
+
+
+def test_a_batch_longer_than_a_run_lands_every_call_of_its_advance(tmp_path: Path) -> None:
+    """A relay's batch may hold more of one advance's calls than one run lands together (LANDED_TOGETHER): it
+    lands them in runs of at most that many, every call once, and the advance, drawn whole, is gone."""
+    ledger = SQLiteLedger(tmp_path / "ledger.sqlite3")
+    calls = 2 * LANDED_TOGETHER + 6
+    advance_id = _take(ledger, 100 * calls, 0)
+    drawn = _drawn(advance_id, 100, 0)
+    settles = [Settle(_hold(100, 0).hold_id, "settle", Usage(1, 2, 3), None, None, None, drawn) for _ in range(calls)]
+    assert [len(run) for run in drawn_runs(settles)] == [LANDED_TOGETHER, LANDED_TOGETHER, 6]
+    ledger.settle_many(settles)
+    assert _in_flight(ledger)["model_day"] == Counters(3 * calls, 0)
+    assert {record.id for record in ledger.call_records()} == {settle.hold_id for settle in settles}
+    ledger.close()
 
 
 @settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)

@@ -262,7 +262,9 @@ _active: GuardedAddresses | None = None
 
 def _refuse(sock: Any, address: Any) -> str | None:
     guarded = _active
-    return None if guarded is None else _check(guarded, address, sock)
+    if guarded is None or not isinstance(address, tuple) or len(address) < 2 or address[1] not in guarded.ports:
+        return None  # the port pre-filter first: sendto on a datagram socket may run for every packet
+    return _check(guarded, address, sock)
 
 
 def _guarded_methods(c_type: type) -> dict[str, Callable[..., Any]]:

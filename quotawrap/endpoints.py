@@ -8,7 +8,13 @@
   usage that settles the task's hold;
 * any other POST is refused, unless ``--allow-path`` names it: quotawrap cannot estimate
   what it does not know, and a billed call it let through would be spend nobody guarded;
-* every other method (GET, DELETE, ...) is a free read and passes.
+* any other method on a billed path (PUT, PATCH, a GET that is no poll, ...) is refused with
+  405 without being sent: only POST is billed there (Ark answers the others 405), and a provider
+  that billed one anyway would spend unguarded;
+* every other method (GET, DELETE, ...) elsewhere is a free read and passes.
+
+Paths are compared as a server's router would read them: percent-decoded, with repeated
+slashes and dot segments folded (``//chat//completions`` is chat, not the legacy completions).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from . import json_bytes
 from ._records import Record
@@ -30,6 +36,7 @@ __all__ = [
     "Route",
     "Router",
     "classify",
+    "clean_path",
     "model_matches",
     "parse_json_body",
     "path_allowed",
@@ -68,7 +75,7 @@ _BILLED_SUFFIXES: tuple[tuple[str, Kind, str], ...] = (
 _FREE_POST_SUFFIXES = ("/tokenization", "/files", "/cancel")
 _TASK_PATH = re.compile(re.escape(TASKS_SUFFIX) + r"/([^/]+)$")
 
-Action = Literal["guard", "poll", "refuse"]
+Action = Literal["guard", "poll", "refuse", "wrong_method"]
 
 
 class Route(Record, frozen=True):
@@ -87,21 +94,35 @@ def route(method: str, url: str, base_urls: Sequence[str] = (), allow_paths: Seq
     host = (parts.hostname or "").lower()
     if not (ARK_HOST.match(host) or any(_under(url, base) for base in base_urls)):
         return None
-    path = parts.path.rstrip("/")
+    path = clean_path(parts.path)
     verb = method.upper()
     if verb == "GET":
         found = _TASK_PATH.search(path)
         if found:
             return Route("poll", path, task_id=found.group(1))
-        return Route("poll", path) if path.endswith(TASKS_SUFFIX) else None
+        if path.endswith(TASKS_SUFFIX):
+            return Route("poll", path)
+    billed = next(((kind, endpoint) for suffix, kind, endpoint in _BILLED_SUFFIXES if path.endswith(suffix)), None)
     if verb != "POST":
-        return None
-    for suffix, kind, endpoint in _BILLED_SUFFIXES:
-        if path.endswith(suffix):
-            return Route("guard", path, kind, endpoint)
+        return None if billed is None else Route("wrong_method", path, *billed)
+    if billed is not None:
+        return Route("guard", path, *billed)
     if path.endswith(_FREE_POST_SUFFIXES) or path_allowed(path, allow_paths):
         return None
     return Route("refuse", path or "/")
+
+
+def clean_path(path: str) -> str:
+    """A URL path as a server's router is likely to match it: percent-decoded, repeated slashes and dot
+    segments folded, no trailing slash ("" for the root). Reading more paths as billed is the safe side."""
+    segments: list[str] = []
+    for segment in unquote(path).split("/"):
+        if segment == "..":
+            if segments:
+                segments.pop()
+        elif segment not in ("", "."):
+            segments.append(segment)
+    return "/" + "/".join(segments) if segments else ""
 
 
 class Router:
@@ -152,8 +173,8 @@ def _under(url: str, base: str) -> bool:
     target, prefix = urlsplit(url), urlsplit(base)
     if _origin(target) is None or _origin(target) != _origin(prefix):
         return False
-    root = prefix.path.rstrip("/")
-    return target.path == root or target.path.startswith(root + "/")
+    root, path = clean_path(prefix.path), clean_path(target.path)
+    return path == root or path.startswith(root + "/")
 
 
 def _origin(parts: SplitResult) -> tuple[str, str, int | None] | None:
@@ -183,7 +204,7 @@ def parse_json_body(body: bytes | None) -> dict[str, Any]:
     if not body:
         raise ValueError("empty request body")
     try:
-        data = json_bytes.loads(body)
+        data = json_bytes.loads_request(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"request body is not JSON: {exc}") from None
     if not isinstance(data, dict):

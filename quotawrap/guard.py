@@ -305,12 +305,19 @@ class Guard(GuardBooks):
             return _unreadable(f"quotawrap cannot read the URL of this request, so it cannot guard it: {exc}")
         if found is None:
             return None
-        if found.action == "refuse":
-            message = refusals.unknown_path_message(method, found.path)
+        if found.action in ("refuse", "wrong_method"):
+            if found.action == "refuse":
+                message = refusals.unknown_path_message(method, found.path)
+            else:
+                message = refusals.wrong_method_message(method, found.path)
             if self.settings.watch:  # --watch blocks nothing, but says what it did not guard
                 warn(f"--watch: {message.replace('quotawrap refused', 'sent UNGUARDED')}")
                 return None
-            refusal = SyntheticResponse.ark_error(403, "QuotawrapUnknownEndpoint", "Forbidden", message)
+            if found.action == "refuse":
+                refusal = SyntheticResponse.ark_error(403, "QuotawrapUnknownEndpoint", "Forbidden", message)
+            else:
+                refusal = SyntheticResponse.ark_error(405, "QuotawrapMethodNotAllowed", "MethodNotAllowed", message)
+                refusal = SyntheticResponse(405, refusal.body, (*refusal.headers, ("allow", "POST")))
             return GuardedCall.refused(refusal)
         if found.action == "poll":
             from .tasks import TaskPolled

@@ -79,6 +79,13 @@ def unknown_path_message(method: str, path: str) -> str:
     )
 
 
+def wrong_method_message(method: str, path: str) -> str:
+    return (
+        f"quotawrap refused {method.upper()} {path}: only POST is billed there (Ark answers other methods 405),"
+        " so quotawrap answers it itself instead of sending a request it cannot guard. Send it as a POST."
+    )
+
+
 class _Refusal(Record):
     at: float
     answer: object  # the SyntheticResponse given

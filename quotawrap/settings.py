@@ -110,6 +110,10 @@ def _quota(field_name: str) -> Check:
     return check
 
 
+def _positive(value: Any) -> str | None:
+    return None if value >= 1 else "must be a whole number >= 1"
+
+
 def _seconds(value: Any) -> str | None:
     return None if math.isfinite(value) and value >= 0 else "must be a finite number of seconds >= 0"
 
@@ -346,6 +350,31 @@ OPTIONS: tuple[Option, ...] = (
         check=_seconds,
     ),
     Option(
+        "max_body_mib",
+        int,
+        64,
+        "Largest request body the gateway reads, in MiB (a bigger one gets 413, never sent).",
+        child=False,
+        check=_positive,
+    ),
+    Option(
+        "header_timeout",
+        float,
+        10.0,
+        "Seconds a gateway connection may take to send a request's headers, from its opening or its previous"
+        " answer (then it is closed).",
+        child=False,
+        check=_period,
+    ),
+    Option(
+        "max_connections",
+        int,
+        512,
+        "Client connections the gateway holds open at once; one more is answered 503 and closed.",
+        child=False,
+        check=_positive,
+    ),
+    Option(
         "allow_unguarded",
         bool,
         False,
@@ -422,6 +451,9 @@ class Settings:
     expiry_warning_days: float
     proxy: bool
     drain_timeout: float
+    max_body_mib: int
+    header_timeout: float
+    max_connections: int
     allow_unguarded: bool
     strict: bool
     retention: str

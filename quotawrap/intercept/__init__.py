@@ -74,4 +74,6 @@ def install() -> None:
     when_imported("http.client", _patch_http_client)
     when_imported("urllib3", _patch_urllib3)
     when_imported("aiohttp", _patch_aiohttp)
+    # _socket first: guarded as it loads, socket.socket is then defined as a subclass of the guarded type
+    when_imported("_socket", _guard_sockets)
     when_imported("socket", _guard_sockets)

@@ -60,7 +60,7 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
     gateway = Gateway(settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout)
 
     def ready(url: str) -> None:
-        say(f"quotawrap gateway listening on {url} (upstream {gateway.upstream}, run {settings.run_id})")
+        say(f"quotawrap gateway listening on {url} (upstream {gateway.shown_upstream}, run {settings.run_id})")
         sys.stdout.flush()
 
     try:

@@ -5,6 +5,15 @@ upstream with the guard's header overrides and body, and every body chunk passes
 ``GuardedCall.feed`` on its way to the caller as it arrives; ``finish`` settles at the end,
 ``close`` when the caller or the upstream goes away first, ``failed`` when nothing was sent.
 
+Each client connection passes a gate (:class:`_Connection`): at most ``--max-connections`` are held
+at once (one more is answered 503 and closed), and one that has not sent a request's headers within
+``--header-timeout`` of opening is closed (aiohttp's keep-alive timeout, set to the same value, closes
+one that dawdles over a later request's). A body above ``--max-body-mib`` is answered 413 unread; a
+big one is admitted (parsed, its tokens counted) on a thread, so the loop keeps relaying every other
+stream meanwhile. aiohttp's complaints about malformed requests are one line each, not a traceback.
+The upstream URL's credentials are never shown: health, the start line, warnings and 502s name it
+with its password hidden.
+
 The upstream client is aiohttp's, like the server: on a loaded 2-vCPU machine it costs the gateway
 0.4 ms less per call than ``httpx.AsyncClient`` and carries 2.5 times its guarded requests per second
 (bench/bench_gateway.py). No hook may run in this process (it would reserve the gateway's upstream
@@ -16,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -34,6 +44,7 @@ from ..guard import Guard
 from ..guarded_call import GuardedCall
 from ..ledger import Ledger
 from ..ledger.base import run_key
+from ..redact import redact_text, redact_url
 from ..settings import Settings
 from ..synthetic import SyntheticResponse
 from ._http import (
@@ -43,12 +54,17 @@ from ._http import (
     forwarded_request_headers,
     forwarded_response_headers,
     header_tags,
+    split_credentials,
     upstream_url,
 )
 
 __all__ = ["Gateway"]
 
-_MAX_BODY = 64 * 1024 * 1024  # images travel base64-encoded in the body
+_MIB = 1024 * 1024
+# A bigger body is admitted on a thread: counting its tokens costs more than the hop (~0.1 ms) there.
+_INLINE_BODY = 16 * 1024
+_ESTIMATE_THREADS = 4
+_TURNED_AWAY_S = 1.0  # how long a connection over the limit may take to read its 503 before it is cut
 _GUARDS_KEPT = 256  # one Guard per distinct set of header tags
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL)
 _LEDGER_THREADS = 16
@@ -85,6 +101,125 @@ def _answer(synthetic: SyntheticResponse) -> web.Response:
     return web.Response(status=synthetic.status, body=synthetic.body, headers=CIMultiDict(synthetic.headers))
 
 
+def _too_large(size: int | None, limit: int) -> web.Response:
+    told = f"this one has {size:,} bytes" if size is not None else "this one is longer"
+    message = (
+        f"quotawrap's gateway reads request bodies up to {limit // _MIB} MiB and {told}; it was not sent."
+        " Raise the limit with --max-body-mib (QUOTAWRAP_MAX_BODY_MIB)."
+    )
+    return _answer(SyntheticResponse.ark_error(413, "QuotawrapRequestTooLarge", "RequestEntityTooLarge", message))
+
+
+def _busy_answer(limit: int) -> bytes:
+    """The whole HTTP answer to a connection over the limit, written before anything is read from it."""
+    message = (
+        f"quotawrap's gateway holds {limit} client connections at once (--max-connections,"
+        " QUOTAWRAP_MAX_CONNECTIONS) and all are taken; try again shortly."
+    )
+    synthetic = SyntheticResponse.ark_error(503, "QuotawrapTooManyConnections", "ServiceUnavailable", message)
+    head = "".join(f"{name}: {value}\r\n" for name, value in synthetic.headers if name != "x-should-retry")
+    return f"HTTP/1.1 503 Service Unavailable\r\n{head}connection: close\r\n\r\n".encode() + synthetic.body
+
+
+class _OneLine(logging.Handler):
+    """aiohttp's server log as quotawrap's one line each: under --proxy it lands in the user's terminal,
+    where a malformed request's traceback is noise about someone else's bytes."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            detail = " ".join(str(exc).split())  # the parser's message spans lines, with a caret drawing
+            line = f"{line}: {type(exc).__name__}: {detail}" if detail else f"{line}: {type(exc).__name__}"
+        warn(f"gateway: {redact_text(line)[:500]}")
+
+
+def _loop_error(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's complaints (a callback that raised, a task nobody awaited) as one line too."""
+    exc = context.get("exception")
+    reason = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+    warn(f"gateway: {redact_text(str(context.get('message', 'event loop error')) + reason)[:500]}")
+
+
+def _server_log() -> logging.Logger:
+    log = logging.getLogger("quotawrap.gateway")
+    if not log.handlers:
+        log.addHandler(_OneLine())
+        log.propagate = False  # nothing reaches the root logger's (or Python's last-resort) traceback printer
+    return log
+
+
+class _Gate:
+    """What every connection of one gateway shares: the count of those open, and the limits."""
+
+    def __init__(self, factory: Callable[[], asyncio.Protocol], limit: int, header_timeout: float) -> None:
+        self.factory = factory
+        self.limit = limit
+        self.header_timeout = header_timeout
+        self.open = 0
+        self.busy = _busy_answer(limit)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection in front of aiohttp's protocol: counted against the limit (one more is answered
+    503 and closed), and closed when its first request's headers have not all arrived in time. Later
+    requests on the connection are timed by aiohttp's keep-alive timeout, set to the same value."""
+
+    def __init__(self, gate: _Gate) -> None:
+        self._gate = gate
+        self._inner: asyncio.Protocol | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._tail = b""  # the last bytes before this chunk: a head's blank line may straddle two chunks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        gate = self._gate
+        loop = asyncio.get_running_loop()
+        if gate.open >= gate.limit:
+            # Answered at once, then only our side is shut: a close with the caller's request still unread
+            # would reset the connection, and a reset may cost the caller the answer. It has a moment to read it.
+            transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio's classes
+            transport.write(gate.busy)
+            transport.write_eof()
+            self._deadline = loop.call_later(_TURNED_AWAY_S, transport.abort)
+            return
+        gate.open += 1
+        self._inner = gate.factory()
+        self._deadline = loop.call_later(gate.header_timeout, transport.close)
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is None:
+            return  # turned away: its request is read and dropped
+        if self._deadline is not None:
+            seen = self._tail + data
+            if b"\r\n\r\n" in seen or b"\n\n" in seen:  # the first request's head is complete
+                self._deadline.cancel()
+                self._deadline = None
+            else:
+                self._tail = seen[-3:]
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None  # None: the transport closes
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            self._gate.open -= 1
+            inner.connection_lost(exc)
+
+
 class Gateway:
     """One listening gateway: its settings, its ledger, its upstream and what it has in flight."""
 
@@ -99,7 +234,9 @@ class Gateway:
     ) -> None:
         self.settings = settings
         self.ledger = ledger
-        self.upstream = settings.base_url[0] if settings.base_url else ARK_BASE_URL
+        given = settings.base_url[0] if settings.base_url else ARK_BASE_URL
+        self.upstream, self._upstream_auth = split_credentials(given)
+        self.shown_upstream = redact_url(given)  # what health, the start line and every message name
         # The guard must see the upstream as guarded whatever it is (Ark's hosts already are).
         if self.upstream not in settings.base_url:
             settings = settings.replace(base_url=(*settings.base_url, self.upstream))
@@ -120,6 +257,10 @@ class Gateway:
         # than the hop, and runs inline.
         remote = urlsplit(settings.store or "sqlite:").scheme not in ("", "sqlite")
         self._ledger_pool = ThreadPoolExecutor(_LEDGER_THREADS, "quotawrap-ledger") if remote else None
+        self._estimate_pool: ThreadPoolExecutor | None = None  # a local ledger's big bodies, made when one comes
+        self._max_body = settings.max_body_mib * _MIB
+        self._listener: asyncio.AbstractServer | None = None
+        self.admitting = 0  # requests being admitted (parsed, estimated, reserved) now: health shows it
         self.started_at = time.time()
 
     @property
@@ -147,12 +288,24 @@ class Gateway:
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
         )
         self._proxy = _env_proxy(self.upstream)
-        app = web.Application(client_max_size=_MAX_BODY)
+        app = web.Application(client_max_size=self._max_body)
         app.router.add_get(HEALTH_PATH, self._health)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=self.drain_timeout)
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=self.drain_timeout,
+            logger=_server_log(),
+            keepalive_timeout=self._settings.header_timeout,
+        )
         await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
+        factory = self._runner.server
+        assert factory is not None
+        gate = _Gate(factory, self._settings.max_connections, self._settings.header_timeout)
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(_loop_error)
+        self._listener = await loop.create_server(lambda: _Connection(gate), sock=sock, backlog=1024)
         return self.url
 
     async def stop(self) -> None:
@@ -162,23 +315,34 @@ class Gateway:
         is charged whole (its outcome is unknown), never dropped.
         """
         self.draining = True
+        if self._listener is not None:
+            self._listener.close()  # accept nothing more; the runner drains the connections already open
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
         if self._client is not None:
             await self._client.close()
             self._client = None
-        if self._ledger_pool is not None:
-            self._ledger_pool.shutdown(wait=True)
+        for pool in (self._ledger_pool, self._estimate_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
-    async def _off_loop(self, fn: Callable[..., _T], *args: Any, abandon: Callable[[_T], None] | None = None) -> _T:
-        """Run a step that touches the ledger: on a thread for a network ledger, else inline.
+    async def _off_loop(
+        self, fn: Callable[..., _T], *args: Any, abandon: Callable[[_T], None] | None = None, heavy: bool = False
+    ) -> _T:
+        """Run a step that touches the ledger: on a thread for a network ledger, or when ``heavy`` (a big
+        body's estimate), else inline.
 
         ``abandon`` gets the step's result if the caller was cancelled (the drain deadline) while it ran.
         """
-        if self._ledger_pool is None:
+        pool = self._ledger_pool
+        if pool is None and heavy:
+            if self._estimate_pool is None:
+                self._estimate_pool = ThreadPoolExecutor(_ESTIMATE_THREADS, "quotawrap-estimate")
+            pool = self._estimate_pool
+        if pool is None:
             return fn(*args)
-        job = self._ledger_pool.submit(fn, *args)
+        job = pool.submit(fn, *args)
         try:
             return await asyncio.wrap_future(job)
         except asyncio.CancelledError:
@@ -203,13 +367,16 @@ class Gateway:
             if result[0]:
                 _never_sent(result[1])
 
+        heavy = len(body) > _INLINE_BODY
+        self.admitting += 1
         try:
             while True:
-                finished, value = await self._off_loop(step, abandon=abandon)
+                finished, value = await self._off_loop(step, abandon=abandon, heavy=heavy)
                 if finished:
                     return value  # type: ignore[no-any-return]
                 await asyncio.sleep(value)
         finally:
+            self.admitting -= 1
             with contextlib.suppress(ValueError):  # still running on a ledger thread: it ends by itself
                 steps.close()  # a cancelled wait leaves its place in line
 
@@ -219,16 +386,17 @@ class Gateway:
         """Liveness and readiness: the ledger answers, and the gateway is not draining."""
         body: dict[str, Any] = {
             "status": "ok",
-            "upstream": self.upstream,
+            "upstream": self.shown_upstream,
             "run_id": self.settings.run_id,
             "in_flight": self.in_flight,
+            "admitting": self.admitting,
             "uptime_s": round(time.time() - self.started_at, 3),
         }
         status = 200
         try:
             await self._off_loop(self.ledger.counters, [run_key(self._run_id)])  # one real read
         except Exception as exc:
-            body.update(status="ledger unavailable", error=str(exc))
+            body.update(status="ledger unavailable", error=redact_text(str(exc)))
             status = 503
         if self.draining:
             body["status"] = "draining"
@@ -257,9 +425,16 @@ class Gateway:
 
     async def _forward_one(self, request: web.Request) -> web.StreamResponse:
         assert self._client is not None
-        body = await request.read()
+        if request.content_length is not None and request.content_length > self._max_body:
+            return _too_large(request.content_length, self._max_body)  # unread: aiohttp then closes the connection
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # a chunked body past the limit
+            return _too_large(None, self._max_body)
         url = upstream_url(self.upstream, request.rel_url.raw_path, request.rel_url.raw_query_string)
         headers = forwarded_request_headers(request.headers.items())
+        if self._upstream_auth is not None and "authorization" not in request.headers:
+            headers.append(("Authorization", self._upstream_auth))  # the --base-url's own credentials
         try:
             tags = header_tags(request.headers.getall(TAG_HEADER, []))
         except ConfigError as exc:
@@ -339,12 +514,13 @@ class Gateway:
         return response
 
     def _unreachable(self, exc: Exception) -> web.Response:
-        warn(f"gateway: the upstream {self.upstream} did not answer: {exc!r}")
+        reason = redact_text(f"{type(exc).__name__}: {exc}")
+        warn(f"gateway: the upstream {self.shown_upstream} did not answer: {reason}")
         return _answer(
             SyntheticResponse.ark_error(
                 502,
                 "QuotawrapUpstreamUnavailable",
                 "BadGateway",
-                f"quotawrap's gateway could not reach {self.upstream}: {type(exc).__name__}: {exc}",
+                f"quotawrap's gateway could not reach {self.shown_upstream}: {reason}",
             )
         )

@@ -20,6 +20,7 @@ __all__ = [
     "forwarded_response_headers",
     "header_tags",
     "proxy_environment",
+    "split_credentials",
     "upstream_url",
 ]
 
@@ -59,6 +60,25 @@ def upstream_url(base: str, path: str, query: str) -> str:
     """The gateway's root stands for the upstream base: ``/chat/completions`` -> ``BASE/chat/completions``."""
     url = base.rstrip("/") + "/" + path.lstrip("/")
     return f"{url}?{query}" if query else url
+
+
+def split_credentials(base: str) -> tuple[str, str | None]:
+    """``http://user:pw@host/v3`` -> (``http://host/v3``, the ``Basic`` credential they stand for).
+
+    The upstream client cannot send a URL's credentials beside the caller's own ``Authorization``
+    (aiohttp refuses to combine them), and a URL that carries them must never be shown: the gateway
+    keeps the base without them, and sends them only to a caller that brought no credential itself.
+    """
+    from base64 import b64encode
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(base)
+    if "@" not in parts.netloc:
+        return base, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    credential = b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode("ascii")
+    return parts._replace(netloc=host).geturl(), f"Basic {credential}"
 
 
 def _connection_listed(headers: Sequence[tuple[str, str]]) -> set[str]:

@@ -11,9 +11,10 @@ from typing import Any
 
 from .._log import warn
 from ..ledger import Ledger
+from ..redact import redact_url
 from ..settings import Settings
 from ._gateway import Gateway
-from ._http import PROXY_VARIABLES, proxy_environment
+from ._http import PROXY_VARIABLES, proxy_environment, split_credentials
 
 __all__ = ["GatewayThread", "run_in_foreground", "start_proxy"]
 
@@ -97,12 +98,13 @@ def start_proxy(settings: Settings, ledger: Ledger) -> tuple[GatewayThread, dict
     """``--proxy``: a loopback gateway on a free port for this run, and the child's variables for it."""
     thread = GatewayThread(Gateway(settings, ledger, drain_timeout=settings.drain_timeout))
     url = thread.start()
-    upstream = thread.gateway.upstream
+    upstream, shown = thread.gateway.upstream, thread.gateway.shown_upstream
     for name, _ in PROXY_VARIABLES:
         previous = os.environ.get(name)
-        if previous and previous.rstrip("/") != upstream.rstrip("/"):
+        if previous and split_credentials(previous)[0].rstrip("/") != upstream.rstrip("/"):
+            previous = redact_url(previous)
             warn(
-                f"{name}={previous} is replaced by the gateway, which forwards to {upstream};"
+                f"{name}={previous} is replaced by the gateway, which forwards to {shown};"
                 f" pass --base-url {previous} to forward there instead"
             )
     return thread, proxy_environment(url)

@@ -36,6 +36,7 @@ class GatewayProcess:
             stderr=subprocess.PIPE,
             text=True,
         )
+        self.start_line = ""
         self.url = self._wait_for_url(timeout=30)
 
     def _wait_for_url(self, timeout: float) -> str:
@@ -51,6 +52,7 @@ class GatewayProcess:
                 break
             found = _LISTENING.search(line)
             if found:
+                self.start_line = line
                 return found.group(1)
         self.process.kill()
         _, err = self.process.communicate()

@@ -162,7 +162,30 @@ class TestEveryStack:
         assert report["totals"]["settled_tokens"] == sim.billed_total()
 
 
+# Ways to reach the provider from the standard library without socket.socket.connect (around.py `route`).
+ROUTES = ["c-socket", "c-method", "fastopen", "sendmsg", "mapped-v6", "dup", "bytes-host", "short-v4", "name"]
+
+
 class TestConnectionGuard:
+    @pytest.mark.parametrize("route", ROUTES)
+    def test_every_standard_library_route_is_refused_and_counted(
+        self, sim: ArkSimulator, store: str, tmp_path: Path, route: str
+    ) -> None:
+        """The C socket type, its methods called directly, TCP fast open, v4-mapped v6 and other spellings of
+        the address: each connection is refused, counted in the summary, and the provider bills nothing."""
+        control = subprocess.run(
+            child("around.py", "route", route), env={**os.environ, "SIM_URL": sim.url}, capture_output=True, text=True
+        )
+        assert control.stdout.strip() == "STATUS 200", control.stderr  # without the hook the route is billed
+        billed = sim.billed_total()
+        assert billed > 0
+        result, report = _run(sim, store, tmp_path, [], child("around.py", "route", route))
+        assert result.stdout.startswith("REFUSED"), result.stdout
+        assert "--allow-unguarded" in result.stdout
+        assert sim.billed_total() == billed
+        assert report["totals"]["refused_connections"] == 1
+        assert report["connections"][0]["stack"] == "__main__.route"
+
     def test_a_raw_socket_to_the_base_url_is_refused_and_counted(
         self, sim: ArkSimulator, store: str, tmp_path: Path
     ) -> None:

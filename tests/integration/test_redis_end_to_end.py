@@ -18,7 +18,7 @@ from quotawrap.ledger.base import model_day_key
 from quotawrap.ledger.redis import RedisLedger
 from quotawrap.quota import Counters
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, communicate_all, start_cli
+from tests.conftest import Wrapped, child, communicate_all, run_quotawrap, start_cli
 from tests.redis_server import RedisServer, private_server, session_url
 
 MODEL = "deepseek-v4-flash"
@@ -227,3 +227,41 @@ class TestDataLostMidRun:
         assert sim.billed_total() > 0
         assert "totals above are incomplete" in stderr, stderr
         assert "Redis lost quotawrap's counters" in stderr
+
+
+class TestPersistenceWarning:
+    """A Redis keeping nothing on disk forgets the day's spend if it restarts between runs: the run says so once."""
+
+    def _run(self, store: str, sim: ArkSimulator) -> Wrapped:
+        return run_quotawrap(["--store", store, "--base-url", sim.url], child("one_call.py"), env={"SIM_URL": sim.url})
+
+    def test_without_persistence_the_run_says_what_a_restart_loses_once(self, sim: ArkSimulator) -> None:
+        with private_server(appendonly=False) as server:
+            result = self._run(server.url, sim)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.count("keeps nothing on disk") == 1, result.stderr
+        assert "today's spend is forgotten" in result.stderr and "appendonly yes" in result.stderr
+
+    def test_with_aof_nothing_is_said(self, sim: ArkSimulator, aof_server: RedisServer) -> None:
+        result = self._run(aof_server.url, sim)
+        assert result.returncode == 0, result.stderr
+        assert "keeps nothing on disk" not in result.stderr
+
+    def test_where_config_is_refused_nothing_is_said_and_the_run_goes_on(self, sim: ArkSimulator) -> None:
+        """Managed Redis forbids CONFIG (here an ACL user without it): the run cannot judge, says nothing, runs."""
+        with private_server(appendonly=False) as server:
+            admin = redis.Redis.from_url(server.url)
+            admin.acl_setuser(
+                "agent",
+                enabled=True,
+                passwords=["+agent-pw"],
+                keys=["*"],
+                channels=["*"],
+                commands=["+@all", "-config"],
+            )
+            admin.close()
+            store = server.url.replace("redis://", "redis://agent:agent-pw@")
+            result = self._run(store, sim)
+        assert result.returncode == 0, result.stderr
+        assert "keeps nothing on disk" not in result.stderr
+        assert sim.calls() == 1

@@ -13,6 +13,7 @@ from quotawrap.endpoints import (
     Route,
     Router,
     classify,
+    clean_path,
     model_matches,
     parse_json_body,
     route,
@@ -380,3 +381,69 @@ class TestRouter:
         for _ in range(2):
             with pytest.raises(ValueError):
                 router("POST", "http://[::1/api/v3/chat/completions")
+
+
+class TestNumbersThatAreNotJson:
+    """Python reads NaN/Infinity and turns 1e400 into inf, which its encoder writes back as Infinity: refused."""
+
+    @pytest.mark.parametrize(
+        ("body", "reason"),
+        [
+            (b'{"model":"m","temperature":1e400}', "out of range of a 64-bit float: 1e400"),
+            (b'{"model":"m","temperature":-1E+999}', "out of range"),
+            (b'{"model":"m","temperature":NaN}', "not JSON: NaN"),
+            (b'{"model":"m","x":[Infinity]}', "not JSON: Infinity"),
+            (b' {"model":"m","x":{"y":-Infinity}}', "not JSON: -Infinity"),
+        ],
+    )
+    def test_refused_with_a_reason(self, body: bytes, reason: str) -> None:
+        with pytest.raises(ValueError, match=reason):
+            parse_json_body(body)
+
+    def test_finite_numbers_read_as_before(self) -> None:
+        body = b'{"model":"m","temperature":0.7,"top_p":1E-3,"n":2,"big":123456789012345678901234567890,"z":-0.0}'
+        assert parse_json_body(body) == json.loads(body)
+
+
+class TestPathsAsTheRouterReadsThem:
+    ARK = "https://ark.cn-beijing.volces.com/api/v3"
+
+    @pytest.mark.parametrize(
+        "path",
+        [
+            "//chat//completions",
+            "/chat/completions/",
+            "/chat%2Fcompletions",
+            "/x/../chat/completions",
+            "/./chat/completions",
+        ],
+    )
+    def test_spellings_of_chat_are_chat(self, path: str) -> None:
+        """Repeated slashes, dot segments and escaped slashes: the path a router matches, guarded as chat."""
+        found = route("POST", self.ARK + path)
+        assert found is not None and (found.action, found.kind, found.endpoint) == ("guard", "chat", "chat")
+
+    def test_a_base_url_left_through_dot_segments_is_still_under_it(self) -> None:
+        found = route("POST", "http://127.0.0.1:9/other/../v1/chat/completions", ["http://127.0.0.1:9/v1"])
+        assert found is not None and found.action == "guard"
+
+    def test_clean_path(self) -> None:
+        assert clean_path("") == "" and clean_path("/") == "" and clean_path("/../..") == ""
+        assert clean_path("/api//v3/./chat/../chat/completions/") == "/api/v3/chat/completions"
+
+
+class TestOtherMethodsOnBilledPaths:
+    ARK = "https://ark.cn-beijing.volces.com/api/v3"
+
+    @pytest.mark.parametrize("method", ["PUT", "PATCH", "GET", "DELETE", "HEAD", "OPTIONS", "put"])
+    @pytest.mark.parametrize("path", ["/chat/completions", "/embeddings", "/images/generations", "//chat//completions"])
+    def test_refused_with_405(self, method: str, path: str) -> None:
+        """Only POST is billed there: any other method is answered 405 by quotawrap, never sent."""
+        found = route(method, self.ARK + path)
+        assert found is not None and found.action == "wrong_method"
+
+    def test_polls_and_reads_elsewhere_still_pass(self) -> None:
+        assert route("GET", self.ARK + "/contents/generations/tasks").action == "poll"  # type: ignore[union-attr]
+        assert route("DELETE", self.ARK + "/contents/generations/tasks/cgt-1") is None
+        assert route("GET", self.ARK + "/responses/resp_1") is None
+        assert route("PUT", "https://api.example.com/v1/chat/completions") is None  # not a guarded host

@@ -4,6 +4,8 @@ connection guard, against the real in-process Ark simulator: real sockets, chunk
 
 from __future__ import annotations
 
+import _socket
+import errno
 import http.client
 import json
 import re
@@ -166,6 +168,34 @@ class TestGuardedAddresses:
         guarded.learn(ports, [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("203.0.113.7", 443))])
         assert guarded.guarded(("203.0.113.7", 443)) == ("203.0.113.7", 443)
 
+    @pytest.mark.parametrize(
+        ("address", "reaches"),
+        [
+            (("127.0.0.1", 8080), ("127.0.0.1", 8080)),
+            (("::ffff:127.0.0.1", 8080, 0, 0), ("127.0.0.1", 8080)),
+            (("::FFFF:7f00:1", 8080, 0, 0), ("127.0.0.1", 8080)),
+            (("0:0:0:0:0:ffff:127.0.0.1", 8080, 0, 0), ("127.0.0.1", 8080)),
+            ((b"127.0.0.1", 8080), ("127.0.0.1", 8080)),
+            (("127.1", 8080), ("127.0.0.1", 8080)),
+            (("2130706433", 8080), ("127.0.0.1", 8080)),
+            (("0.0.0.0", 8080), ("127.0.0.1", 8080)),
+            (("", 8080), ("127.0.0.1", 8080)),
+            (("localhost", 8080), ("127.0.0.1", 8080)),
+            (("127.0.0.2", 8080), None),
+            (("::ffff:127.0.0.1", 8081, 0, 0), None),
+            (("10.0.0.1", 8080), None),
+        ],
+    )
+    def test_every_spelling_of_a_guarded_address(self, address: Any, reaches: Any) -> None:
+        """The kernel reaches one address under many spellings: each is recognised as the guarded one."""
+        guarded = netguard.GuardedAddresses(["http://127.0.0.1:8080/api/v3"])
+        assert guarded.guarded(address) == reaches
+
+    def test_a_v6_base_url_in_any_spelling(self) -> None:
+        guarded = netguard.GuardedAddresses(["http://[0:0::1]:8080/api/v3", "http://[::ffff:10.1.2.3]:9000/"])
+        assert guarded.guarded(("::1", 8080, 0, 0)) == ("::1", 8080)
+        assert guarded.guarded(("10.1.2.3", 9000)) == ("10.1.2.3", 9000)
+
     def test_a_connection_inside_a_seam_passes(self) -> None:
         """The context mark of a seam lets a guarded address through; without it the check refuses."""
         guarded = netguard.GuardedAddresses(["http://127.0.0.1:9/"])
@@ -175,6 +205,66 @@ class TestGuardedAddresses:
             assert netguard._check(guarded, ("127.0.0.1", 9)) is None
         finally:
             _scope.leave(token)
+
+
+def _fromfd_of(sock: socket.socket) -> socket.socket:
+    return socket.fromfd(sock.fileno(), sock.family, sock.type)
+
+
+class TestGuardAfterSocketWasImported:
+    """socket.socket already subclasses the C type here (pytest imported socket long ago): the guard sets its
+    methods on that class and binds the name ``_socket.socket`` to a guarded subclass, and undoes both."""
+
+    @pytest.fixture
+    def listener(self) -> Iterator[tuple[str, int]]:
+        server = socket.create_server(("127.0.0.1", 0))
+        yield server.getsockname()
+        server.close()
+
+    @pytest.fixture
+    def guarded(self, listener: tuple[str, int]) -> Iterator[tuple[str, int]]:
+        assert netguard.patch(socket, [f"http://127.0.0.1:{listener[1]}/api/v3"]) is not None
+        try:
+            yield listener
+        finally:
+            netguard.unpatch(socket)
+
+    @pytest.mark.parametrize(
+        "route",
+        [
+            lambda address: _socket.socket().connect(address),
+            lambda address: _socket.socket.connect(socket.socket(), address),
+            lambda address: _socket.socket.connect(socket.socket().dup(), address),
+            lambda address: _fromfd_of(socket.socket()).connect(address),
+            lambda address: socket.socket().sendto(b"POST", socket.MSG_FASTOPEN, address),
+            lambda address: socket.socket().sendmsg([b"POST"], [], socket.MSG_FASTOPEN, address),
+            lambda address: socket.socket(socket.AF_INET6).connect(("::ffff:127.0.0.1", address[1])),
+        ],
+        ids=["c-socket", "c-method", "dup", "fromfd", "fastopen", "sendmsg", "mapped-v6"],
+    )
+    def test_each_route_is_refused(self, guarded: tuple[str, int], route: Callable[[tuple[str, int]], Any]) -> None:
+        with pytest.raises(ConnectionRefusedError, match="--allow-unguarded"):
+            route(guarded)
+        assert _socket.socket().connect_ex(guarded) == errno.ECONNREFUSED
+
+    def test_socket_types_look_as_before(self, guarded: tuple[str, int]) -> None:
+        """isinstance and issubclass against ``_socket.socket`` and ``socket.SocketType`` answer as they did."""
+        sock = socket.socket()
+        assert isinstance(sock, _socket.socket) and isinstance(sock, socket.SocketType)
+        assert issubclass(socket.socket, _socket.socket)
+        assert not isinstance(object(), _socket.socket)
+        sock.close()
+
+    def test_unpatch_puts_everything_back(self, listener: tuple[str, int]) -> None:
+        c_type, methods = _socket.socket, dict(vars(socket.socket))
+        assert netguard.patch(socket, [f"http://127.0.0.1:{listener[1]}/"]) is not None
+        assert _socket.socket is not c_type and "connect" in vars(socket.socket)
+        netguard.unpatch(socket)
+        assert _socket.socket is c_type and socket.SocketType is c_type
+        assert dict(vars(socket.socket)) == methods
+        sock = _socket.socket()
+        sock.connect(listener)  # no guard left
+        sock.close()
 
 
 class TestRegistryHelpers:

@@ -326,6 +326,12 @@ class Client:
 
     # -- commands, typed ---------------------------------------------------------------------
 
+    def config_get(self, name: str) -> Any:
+        """CONFIG GET ``name``: one dict, or one per primary of a Cluster (node name -> dict)."""
+        if self.cluster:
+            return self._redis.config_get(name, target_nodes="primaries")
+        return self._redis.config_get(name)
+
     def get(self, key: str) -> str | None:
         return as_text(self._redis.get(key))
 

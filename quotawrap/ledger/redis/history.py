@@ -19,6 +19,7 @@ from . import records
 from .client import Client, as_int
 from .keys import Keys
 from .options import RedisOptions
+from .persistence import warn_without_persistence
 
 __all__ = ["RedisHistory"]
 
@@ -100,6 +101,7 @@ class RedisHistory:
             client.zremrangebyrank(runs, 0, -MAX_RUNS_INDEXED - 1)
 
         client.retrying("run", write)
+        warn_without_persistence(client)  # once, as a run or a gateway starts: what a restart would lose
 
     def end_run(self, run_id: str, exit_code: int, ended_at: float) -> None:
         client, key = self._redis(), self._keys.run_info(run_id)

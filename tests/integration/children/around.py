@@ -4,6 +4,11 @@ Modes (argv[1]):
   raw-socket         POST by hand on a raw socket to $SIM_URL's host:port; prints "REFUSED <message>"
                      or "STATUS <code>".
   raw-asyncio        the same connection through asyncio.open_connection (loop.create_connection).
+  route ROUTE        the raw-socket POST over a connection made another way: c-socket (_socket.socket()
+                     .connect), c-method (_socket.socket.connect(s, addr)), fastopen (sendto with
+                     MSG_FASTOPEN), mapped-v6 (AF_INET6 to ::ffff:<ipv4>), dup (a dup()ed socket connected
+                     through the C method), bytes-host (b"<ip>"), short-v4 ("127.1"), name ("localhost"),
+                     sendmsg (sendmsg with MSG_FASTOPEN); prints "REFUSED <message>" or "STATUS <code>".
   bare-env SECONDS   start a Python grandchild with env={} that sleeps SECONDS then prints "FINISHED";
                      prints "GRANDCHILD <pid> <returncode>".
   no-pythonpath      start a Python grandchild without PYTHONPATH that makes one urllib call to the
@@ -21,26 +26,83 @@ import os
 import socket
 import subprocess
 import sys
+from typing import Any
 from urllib.parse import urlsplit
 
 SIM_URL = os.environ["SIM_URL"].rstrip("/")
 
 
-def raw_socket() -> None:
+def _request() -> bytes:
     parts = urlsplit(SIM_URL)
     body = json.dumps(
         {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
     ).encode()
+    head = (
+        f"POST {parts.path}/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer sk-test\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def raw_socket() -> None:
+    parts = urlsplit(SIM_URL)
     try:
         sock = socket.create_connection((parts.hostname, parts.port))
     except ConnectionRefusedError as exc:
         print("REFUSED", exc.strerror, flush=True)
         return
-    head = (
-        f"POST {parts.path}/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-        f"Authorization: Bearer sk-test\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    sock.sendall(head.encode() + body)
+    sock.sendall(_request())
+    _answer(sock)
+
+
+def route(name: str) -> None:
+    """One way around socket.socket.connect; the request goes out unless the guard refuses the connection."""
+    import _socket
+
+    parts = urlsplit(SIM_URL)
+    address = (parts.hostname or "", parts.port or 80)
+    request = _request()
+    sock: Any
+    try:
+        if name == "c-socket":
+            sock = _socket.socket()
+            sock.connect(address)
+        elif name == "c-method":
+            sock = socket.socket()
+            _socket.socket.connect(sock, address)
+        elif name == "fastopen":
+            sock = socket.socket()
+            sent = sock.sendto(request, socket.MSG_FASTOPEN, address)
+            request = request[sent:]
+        elif name == "sendmsg":
+            sock = socket.socket()
+            sent = sock.sendmsg([request], [], socket.MSG_FASTOPEN, address)
+            request = request[sent:]
+        elif name == "mapped-v6":
+            sock = socket.socket(socket.AF_INET6)
+            sock.connect(("::ffff:" + address[0], address[1]))
+        elif name == "dup":
+            sock = socket.socket().dup()
+            _socket.socket.connect(sock, address)
+        elif name == "bytes-host":
+            sock = socket.socket()
+            sock.connect((address[0].encode(), address[1]))
+        elif name == "name":
+            sock = socket.socket()
+            sock.connect(("localhost", address[1]))
+        elif name == "short-v4":
+            sock = socket.socket()
+            sock.connect((address[0].replace(".0.0.", "."), address[1]))
+        else:
+            raise SystemExit(f"unknown route {name}")
+    except ConnectionRefusedError as exc:
+        print("REFUSED", exc.strerror, flush=True)
+        return
+    sock.sendall(request)
+    _answer(sock)
+
+
+def _answer(sock: Any) -> None:
     answer = b""
     while chunk := sock.recv(65536):
         answer += chunk
@@ -113,6 +175,8 @@ if __name__ == "__main__":
         raw_socket()
     elif mode == "raw-asyncio":
         raw_asyncio()
+    elif mode == "route":
+        route(sys.argv[2])
     elif mode == "bare-env":
         bare_env(sys.argv[2])
     elif mode == "no-pythonpath":

@@ -134,6 +134,19 @@ local function server_now()
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 
+-- The server's time as a reply field (a Lua number would reach the client cut to an integer).
+local function time_field(now)
+  return string.format('%.6f', now)
+end
+
+-- A reserve opens its day's counters only on the server's day, whatever the clock of the host that sends it:
+-- a.day_start is the Unix time of the Beijing midnight that starts a.day (keys.day_start; false on a ledger
+-- given a simulated clock). The reply for another day: {-4, the server's time}, which the client asks again with.
+local function day_refused(a, now)
+  if a.day_start and (now < a.day_start or now >= a.day_start + 86400) then return {-4, time_field(now)} end
+  return nil
+end
+
 -- The call's waiter id and ticket from its reserve_args (false when it has none); a ticket it
 -- already holds in one of the lines read wins over none.
 local function line_self(a, now, ...)

@@ -5,7 +5,8 @@
 -- Three rules are mirrored from Python and must stay equal to it (tests/unit/test_ledger_lua.py
 -- runs both on generated cases): blocking() is quota.verdict (and, on counters with nothing in
 -- flight, quota.never_fits), hold_step()/hold_follow() are ledger/holds.py, line_ahead(),
--- line_crowded() and line_decide() are ledger/lines.py. Stored field names are listed in docs/redis.md ("Glossary").
+-- line_crowded() and line_decide() are ledger/lines.py. day_refused() holds the server's time against the bounds of
+-- quota.beijing_day that Python sends (keys.day_start). Stored field names are listed in docs/redis.md ("Glossary").
 
 local function num(v)
   if not v then return 0 end

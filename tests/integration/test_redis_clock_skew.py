@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -99,7 +100,8 @@ def _skewed(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     shim = tmp_path / "faketime_shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(SLEEP_SHIM)
-    return [_faketime(), "-f", f"+{SKEW_H}h"], {"FAKETIME_DONT_FAKE_MONOTONIC": "1", "PYTHONPATH": str(shim)}
+    path = os.pathsep.join([str(shim), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return [_faketime(), "-f", f"+{SKEW_H}h"], {"FAKETIME_DONT_FAKE_MONOTONIC": "1", "PYTHONPATH": path}
 
 
 def _run(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +86,24 @@ def test_a_host_clock_far_off_warns_once_per_process_and_tells_its_children(
     assert lines[0].startswith("quotawrap: this host's clock is 30.0 h ahead of the Redis ledger's (redis://h:1/0)")
     assert "NTP" in lines[0]
     assert float(os.environ[SKEW_VARIABLE]) == pytest.approx(-30 * H)
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_threads_measuring_at_once_warn_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """The threads of a process that connect together (each ledger, each first call) say it once between them."""
+    start = threading.Barrier(16)
+
+    def measure() -> None:
+        clock = ServerClock("redis://h:1/0")
+        start.wait()
+        clock.observe(1000.0, 1000.0 + 30 * H, 1000.0 + 30 * H)
+
+    threads = [threading.Thread(target=measure) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(capsys.readouterr().err.splitlines()) == 1
 
 
 @pytest.mark.usefixtures("fresh_process")

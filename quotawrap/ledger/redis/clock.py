@@ -14,6 +14,7 @@ wrapper tells them in ``QUOTAWRAP_CLOCK_SKEW`` that it said it).
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from ..._log import warn
@@ -60,7 +61,8 @@ def _warned_by_parent(offset: float) -> bool:
         return False
 
 
-_warned = False  # one warning a process, whatever number of ledgers it opens
+_warned = False  # one warning a process, whatever number of ledgers and threads measure
+_warning = threading.Lock()
 
 
 class ServerClock:
@@ -88,7 +90,10 @@ class ServerClock:
         offset = self.offset
         if _warned or abs(offset) <= SKEW_WARN_S:
             return
-        _warned = True
+        with _warning:
+            if _warned:
+                return
+            _warned = True
         if not _warned_by_parent(offset):
             warn(skew_warning(offset, self.store))
         os.environ[SKEW_VARIABLE] = repr(offset)  # inherited by the children this process starts from now on

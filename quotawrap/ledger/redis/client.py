@@ -326,14 +326,6 @@ class Client:
 
     # -- commands, typed ---------------------------------------------------------------------
 
-    def time(self) -> float:
-        """The server's clock (TIME), in seconds; on Cluster a node's (each keeps its own, NTP keeps them close)."""
-        reply = self._redis.time()
-        if isinstance(reply, dict):  # redis-py's Cluster answers per node
-            reply = next(iter(reply.values()))
-        seconds, micros = reply
-        return int(seconds) + int(micros) / 1_000_000
-
     def get(self, key: str) -> str | None:
         return as_text(self._redis.get(key))
 
@@ -348,6 +340,14 @@ class Client:
 
     def exists(self, key: str) -> bool:
         return bool(self._redis.exists(key))
+
+    def time(self) -> float:
+        """The server's clock (TIME), in seconds; on Cluster a node's (each keeps its own, NTP keeps them close)."""
+        reply = self._redis.time()
+        if isinstance(reply, dict):  # redis-py's Cluster answers per node
+            reply = next(iter(reply.values()))
+        seconds, micros = reply
+        return int(seconds) + int(micros) / 1_000_000
 
     def mget(self, keys: Sequence[str]) -> list[str | None]:
         values = self._redis.mget_nonatomic(keys) if self.cluster else self._redis.mget(keys)

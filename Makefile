@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench bytecode redis-server node-deps
+.PHONY: demo test lint bench bytecode redis-server faketime node-deps
 
 # The Redis tests start a private redis-server from the binary (or use $REDIS_URL).
 redis-server:
@@ -11,6 +11,14 @@ redis-server:
 	  echo "installing redis-server (Debian package) for the Redis ledger tests"; \
 	  (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null) \
 	    || { echo "could not install redis-server: install it, or set REDIS_URL to a disposable database"; exit 1; }; \
+	fi
+
+# The clock-skew tests run a wrapper on a host clock 30 h ahead under libfaketime (tests/integration/test_redis_clock_skew.py).
+faketime:
+	@if ! command -v faketime >/dev/null; then \
+	  echo "installing faketime (Debian package) for the clock-skew tests"; \
+	  (apt-get update -qq && apt-get install -y -qq faketime >/dev/null) \
+	    || { echo "could not install faketime: install it (Debian: apt-get install faketime)"; exit 1; }; \
 	fi
 
 $(BIN)/quotawrap: pyproject.toml
@@ -47,7 +55,7 @@ lint: $(BIN)/quotawrap  ## the static checks: ruff, ruff format, mypy --strict, 
 	$(BIN)/mypy --strict quotawrap
 	$(BIN)/python tests/check_imports.py
 
-test: lint bytecode redis-server node-deps  ## the whole test suite, lint included
+test: lint bytecode redis-server faketime node-deps  ## the whole test suite, lint included
 	$(BIN)/pytest -q
 
 bench: $(BIN)/quotawrap bytecode redis-server  ## every figure of docs/benchmarks.md and docs/day-simulation.md

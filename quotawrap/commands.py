@@ -208,8 +208,10 @@ def consume_command(
             time.sleep(wait)
         except KeyboardInterrupt:
             fail("consume interrupted while waiting for --at; nothing spent", 130)
+    from .ledger.base import ledger_clock
+
     ledger = open_ledger(settings)
-    now = time.time()
+    now = ledger_clock(ledger)()  # on Redis the server's: every host consumes the same Beijing day
     day = quota.beijing_day(now)
     if sync_source(settings):
         try:

@@ -42,6 +42,7 @@ from .consume_plan import (
 from .guard import Guard
 from .guarded_call import GuardedCall
 from .ledger import Ledger, model_day_key
+from .ledger.base import ledger_clock
 from .settings import Settings
 
 __all__ = [
@@ -336,12 +337,14 @@ def run_consume(
     models: Sequence[str],
     *,
     run_id: str,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] | None = None,
     progress: Callable[[str], None] = lambda _line: None,
 ) -> ConsumeResult:
-    """Take the day's lease (unless ``force``), then spend each model's plan in turn."""
+    """Take the day's lease (unless ``force``), then spend each model's plan in turn. ``clock``: by default the
+    ledger's (``ledger_clock``), whose Beijing day every host shares."""
     import httpx
 
+    clock = clock or ledger_clock(ledger)
     now = clock()
     day = quota.beijing_day(now)
     result = ConsumeResult(day, run_id)

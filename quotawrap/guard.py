@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import endpoints, quota, readahead, refusals
-from ._errors import PolicyRefused, StoreError
+from ._errors import PolicyRefused, QuotawrapError, StoreError
 from ._log import warn
 from .admission import Plan, Room, Wait, plan_output
 from .allowance import AllowanceBook
@@ -42,7 +42,7 @@ from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unboun
 from .guard_books import GuardBooks
 from .guarded_call import CallContext, GuardedCall
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
-from .ledger.base import Decision, Settle, run_cost_key, run_key
+from .ledger.base import Decision, Settle, ledger_clock, run_cost_key, run_key
 from .redact import key_fingerprint
 from .reserving import Call, reserve_steps
 from .settings import Settings
@@ -72,19 +72,20 @@ class Guard(GuardBooks):
         settings: Settings,
         ledger: Ledger | None = None,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         soft_walls: bool = True,
         background_settle: bool = False,
     ) -> None:
         """``soft_walls=False`` (``quotawrap consume`` only): the §7.6 soft-evict walls do not apply,
         every hold limit (caps, the synced pool) still does. ``background_settle`` (the guard of a
         guarded child): calls settle through this process's :class:`~quotawrap.settler.Settler`,
-        off the caller's path; otherwise each settle lands before the caller gets its last byte."""
+        off the caller's path; otherwise each settle lands before the caller gets its last byte. ``clock``: by
+        default the ledger's (``ledger_clock``: on Redis the server's, so hosts with wrong clocks share its day)."""
         self.settings = settings
         self._soft_walls = soft_walls
         self._ledger = ledger
         self._ledger_lock = threading.Lock()
-        self._clock = clock
+        self._clock = clock if clock is not None else self._ledger_now
         self._estimate_settings = EstimateSettings(
             thinking_floor=settings.thinking_floor,
             default_max_tokens=settings.default_max_tokens,
@@ -104,7 +105,7 @@ class Guard(GuardBooks):
         self._prices: PriceTable | None = None
         self.retries = refusals.RetryMemory()
         self.contexts = ContextSizes()
-        self._redirects = refusals.RedirectMemory(clock)
+        self._redirects = refusals.RedirectMemory(self.clock)
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
         self.settler: Settler | None = None
         self.advances: Advances | None = None
@@ -127,7 +128,7 @@ class Guard(GuardBooks):
                     lambda: self.ledger, lambda settle: self.land(settle, None), notes.write, relay.listening
                 )
         self._events = EventLog(settings.events_log)
-        self._allowances = AllowanceBook(lambda: self.ledger, clock=clock)
+        self._allowances = AllowanceBook(lambda: self.ledger, clock=self.clock)
         self._known: dict[tuple[str, str], dict[str, quota.Counters]] = {}  # last counters seen per (model, day)
         self._snapshots: dict[str, tuple[float, quota.Snapshot | None]] = {}
         self._rooms: dict[tuple[str, str], Room] = {}
@@ -137,6 +138,16 @@ class Guard(GuardBooks):
         return self._host
 
     def clock(self) -> float:
+        return self._clock()
+
+    def _ledger_now(self) -> float:
+        """The guard's clock until it has read its ledger's: the ledger's from then on. A store that cannot be
+        opened is the reserve's to report: until it opens, this host's clock."""
+        try:
+            ledger = self.ledger
+        except QuotawrapError:
+            return time.time()
+        self._clock = ledger_clock(ledger)
         return self._clock()
 
     @property

@@ -462,8 +462,10 @@ def _run(
         try:
             # Nested: the outer wrapper closes the run; charging its open holds here would charge calls
             # still in flight elsewhere in the tree, so only holds of dead processes are charged.
+            from .ledger.base import ledger_clock
+
             resolved = (
-                ledger.reclaim_orphans(time.time())
+                ledger.reclaim_orphans(ledger_clock(ledger)())
                 if nested
                 else ledger.resolve_run(settings.run_id, release_advances=every_draw_landed)
             )
@@ -574,10 +576,12 @@ def _reclaim_loop(ledger: Ledger, stop: threading.Event, run_dir: str | None, re
             if stop.wait(_MARK_POLL_S):
                 return
         relay.open()  # settles sent before it is bound land in their process, as without a relay
+    from .ledger.base import ledger_clock  # once the run's processes opened the ledger: the wrapper needs it too
+
     first = True
     while first or not stop.wait(_RECLAIM_EVERY_S):
         first = False
         try:
-            ledger.reclaim_orphans(time.time())
+            ledger.reclaim_orphans(ledger_clock(ledger)())
         except Exception as exc:
             warn(f"could not reclaim orphaned holds: {exc}")

@@ -42,12 +42,15 @@ def status_command(as_json: bool, **values: Any) -> None:
     from .waiting import waiting_now
 
     settings = command_settings(values)
+    from .ledger.base import ledger_clock
+
     ledger = open_ledger(settings)
-    ledger.reclaim_orphans(time.time())
+    now = ledger_clock(ledger)()  # on Redis the server's: a host whose clock is off shows the ledger's day
+    ledger.reclaim_orphans(now)
     waiting = waiting_now(os.path.dirname(default_events_log("any")))  # this host's runs, from their events logs
-    for model, count in ledger.waiting(time.time()).items():  # the ledger's lines: every run and host
+    for model, count in ledger.waiting(now).items():  # the ledger's lines: every run and host
         waiting[model] = max(count, waiting.get(model, 0))
-    rows = model_status(ledger, settings, time.time(), waiting=waiting)
+    rows = model_status(ledger, settings, now, waiting=waiting)
     unguarded = unguarded_now(os.path.dirname(default_events_log("any")))
     if as_json:
         for row in rows:  # the list of model rows stays the output's shape; like the reset time, same in each
@@ -163,12 +166,13 @@ def sync_command(
     """Record the free balance per model (manual, command or billing API) as today's snapshot."""
     from . import quota
     from .balance import parse_balance_args
+    from .ledger.base import ledger_clock
     from .sync import SyncLoop, record_b0, record_balance, sync_once
     from .sync import calibrate as calibrate_lag
 
     settings = command_settings(values)
     ledger = open_ledger(settings)
-    now = time.time()
+    now = ledger_clock(ledger)()
     try:
         if calibrate:
             day_list = [quota.beijing_day(now - n * quota.DAY_S) for n in range(days)]

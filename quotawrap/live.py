@@ -25,7 +25,6 @@ import math
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TextIO
@@ -33,6 +32,7 @@ from typing import TextIO
 from . import quota
 from ._records import Record
 from .ledger import Ledger, model_day_key, run_key
+from .ledger.base import ledger_clock
 from .settings import Settings
 from .waiting import EventsTail, RunEvents
 
@@ -348,7 +348,7 @@ class LiveView:
         run_id: str,
         stream: TextIO | None = None,
         interval_s: float = 0.2,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         *,
         terminal_size: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
@@ -357,7 +357,7 @@ class LiveView:
         self._run_id = run_id
         self._stream = sys.stderr if stream is None else stream  # bound late: tests swap sys.stderr
         self._interval_s = interval_s
-        self._clock = clock
+        self._clock = clock or ledger_clock(ledger)  # the ledger's: on Redis the server's day, whatever this host's
         self._tty = _is_terminal(self._stream)
         self._size = terminal_size or (lambda: _terminal_size(self._stream))
         self._block = BottomBlock()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, timedelta
 
@@ -33,6 +32,7 @@ from ._records import Record
 from .balance import BalanceUnavailable, read_balance_command, read_billing_api, sync_source
 from .expiry import expiring_before
 from .ledger import Ledger, model_day_key
+from .ledger.base import ledger_clock
 from .settings import Settings
 
 __all__ = [
@@ -186,7 +186,7 @@ class SyncLoop(Record):
 
     ledger: Ledger
     settings: Settings
-    clock: Callable[[], float] = time.time
+    clock: Callable[[], float] | None = None  # None: the ledger's (ledger_clock), whose day the guard keeps
     on_error: Callable[[str], None] = warn
 
     def __post_init__(self) -> None:
@@ -205,7 +205,7 @@ class SyncLoop(Record):
         return due
 
     def tick(self) -> Mapping[str, quota.Snapshot]:
-        now = self.clock()
+        now = (self.clock or ledger_clock(self.ledger))()
         if not self.due_models(now):
             return {}
         try:

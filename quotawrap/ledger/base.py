@@ -39,6 +39,7 @@ __all__ = [
     "RunRecord",
     "RunTotals",
     "Settle",
+    "ledger_clock",
     "model_day_key",
     "new_hold_id",
     "pid_alive",
@@ -48,6 +49,16 @@ __all__ = [
 
 CallState = HoldState
 LimitsFor = Callable[[Snapshot | None], Sequence[Limit]]
+
+
+def ledger_clock(ledger: object) -> Callable[[], float]:
+    """The clock of ``ledger``, which every process and host sharing it agrees on: a Redis ledger's is its
+    server's (:meth:`RedisLedger.now`), SQLite's is this host's (one machine: every process reads the same clock).
+    Every time handed to a ledger (a day, an expiry, ``reclaim_orphans``' now) is read from it.
+
+    Looked up on the class: a run's lean books (``ledger.runs.RunBooks``) would open the full ledger for it."""
+    now = getattr(type(ledger), "now", None)
+    return time.time if now is None else getattr(ledger, "now")  # noqa: B009 - the bound method, once known
 
 
 def pid_alive(pid: int) -> bool:

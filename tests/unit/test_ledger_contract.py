@@ -957,7 +957,12 @@ class TestRestart:
                 ledger.reserve(request(100), limits(daily=1000))
             with pytest.raises(StoreError, match="lost"):
                 RedisLedger(server.url).reserve(request(100), limits(daily=1000))
-            other_day = RedisLedger(server.url).reserve(request(100, day="2030-01-02"), limits(daily=1000))
+            with pytest.raises(StoreError, match="lost"):  # another day than the server's is moved to the server's
+                RedisLedger(server.url).reserve(request(100, day="2030-01-02"), limits(daily=1000))
+            # the mark is the day's: a ledger on a clock of its own (whose days are taken as given) opens another
+            other_day = RedisLedger(server.url, clock=lambda: 1_893_542_400.0).reserve(
+                request(100, day="2030-01-02"), limits(daily=1000)
+            )
             assert other_day.held
         finally:
             server.cleanup()

@@ -2,8 +2,8 @@
 
 lua/lib.lua's ``blocking`` must be ``quota.verdict`` (on limits in ``quota.ordered``'s order) and
 its ``never_blocking`` ``quota.never_fits``; its ``hold_step`` / ``hold_follow`` must be ``holds.step`` /
-``holds.follow``, and its ``line_ahead`` / ``line_crowded`` / ``line_decide`` the waiting lines' rule
-of ``ledger/lines.py``. Each check
+``holds.follow``, its ``line_ahead`` / ``line_crowded`` / ``line_decide`` the waiting lines' rule
+of ``ledger/lines.py``, and its ``day_refused`` the Beijing day of ``quota.beijing_day``. Each check
 runs the library itself through real ``EVAL`` on a private redis-server, a thousand cases per
 call, against the Python functions on the same seeded cases.
 """
@@ -19,7 +19,8 @@ import pytest
 
 from quotawrap.ledger import holds, lines
 from quotawrap.ledger.redis.client import lua_file
-from quotawrap.quota import Counters, Limit, never_fits, ordered, verdict
+from quotawrap.ledger.redis.keys import day_start
+from quotawrap.quota import DAY_S, Counters, Limit, beijing_day, never_fits, ordered, verdict
 from tests.redis_server import session_url
 
 pytestmark = pytest.mark.redis
@@ -57,6 +58,9 @@ for i, c in ipairs(cjson.decode(ARGV[1])) do
     if c.waiter ~= '' then waiter = c.waiter end
     if c.ticket > 0 then ticket = c.ticket end
     out[i] = line_ahead(c.entries, waiter, ticket, c.now)
+  elseif c.check == 'day' then
+    local refused = day_refused({day_start = c.day_start}, c.now)
+    if refused == nil then out[i] = false else out[i] = refused end
   elseif c.check == 'decide' then
     out[i] = {line_decide(c.ahead_run, c.ahead_md, c.allowed, c.never, c.crowd_run, c.crowd_md, c.can_wait, c.enforce)}
   else
@@ -313,3 +317,30 @@ def test_line_decide_is_lines_decide(lua: Any) -> None:
         assert (outcome, joined) == tuple(expected), case
         seen.add(outcome)
     assert seen == {"take", "refuse", "queued", "wait", "line_refused"}
+
+
+def test_day_refused_is_the_beijing_day(lua: Any) -> None:
+    """day_refused() lets a call through exactly when the server's time (TIME: whole microseconds) falls in the
+    Beijing day it names (quota.beijing_day, by keys.day_start); otherwise it answers -4 and that time."""
+    rng = random.Random(19)
+    cases = []
+    for _ in range(CASES):
+        day = beijing_day(rng.uniform(0, 4_102_444_800))  # 1970 to 2100
+        start = day_start(day)
+        edge = rng.choice((start, start + int(DAY_S)))
+        micros = rng.choice(
+            (
+                edge * 1_000_000 + rng.randint(-2, 2),  # a microsecond either side of a midnight
+                edge * 1_000_000 + rng.randint(-2_000_000, 2_000_000),
+                (start + rng.randint(-3 * 86_400, 4 * 86_400)) * 1_000_000 + rng.randint(0, 999_999),
+            )
+        )
+        cases.append({"check": "day", "day": day, "day_start": start, "now": micros / 1_000_000})
+    outcomes = set()
+    for case, refused in zip(cases, lua(cases), strict=True):
+        inside = beijing_day(case["now"]) == case["day"]
+        assert (refused is False) == inside, case
+        if refused is not False:
+            assert refused[0] == -4 and abs(float(refused[1]) - case["now"]) < 1e-6, (case, refused)
+        outcomes.add(inside)
+    assert outcomes == {True, False}

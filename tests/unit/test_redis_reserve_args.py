@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from quotawrap.ledger.base import HoldRequest
@@ -27,8 +28,19 @@ LIMITS = (
 )
 
 
+def _day_start(day: str) -> int:
+    """The Unix time of the Beijing midnight that starts ``day``, by the calendar (not keys.day_start)."""
+    return int(datetime.strptime(day, "%Y-%m-%d").replace(tzinfo=timezone(timedelta(hours=8))).timestamp())
+
+
 def _reference(
-    request: HoldRequest, walls_first: Sequence[Limit], expires: int, now: float, index_at: float | None
+    request: HoldRequest,
+    walls_first: Sequence[Limit],
+    expires: int,
+    now: float,
+    index_at: float | None,
+    *,
+    checks_day: bool = True,
 ) -> dict[str, Any]:
     """Every field encoded at once, as the ledger did before the parts were cached."""
     options = RedisOptions()
@@ -39,6 +51,7 @@ def _reference(
         "reserve": clamp(int(request.reserve)),
         "enforce": "1" if request.enforce else "0",
         "day": request.day,
+        "day_start": _day_start(request.day) if checks_day else False,
         "model": request.model,
         "expires": repr(float(request.expires_at)),
         "pid": str(int(request.pid)),
@@ -97,6 +110,17 @@ def test_the_cached_encoding_decodes_to_every_field() -> None:
         index_at = rng.choice((None, 1_764_600_000.5))
         got = json.loads(encoder.encode(request, encoded_limits, expires, now, index_at))
         assert got == _reference(request, walls_first, expires, now, index_at)
+
+
+def test_a_ledger_on_a_simulated_clock_sends_no_day_to_check() -> None:
+    """Its days are its clock's, which the server's knows nothing of: the scripts take them as given."""
+    rng = random.Random(13)
+    encoder = ReserveArgs(RedisOptions(), checks_day=False)
+    for _ in range(200):
+        request = _request(rng)
+        walls_first, encoded_limits = encoder.ordered(list(LIMITS))
+        got = json.loads(encoder.encode(request, encoded_limits, 0, 5.0))
+        assert got == _reference(request, walls_first, 0, 5.0, None, checks_day=False)
 
 
 def test_limits_are_ordered_again_once_the_list_changes() -> None:

@@ -347,6 +347,14 @@ class Client:
     def exists(self, key: str) -> bool:
         return bool(self._redis.exists(key))
 
+    def time(self) -> float:
+        """The server's clock (TIME), in seconds; on Cluster a node's (each keeps its own, NTP keeps them close)."""
+        reply = self._redis.time()
+        if isinstance(reply, dict):  # redis-py's Cluster answers per node
+            reply = next(iter(reply.values()))
+        seconds, micros = reply
+        return int(seconds) + int(micros) / 1_000_000
+
     def mget(self, keys: Sequence[str]) -> list[str | None]:
         values = self._redis.mget_nonatomic(keys) if self.cluster else self._redis.mget(keys)
         return [as_text(v) for v in values]

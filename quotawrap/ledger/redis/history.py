@@ -8,7 +8,6 @@ call costs what it did when these lived in ledger.py.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from functools import partial
 
@@ -34,6 +33,9 @@ class RedisHistory:
 
     def _redis(self) -> Client:
         raise NotImplementedError  # RedisLedger connects
+
+    def _now(self) -> float:
+        raise NotImplementedError  # RedisLedger keeps the server's clock
 
     def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
         client = self._redis()
@@ -97,7 +99,7 @@ class RedisHistory:
             client.set(self._keys.run_info(run.run_id), records.encode_run(run), ex=self.options.run_ttl_s)
             client.zadd(runs, run.run_id, run.started_at)
             # the index is bounded like the records it points to
-            client.zremrangebyscore(runs, "-inf", time.time() - self.options.run_ttl_s)
+            client.zremrangebyscore(runs, "-inf", self._now() - self.options.run_ttl_s)
             client.zremrangebyrank(runs, 0, -MAX_RUNS_INDEXED - 1)
 
         client.retrying("run", write)

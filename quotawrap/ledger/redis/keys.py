@@ -9,14 +9,13 @@ layout and every hash field are described in docs/redis.md ("Key schema", "Gloss
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from ...quota import BEIJING
 from .options import DAY_S, RedisOptions
 
-__all__ = ["Keys"]
+__all__ = ["Keys", "day_start", "expire_at"]
 
 KEY_CACHE_MAX = 4096  # (script, day, model, run) key tuples a process keeps before starting afresh
 
@@ -34,12 +33,19 @@ def _midnight_after(day: str) -> float | None:
     return (start + timedelta(days=1)).timestamp()
 
 
-def expire_at(day: str, expires_at: float = 0.0) -> int:
-    """Model-day keys live two days past the later of the day's end and now (late settles);
-    an unknown day format counts as ending two days from now."""
+def day_start(day: str) -> int:
+    """The Unix time of the Beijing midnight that starts ``day`` (the reserve scripts check that the server's
+    clock is in that day); 0 for an unknown format, which no server's day is."""
     end = _midnight_after(day)
-    day_end = time.time() + 2 * DAY_S if end is None else end
-    return int(max(day_end, expires_at, time.time()) + 2 * DAY_S)
+    return 0 if end is None else int(end) - DAY_S
+
+
+def expire_at(day: str, now: float, expires_at: float = 0.0) -> int:
+    """Model-day keys live two days past the later of the day's end and ``now`` (late settles; the server's clock,
+    which EXPIREAT is read on); an unknown day format counts as ending two days from now."""
+    end = _midnight_after(day)
+    day_end = now + 2 * DAY_S if end is None else end
+    return int(max(day_end, expires_at, now) + 2 * DAY_S)
 
 
 class Keys:

@@ -13,13 +13,17 @@ the key schema. The shape of the design:
   On Cluster those are two slots, so a reserve takes the run hold first, then the model-day hold,
   and gives the run hold back if the model-day refused (never over, at worst briefly over-held);
 * usage recorded by the LiteLLM limiter under ``daily_usage:{date}:{model}:{hash}`` counts towards
-  the model-day's settled usage, and ours is written there under our own hash.
+  the model-day's settled usage, and ours is written there under our own hash;
+* every time kept or compared is on the server's clock (:mod:`.clock`): hosts whose clocks disagree
+  share one Beijing day, and the reserve scripts refuse to open another.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
@@ -28,7 +32,7 @@ from functools import partial
 from typing import ClassVar
 
 from ... import quota
-from ..._errors import ConfigError, StoreError
+from ..._errors import ConfigError, QuotawrapError, StoreError
 from ...quota import BEIJING, Counters, Limit, Snapshot, Verdict
 from ...usage import Usage
 from ..base import (
@@ -44,6 +48,7 @@ from ..holds import Event
 from ..scopes import ModelDay, Run, parse_counter_key
 from . import records
 from .client import Arg, Client, as_int, as_text
+from .clock import ServerClock
 from .history import RedisHistory
 from .keys import Keys, expire_at
 from .lines import NO_LINE, LineReply, count_waiting, leave, leave_lines, with_ticket
@@ -66,15 +71,22 @@ def _lease_ttl(ttl_s: float) -> int:
     return int(max(ttl_s, 0)) + 3600
 
 
+def _of_day(snapshot: Snapshot | None, day: str) -> Snapshot | None:
+    """The snapshot if it is of ``day``: a call moved to the server's day is never limited by another day's sync."""
+    return snapshot if snapshot is not None and snapshot.day == day else None
+
+
 class RedisLedger(RedisHistory):
     """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
 
     writers_sleep_when_busy: ClassVar[bool] = False  # the server queues a command behind the script it runs
     takes_advances: ClassVar[bool] = True  # on a single node (lua/advance.lua); Cluster refuses every advance
 
-    def __init__(self, url: str, *, clock: Callable[[], float] = time.time, **options: object) -> None:
+    def __init__(self, url: str, *, clock: Callable[[], float] | None = None, **options: object) -> None:
+        """``clock``: a simulated clock (a day that runs fast, in tests) for every time the ledger keeps, whose
+        days the scripts then take as given; by default the server's (:meth:`now`)."""
         self.url = url
-        self._clock = clock  # timestamps of records and the usage series (a simulated day runs fast)
+        self._given_clock = clock
         self._store = redact(url)
         client_url, from_url = split_url(url)
         unknown = set(options) - set(RedisOptions.names())
@@ -84,7 +96,11 @@ class RedisLedger(RedisHistory):
         self._host = socket.gethostname()
         self._client = Client(client_url, self._store, self.options)
         self._keys = Keys(self.options)
-        self._args = ReserveArgs(self.options)
+        self._args = ReserveArgs(self.options, checks_day=clock is None)
+        self._server = ServerClock(self._store)
+        self._measuring = threading.Lock()
+        self._measure_after = 0.0  # time.monotonic() before which now() does not try to connect again
+        self._read_with = 0.0  # the offset now() last read the server's time with (what callers' times are on)
         self._foreign = ForeignUsage(self._client, self._keys)
         self._epoch: str | None = None
         self._lost_at: float | None = None  # when this ledger saw the store come back empty
@@ -95,6 +111,44 @@ class RedisLedger(RedisHistory):
     @property
     def cluster(self) -> bool:
         return self._client.cluster
+
+    # -- the ledger's clock --------------------------------------------------------------------
+
+    def now(self) -> float:
+        """The ledger's clock, which every process sharing it agrees on: the server's ``TIME`` as this host
+        reads it (connecting first to measure it; if the store cannot be reached, this host's clock until it
+        can). Never raises. A ledger given a clock: that clock."""
+        given = self._given_clock
+        if given is not None:
+            return given()
+        if not self._server.measured:
+            self._measure_once()
+        offset = self._read_with = self._server.offset
+        return time.time() + offset
+
+    def _measure_once(self) -> None:
+        """Connect (which measures the offset), once for all the threads that ask meanwhile; a store that is
+        away is asked again at most every few seconds, not on every reading."""
+        with self._measuring:
+            if self._server.measured or time.monotonic() < self._measure_after:
+                return
+            try:
+                self._redis()
+            except QuotawrapError:
+                self._measure_after = time.monotonic() + 5.0
+
+    def _now(self) -> float:
+        given = self._given_clock
+        return given() if given is not None else time.time() + self._server.offset
+
+    def _expire_at(self, day: str, expires_at: float = 0.0) -> int:
+        """keys.expire_at on the server's clock, which EXPIREAT is read on, whatever clock the ledger keeps."""
+        return expire_at(day, self._server.now(), expires_at)
+
+    def _measure(self) -> None:
+        client, sent = self._client, time.time()
+        server = client.time()
+        self._server.observe(server, sent, time.time())
 
     # -- connection, meta and lost data --------------------------------------------------------
 
@@ -110,9 +164,10 @@ class RedisLedger(RedisHistory):
 
     def _load_meta(self) -> None:
         meta, client = self._keys.meta(), self._client
+        self._measure()
         client.hsetnx(meta, "epoch", uuid.uuid4().hex)
         client.hsetnx(meta, "hash", self.options.hash)
-        client.hsetnx(meta, "created_at", repr(time.time()))
+        client.hsetnx(meta, "created_at", repr(self._now()))
         stored = client.hgetall(meta)
         if stored.get("hash") != self.options.hash:
             raise ConfigError(
@@ -124,7 +179,7 @@ class RedisLedger(RedisHistory):
     def _lost(self, day: str) -> StoreError:
         """The store came back empty (restart without persistence): mark the day, refuse to guess."""
         meta, client = self._keys.meta(), self._client
-        now = time.time()
+        now = self._now()
 
         def mark() -> None:
             client.hsetnx(meta, "epoch", uuid.uuid4().hex)
@@ -156,7 +211,7 @@ class RedisLedger(RedisHistory):
         """A store that lost its data since we opened it would report the run as empty: say so instead."""
         client = self._redis()
         if client.retrying("read", lambda: client.hget(self._keys.meta(), "epoch")) != self._epoch:
-            raise self._lost(quota.beijing_day(time.time()))
+            raise self._lost(quota.beijing_day(self._now()))
         if self._lost_at is not None:  # seen by another of our calls (the live view, a reserve) meanwhile
             raise self._lost_error(quota.beijing_day(self._lost_at), self._lost_at)
         return super().run_totals(run_id)
@@ -170,7 +225,7 @@ class RedisLedger(RedisHistory):
         fields, balance, usage, ttl = client.read_snapshot(self._keys.snapshot(model), balance_key, usage_key)
         fingerprint = f"{fields.get('synced_at') or ''}|{balance or ''}|{usage or ''}"
         ours = records.snapshot_from_fields(fields)
-        picked = pick_snapshot(ours, balance, usage, ttl)
+        picked = pick_snapshot(ours, balance, usage, ttl, self._server.now())
         if picked is not None and picked is not ours and ours is not None and ours.lag_s > 0:
             picked = with_our_lag(client, self._keys, model, picked, ours.lag_s)
         return fingerprint, picked
@@ -217,21 +272,23 @@ class RedisLedger(RedisHistory):
 
     def _reserve_one(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         """Single node: one script checks every limit and takes the hold in both slots."""
-        client, day, model = self._client, request.day, request.model
-        expires = expire_at(day, request.expires_at)
-        index_at = self._index_due(day, model)  # the script indexes them: no round trip of their own
-        fresh = False
+        client, model = self._client, request.model
+        index_at = self._index_due(request.day, model)  # the script indexes them: no round trip of their own
+        fresh = other_day = False
         for _ in range(5):
+            day, now = request.day, self._now()
             fingerprint, snapshot = self._snapshot_for_reserve(model, fresh=fresh)
-            ordered, limits = self._args.ordered(limits_for(snapshot))
+            ordered, limits = self._args.ordered(limits_for(_of_day(snapshot, day) if other_day else snapshot))
             keys = self._keys.reserve_one(day, model, request.run_id, request.hold_id, self._foreign.names(model, day))
             args = (
                 self._epoch or "",
                 fingerprint,
-                self._args.encode(request, limits, expires, self._clock(), index_at),
+                self._args.encode(request, limits, self._expire_at(day, request.expires_at), now, index_at),
             )
+            sent = time.time()
             result = client.retrying("reserve", partial(client.script, "reserve_one", keys, args))
-            code = int(result[0])  # a decision has 13 fields (blocking -1: the waiting line), the errors 1 or 2
+            received = time.time()
+            code = int(result[0])  # a decision has 14 fields (blocking -1: the waiting line), the errors 1 or 2
             if code == -1 and len(result) == 1:  # the snapshot changed since it was read: read it again
                 fresh = True
                 continue
@@ -239,6 +296,11 @@ class RedisLedger(RedisHistory):
                 raise self._lost(day)
             if code == -3 and len(result) == 2:
                 raise self._lost_error(day, float(as_text(result[1]) or 0))
+            if code == -4 and len(result) == 2:
+                request, other_day = self._on_the_servers_day(request, result[1], sent, received), True
+                index_at = self._index_due(request.day, model)
+                continue
+            self._server.observe(float(as_text(result[13]) or 0), sent, received)
             if index_at is not None:
                 self._active_seen[records.model_day_member(day, model)] = index_at
             self._foreign.seen(model, day, int(result[6]))  # the usage series adds it to our own settled
@@ -246,7 +308,19 @@ class RedisLedger(RedisHistory):
             run = [int(result[4]), int(result[5]), int(result[7]), int(result[8])]
             line = LineReply(int(result[9]), int(result[10]), as_text(result[11]) or "", int(result[12]))
             return self._decision(request, ordered, code, md, run, bool(int(result[3])), line)
-        raise StoreError("the balance snapshot kept changing while reserving; try again", store=self._store)
+        raise StoreError(
+            "the balance snapshot or the server's Beijing day kept changing while reserving; try again",
+            store=self._store,
+        )
+
+    def _on_the_servers_day(self, request: HoldRequest, server: object, sent: float, received: float) -> HoldRequest:
+        """The call again on the server's day, once a script refused the day it named: the caller read the ledger's
+        clock before the offset was known, or with one gone stale (the host's clock was stepped), or midnight came
+        in between. Its expiry moves by what the offset it was read with lacked."""
+        at = float(as_text(server) or 0)
+        self._server.observe(at, sent, received)
+        moved = self._server.offset - self._read_with
+        return dataclasses.replace(request, day=quota.beijing_day(at), expires_at=request.expires_at + moved)
 
     def _reserve_cluster(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
         """Cluster: run slot first (check the run limits, take the run hold), then the model-day slot.
@@ -258,44 +332,62 @@ class RedisLedger(RedisHistory):
         """
         if request.advance:  # a call's split would span its run's and model-day's slots: each call reserves alone
             return Decision(request.hold_id, Verdict(True), False, {})
-        client, day, model, run_id, hold_id = self._client, request.day, request.model, request.run_id, request.hold_id
-        expires = expire_at(day, request.expires_at)
-        client.retrying("read", lambda: self._check_meta(day))
+        client, model, run_id, hold_id = self._client, request.model, request.run_id, request.hold_id
         request = with_ticket(client, self._keys, request)
-        _, snapshot = self._snapshot_for_reserve(model, fresh=True)
-        ordered, limits = self._args.ordered(limits_for(snapshot))
-        foreign = client.retrying("read", lambda: self._foreign.total(model, day))
-        args = self._args.encode(request, limits, expires, self._clock())
-        location = Location(day, model, run_id).encode()
-        client.retrying("reserve", lambda: client.set(self._keys.location(hold_id), location, exat=expires))
-        self._touch_active(day, model)
-        gate = client.retrying("reserve", lambda: client.script("run_gate", self._keys.run_gate(run_id), [args]))
-        run, taken, ahead_run, in_run_line = [int(v) for v in gate[:4]], int(gate[4]), int(gate[5]), int(gate[6])
-        md_keys = self._keys.md_reserve(day, model, run_id, hold_id)
-        md_args: list[Arg] = [*run, foreign, args, ahead_run]
-        try:
-            result = client.retrying("reserve", lambda: client.script("md_reserve", md_keys, md_args))
-        except StoreError:
-            if taken:
-                with contextlib.suppress(StoreError):
+        other_day = False
+        for _ in range(3):
+            day, now = request.day, self._now()
+            expires = self._expire_at(day, request.expires_at)
+            client.retrying("read", partial(self._check_meta, day))
+            _, snapshot = self._snapshot_for_reserve(model, fresh=True)
+            ordered, limits = self._args.ordered(limits_for(_of_day(snapshot, day) if other_day else snapshot))
+            foreign = client.retrying("read", partial(self._foreign.total, model, day))
+            args = self._args.encode(request, limits, expires, now)
+            location = Location(day, model, run_id).encode()
+            client.retrying("reserve", partial(client.set, self._keys.location(hold_id), location, exat=expires))
+            self._touch_active(day, model)
+            sent = time.time()
+            gate = client.retrying("reserve", partial(client.script, "run_gate", self._keys.run_gate(run_id), [args]))
+            if int(gate[0]) == -4 and len(gate) == 2:  # another day than the server's: the gate took nothing
+                request, other_day = self._on_the_servers_day(request, gate[1], sent, time.time()), True
+                continue
+            run, taken, ahead_run, in_run_line = [int(v) for v in gate[:4]], int(gate[4]), int(gate[5]), int(gate[6])
+            md_keys = self._keys.md_reserve(day, model, run_id, hold_id)
+            md_args: list[Arg] = [*run, foreign, args, ahead_run]
+            sent = time.time()
+            try:
+                result = client.retrying("reserve", partial(client.script, "md_reserve", md_keys, md_args))
+            except StoreError:
+                if taken:
+                    with contextlib.suppress(StoreError):
+                        self._run_apply(run_id, hold_id, "gone", 0, 0)
+                raise
+            received = time.time()
+            if int(result[0]) == -4 and len(result) == 2:  # midnight came between the two slots: give the run's back
+                if taken:
                     self._run_apply(run_id, hold_id, "gone", 0, 0)
-            raise
-        held = bool(int(result[3]))
-        if not held:
-            if taken:
-                self._run_apply(run_id, hold_id, "gone", 0, 0)
-            client.retrying("reserve", lambda: client.delete(self._keys.location(hold_id)))
-        elif request.waiter is not None and in_run_line:  # admitted: out of the run's line too
-            leave(client, self._keys.run_line(run_id), request.waiter)
-        md = Counters(int(result[1]), int(result[2]))
-        line = LineReply(ahead_run, int(result[4]), as_text(result[5]) or "", request.ticket or 0)
-        return self._decision(request, ordered, int(result[0]), md, run, held, line)
+                request, other_day = self._on_the_servers_day(request, result[1], sent, received), True
+                continue
+            self._server.observe(float(as_text(result[6]) or 0), sent, received)
+            held = bool(int(result[3]))
+            if not held:
+                if taken:
+                    self._run_apply(run_id, hold_id, "gone", 0, 0)
+                client.retrying("reserve", lambda: client.delete(self._keys.location(hold_id)))
+            elif request.waiter is not None and in_run_line:  # admitted: out of the run's line too
+                leave(client, self._keys.run_line(run_id), request.waiter)
+            md = Counters(int(result[1]), int(result[2]))
+            line = LineReply(ahead_run, int(result[4]), as_text(result[5]) or "", request.ticket or 0)
+            return self._decision(request, ordered, int(result[0]), md, run, held, line)
+        raise StoreError("the server's Beijing day kept changing while reserving; try again", store=self._store)
 
     def leave_line(self, request: HoldRequest) -> None:
         leave_lines(self._redis(), self._keys, request)
 
     def waiting(self, now: float) -> dict[str, int]:
-        return count_waiting(self._redis(), self._keys)
+        """``now`` is not used: the lines' leases are on the server's clock, which decides."""
+        client = self._redis()
+        return count_waiting(client, self._keys, self._server.now())
 
     def _run_apply(self, run_id: str, hold_id: str, target: str, charged: int, charged_cost: int) -> None:
         args: list[Arg] = [hold_id, target, charged, charged_cost, self.options.run_ttl_s]
@@ -304,7 +396,7 @@ class RedisLedger(RedisHistory):
     def _index_due(self, day: str, model: str) -> float | None:
         """Now, when the model-day (for reclaim_orphans) and the model (known_models) are due to be indexed:
         once a minute per process."""
-        now = time.time()
+        now = self._now()
         if now - self._active_seen.get(records.model_day_member(day, model), 0.0) < 60:
             return None
         return now
@@ -385,7 +477,8 @@ class RedisLedger(RedisHistory):
 
     def _step_arg(self, at: Location, hold_id: str, event: str, step: Step) -> str:
         foreign = self._foreign.last(at.model, at.day)
-        return step_arg(at, hold_id, event, step, now=self._clock(), foreign=foreign, options=self.options)
+        now, server_now = self._now(), self._server.now()
+        return step_arg(at, hold_id, event, step, now=now, server_now=server_now, foreign=foreign, options=self.options)
 
     def settle(
         self,
@@ -551,7 +644,7 @@ class RedisLedger(RedisHistory):
                 [
                     ("RPUSH", sync_key, records.encode_sync_entry(snapshot)),
                     ("LTRIM", sync_key, -SYNC_HISTORY_MAX, -1),
-                    ("EXPIREAT", sync_key, expire_at(snapshot.day)),
+                    ("EXPIREAT", sync_key, self._expire_at(snapshot.day)),
                 ]
             )
             client.sadd(self._keys.models(), model)

@@ -8,7 +8,6 @@ The scripts check and change the lines in the same step as the limits (lua/lib.l
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -55,9 +54,9 @@ class LineReply(NamedTuple):
 NO_LINE = LineReply(0, 0, "", 0)
 
 
-def count_waiting(client: Client, keys: Keys) -> dict[str, int]:
-    """Per model, the live waiters of the model-day lines of the active model-days (today's and yesterday's)."""
-    now = time.time()
+def count_waiting(client: Client, keys: Keys, now: float) -> dict[str, int]:
+    """Per model, the live waiters of the model-day lines of the active model-days (today's and yesterday's);
+    ``now``: the server's clock, which the scripts write the leases on."""
     counts: dict[str, int] = {}
 
     def read() -> None:

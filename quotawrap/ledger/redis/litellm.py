@@ -74,11 +74,13 @@ class ForeignUsage:
             cached.last_sum = total
 
 
-def pick_snapshot(ours: Snapshot | None, balance: str | None, usage: str | None, ttl_ms: int) -> Snapshot | None:
-    """Ours, unless the LiteLLM sync thread wrote a newer one (its age is told by its 24h TTL)."""
+def pick_snapshot(
+    ours: Snapshot | None, balance: str | None, usage: str | None, ttl_ms: int, now: float
+) -> Snapshot | None:
+    """Ours, unless the LiteLLM sync thread wrote a newer one (its age is told by its 24h TTL, which the server
+    counts: ``now`` is the server's clock)."""
     if balance is None or usage is None:
         return ours
-    now = time.time()
     synced_at = now - max(0.0, THEIR_SNAPSHOT_TTL_S - ttl_ms / 1000) if ttl_ms > 0 else now
     their_balance, at_sync = max(0, int(float(balance))), max(0, int(float(usage)))
     if ours is not None and (

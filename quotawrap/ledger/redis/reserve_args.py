@@ -16,6 +16,7 @@ from ...quota import Limit, ordered
 from ..base import HoldRequest
 from ..holds import clamp
 from ..lines import LEASE_S
+from .keys import day_start
 from .lines import LINE_TTL_S
 from .options import RedisOptions
 from .records import limit_args
@@ -29,8 +30,11 @@ _CACHE_MAX = 256  # (run, model-day, endpoint, key...) combinations a process ke
 class ReserveArgs:
     """Encodes reserve_args for one ledger; keeps the encodings that do not change from call to call."""
 
-    def __init__(self, options: RedisOptions) -> None:
+    def __init__(self, options: RedisOptions, *, checks_day: bool = True) -> None:
+        """``checks_day``: the scripts refuse a call whose day is not the server's (False: the ledger runs on a
+        simulated clock, whose days the server's clock knows nothing of)."""
         self._options = options
+        self._checks_day = checks_day
         self._static: dict[tuple[str, str, str, int, str, str, str, bool, bool], str] = {}
         self._limits: tuple[list[Limit], list[Limit], str] | None = None
         self._tags: tuple[list[tuple[str, str]], str] = ([], '""')
@@ -70,6 +74,7 @@ class ReserveArgs:
                 "enforce": "1" if request.enforce else "0",
                 "advance": "1" if request.advance else "0",
                 "day": request.day,
+                "day_start": day_start(request.day) if self._checks_day else False,
                 "model": request.model,
                 "pid": str(int(request.pid)),
                 "host": request.host,

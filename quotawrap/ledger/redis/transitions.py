@@ -33,7 +33,7 @@ class Step(NamedTuple):
     drawn: Drawn | None = None  # the call was drawn from this advance; for a close, what is given back
 
 
-def _drawn_fields(event: str, drawn: Drawn, day: str) -> dict[str, object]:
+def _drawn_fields(event: str, drawn: Drawn, day: str, server_now: float) -> dict[str, object]:
     """lua/advance.lua's ``d``; a close names the endpoint an advance reads once closed."""
     return {
         "advance_id": drawn.advance_id,
@@ -43,14 +43,24 @@ def _drawn_fields(event: str, drawn: Drawn, day: str) -> dict[str, object]:
         "kf": drawn.key_fingerprint or "",
         "started": repr(float(drawn.started_at)),
         "expires": repr(float(drawn.expires_at)),
-        "expire_at": expire_at(day, drawn.expires_at),
+        "expire_at": expire_at(day, server_now, drawn.expires_at),
     }
 
 
 def step_arg(
-    at: Location, hold_id: str, event: str, step: Step, *, now: float, foreign: int, options: RedisOptions
+    at: Location,
+    hold_id: str,
+    event: str,
+    step: Step,
+    *,
+    now: float,
+    server_now: float,
+    foreign: int,
+    options: RedisOptions,
 ) -> str:
-    """The step's one argument; ``foreign``: the LiteLLM limiter's usage of the model-day, as last read."""
+    """The step's one argument; ``now``: the ledger's clock (the usage series' minute, the record's end),
+    ``server_now``: the server's (the keys' expiry); ``foreign``: the LiteLLM limiter's usage of the model-day,
+    as last read."""
     usage = step.usage
     fields: dict[str, object] = {
         "hold_id": hold_id,
@@ -64,7 +74,7 @@ def step_arg(
         "latency": "" if step.latency_s is None else repr(float(step.latency_s)),
         "now": repr(now),
         "minute": int(now // 60),
-        "expire_at": expire_at(at.day),
+        "expire_at": expire_at(at.day, server_now),
         "audit_max": options.audit_max,
         "foreign": foreign,
         "run_ttl": options.run_ttl_s,
@@ -74,7 +84,7 @@ def step_arg(
     if step.note is not None:
         fields[step.note[0]] = step.note[1]
     if step.drawn is not None:
-        fields["drawn"] = _drawn_fields(event, step.drawn, at.day)
+        fields["drawn"] = _drawn_fields(event, step.drawn, at.day, server_now)
     return json.dumps(fields, separators=(",", ":"))
 
 

@@ -5,7 +5,8 @@
 -- Three rules are mirrored from Python and must stay equal to it (tests/unit/test_ledger_lua.py
 -- runs both on generated cases): blocking() is quota.verdict (and, on counters with nothing in
 -- flight, quota.never_fits), hold_step()/hold_follow() are ledger/holds.py, line_ahead(),
--- line_crowded() and line_decide() are ledger/lines.py. Stored field names are listed in docs/redis.md ("Glossary").
+-- line_crowded() and line_decide() are ledger/lines.py. day_refused() holds the server's time against the bounds of
+-- quota.beijing_day that Python sends (keys.day_start). Stored field names are listed in docs/redis.md ("Glossary").
 
 local function num(v)
   if not v then return 0 end
@@ -132,6 +133,19 @@ end
 local function server_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+-- The server's time as a reply field (a Lua number would reach the client cut to an integer).
+local function time_field(now)
+  return string.format('%.6f', now)
+end
+
+-- A reserve opens its day's counters only on the server's day, whatever the clock of the host that sends it:
+-- a.day_start is the Unix time of the Beijing midnight that starts a.day (keys.day_start; false on a ledger
+-- given a simulated clock). The reply for another day: {-4, the server's time}, which the client asks again with.
+local function day_refused(a, now)
+  if a.day_start and (now < a.day_start or now >= a.day_start + 86400) then return {-4, time_field(now)} end
+  return nil
 end
 
 -- The call's waiter id and ticket from its reserve_args (false when it has none); a ticket it

@@ -8,12 +8,16 @@
 --       of this model-day
 -- ARGV: 1 epoch  2 snapshot fingerprint  3 the call (reserve_args JSON)
 -- Returns {blocking, md settled, md in flight, held, run settled, run in flight, foreign, run cost settled,
--- run cost in flight, waiters ahead in the run line, in the md line, the lines' outcome, ticket};
--- {-1} the snapshot changed since it was read; {-2} the store lost its data; {-3, at} the day is marked lost.
+-- run cost in flight, waiters ahead in the run line, in the md line, the lines' outcome, ticket, the server's time};
+-- {-1} the snapshot changed since it was read; {-2} the store lost its data; {-3, at} the day is marked lost;
+-- {-4, the server's time} the call names another day than the server's (day_refused).
 local a = reserve_args(3)
 local meta = redis.call('HMGET', KEYS[3], 'epoch', 'lost:' .. a.day)
 if meta[1] ~= ARGV[1] then return {-2} end
 if meta[2] then return {-3, meta[2]} end
+local now = server_now()
+local other_day = day_refused(a, now)
+if other_day then return other_day end
 local theirs = redis.call('MGET', KEYS[5], KEYS[6])
 local fingerprint = (redis.call('HGET', KEYS[4], 'synced_at') or '') .. '|' .. (theirs[1] or '') .. '|'
   .. (theirs[2] or '')
@@ -26,10 +30,9 @@ local foreign = sum_keys(22)
 local outcome, ahead_run, ahead_md, waiter, ticket = '', 0, 0, false, false
 local seen_run, seen_md = nil, nil  -- the counters as the lines' answer read them: the gate and the hold reuse them
 if a.enforce == '1' then
-  -- Nearly always both lines are empty (no key): one EXISTS instead of the clock and two reads.
-  local now, run_entries, md_entries = false, {}, {}
+  -- Nearly always both lines are empty (no key): one EXISTS instead of two reads.
+  local run_entries, md_entries = {}, {}
   if redis.call('EXISTS', KEYS[15], KEYS[17]) > 0 then
-    now = server_now()
     run_entries, md_entries = line_read(KEYS[15], KEYS[16], now), line_read(KEYS[17], KEYS[18], now)
   end
   waiter, ticket = line_self(a, now, run_entries, md_entries)
@@ -43,11 +46,11 @@ if a.enforce == '1' then
       ahead_md)
     if outcome == 'queued' or outcome == 'wait' then
       if not ticket then ticket = redis.call('INCR', KEYS[19]) end
-      local until_ = (now or server_now()) + a.lease
+      local until_ = now + a.lease
       line_stay(KEYS[15], KEYS[16], waiter, ticket, until_, join_run, a.line_ttl)
       line_stay(KEYS[17], KEYS[18], waiter, ticket, until_, join_md, a.line_ttl)
       return {refused, md_settled + foreign, md_in_flight, 0, run[1], run[2], foreign, run[3], run[4], ahead_run, ahead_md,
-        outcome, ticket}
+        outcome, ticket, time_field(now)}
     end
   end
 end
@@ -64,4 +67,5 @@ if r[4] == 1 then
 elseif taken == 1 then
   run_apply(KEYS[7], KEYS[8], a.hold_id, 'gone', 0, 0, a.run_ttl)
 end
-return {r[1], r[2], r[3], r[4], run[1], run[2], foreign, run[3], run[4], ahead_run, ahead_md, outcome, ticket or 0}
+return {r[1], r[2], r[3], r[4], run[1], run[2], foreign, run[3], run[4], ahead_run, ahead_md, outcome, ticket or 0,
+  time_field(now)}

@@ -4,11 +4,14 @@
 -- A call with waiters ahead in the run line takes nothing (and joins the line if it can wait); a waiter the
 -- run limits refuse for holds in flight joins it. The model-day script decides the call with the number ahead.
 -- Returns {run settled, run in flight, run cost settled, run cost in flight, taken, waiters ahead in the run line,
--- 1 when the call has a place in the run line (to leave if the model-day admits it)}.
+-- 1 when the call has a place in the run line (to leave if the model-day admits it)}; {-4, the server's time} the
+-- call names another day than the server's (day_refused): it takes nothing.
 local a = reserve_args(1)
+local now = server_now()
+local other_day = day_refused(a, now)
+if other_day then return other_day end
 local ahead_run, in_line = 0, 0
 if a.enforce == '1' then
-  local now = server_now()
   local entries = line_read(KEYS[4], KEYS[5], now)
   local waiter, ticket = line_self(a, now, entries)
   ahead_run = line_ahead(entries, waiter, ticket, now)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import click
@@ -24,12 +24,32 @@ __all__ = ["cli", "click_main"]
 
 
 class _DefaultRunGroup(click.Group):
-    """Anything that is not a subcommand name is the implicit ``run``."""
+    """Anything that is not a subcommand name is the implicit ``run``; nothing at all is the usage."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help", "--version")):
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help", "--version"):
+            if not args[0].startswith("-"):
+                _refuse_a_misspelt_subcommand(ctx, args[0], self.commands)
             args = ["run", *args]
         return super().parse_args(ctx, args)
+
+
+def _refuse_a_misspelt_subcommand(ctx: click.Context, word: str, names: Iterable[str]) -> None:
+    """``quotawrap statu``: a word where a subcommand goes that names no program but looks like a subcommand
+    is a typo, refused as click refuses one; a program of any name still runs after ``--``."""
+    import shlex
+    from difflib import get_close_matches
+
+    from .launcher import which
+
+    if which(word) is not None:
+        return
+    close = get_close_matches(word, sorted(names), n=1)
+    if close:
+        ctx.fail(
+            f"No such command {word!r}. Did you mean {close[0]!r}?"
+            f" (to run a program named {word!r}, put it after --: quotawrap -- {shlex.quote(word)})"
+        )
 
 
 @click.group(cls=_DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,7 +64,8 @@ for _command in COMMANDS:  # status, report, sessions, sync, prune: defined besi
 
 @cli.command(
     "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    # options end at the command's first word (its own flags are its own); an unknown flag before it is a typo
+    context_settings={"allow_interspersed_args": False},
 )
 @settings_options()
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)

@@ -99,3 +99,45 @@ class TestStoreProblemsAreOneLine:
         result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
         assert result.returncode == 4, result.stderr
         assert "pip install 'quotawrap[redis]'" in one_line(result.stderr)
+
+
+class TestTyposAreRefused:
+    """A misspelt option or subcommand is a usage error naming the closest match, never the command to run."""
+
+    @pytest.mark.parametrize(
+        ("args", "named", "suggested"),
+        [
+            (["--cap-tokns", "5000", "--", sys.executable, "-c", "pass"], "--cap-tokns", "--cap-tokens"),
+            (["-q", "--", "true"], "-q", None),
+            (["--quiet", "--cap-tokns=5", "true"], "--cap-tokns", "--cap-tokens"),
+            (["statu"], "statu", "status"),
+            (["sesions", "--json"], "sesions", "sessions"),
+        ],
+    )
+    def test_exit_2_with_click_words_and_the_child_never_runs(
+        self, tmp_path: Path, args: list[str], named: str, suggested: str | None
+    ) -> None:
+        result = run_cli(*args, env={"XDG_STATE_HOME": str(tmp_path)})
+        assert result.returncode == 2, result.stderr
+        assert f"No such {'option' if named.startswith('-') else 'command'} '{named}'" in result.stderr
+        if suggested:
+            assert f"'{suggested}'" in result.stderr.rpartition("Error:")[2]
+        assert "command not found" not in result.stderr and "Traceback" not in result.stderr
+        assert not (tmp_path / "quotawrap").exists()  # no run was recorded
+
+    def test_a_program_of_any_name_still_runs(self, tmp_path: Path) -> None:
+        """The implicit run is kept: a word naming a program runs it, with or without ``--``; a name that is
+        no program and no subcommand is the command that was not found (127)."""
+        env = {"XDG_STATE_HOME": str(tmp_path)}
+        assert run_cli("--quiet", sys.executable, "-c", "import sys; sys.exit(5)", env=env).returncode == 5
+        assert run_cli("true", env=env).returncode == 0
+        missing = run_cli("no-such-program-xyz", env=env)
+        assert missing.returncode == 127 and "command not found: no-such-program-xyz" in missing.stderr
+        after_dashes = run_cli("--", "statu", env=env)
+        assert after_dashes.returncode == 127 and "command not found: statu" in after_dashes.stderr
+
+    def test_a_bare_quotawrap_prints_the_usage(self) -> None:
+        result = run_cli()
+        assert result.returncode == 2
+        assert "Usage: quotawrap" in result.stderr and "Commands:" in result.stderr
+        assert "Missing argument" not in result.stderr

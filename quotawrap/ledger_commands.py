@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
+from ._errors import EXIT_STORE, EXIT_USAGE, QuotawrapError, exit_code, with_cure
 from .cli_common import command_settings, fail, open_ledger, settings_options
 
 __all__ = ["COMMANDS"]
@@ -57,8 +57,8 @@ def status_command(as_json: bool, **values: Any) -> None:
         click.echo("\n".join([render_status(rows), *render_unguarded(unguarded)]))
 
 
-def _time_bound(value: str | None) -> float | None:
-    """``--since/--until``: an ISO date or datetime (Beijing time unless it says otherwise), or ``-2d``/``-6h``."""
+def _time_bound(value: str | None, flag: str) -> float | None:
+    """``--since/--until``: an ISO date or datetime (Beijing time unless it says otherwise), or ``-2d``/``-30m``."""
     if value is None:
         return None
     from datetime import datetime
@@ -66,20 +66,25 @@ def _time_bound(value: str | None) -> float | None:
     from .quota import BEIJING
 
     text = value.strip()
-    if text.startswith("-") and text[-1:] in ("d", "h", "m") and text[1:-1].isdigit():
-        seconds = int(text[1:-1]) * {"d": 86_400, "h": 3_600, "m": 60}[text[-1]]
-        return time.time() - seconds
+    forms = f"{value!r}: use YYYY-MM-DD, YYYY-MM-DDTHH:MM (Beijing time) or a time ago: -7d, -12h, -30m"
+    if text.startswith("-"):
+        from .durations import parse_duration
+
+        try:
+            return time.time() - parse_duration(text[1:])
+        except ValueError:
+            raise click.BadParameter(forms, param_hint=flag) from None
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise click.BadParameter(f"{value!r}: use YYYY-MM-DD, YYYY-MM-DDTHH:MM or -7d / -12h") from None
+        raise click.BadParameter(forms, param_hint=flag) from None
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=BEIJING)).timestamp()
 
 
 @click.command("report")
 @settings_options(["store"])
 @click.option("--by", default="model", show_default=True, help="model, session, day or tag:KEY (e.g. tag:user).")
-@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h.")
+@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h / -30m.")
 @click.option("--until", default=None, help="End (exclusive), same forms.")
 @click.option("--session", "session", default=None, help="Only this session (run id).")
 @click.option("--audit-log", "audit_path", default=None, help="Read this JSONL audit log instead of the ledger.")
@@ -91,7 +96,7 @@ def report_command(
     from .audit import aggregate, read_jsonl, render_csv, render_table
     from .report import ledger_rows
 
-    start, end = _time_bound(since), _time_bound(until)
+    start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
     try:
         if audit_path:
             records = [
@@ -117,15 +122,15 @@ def report_command(
 
 @click.command("sessions")
 @settings_options(["store"])
-@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h.")
+@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h / -30m.")
 @click.option("--until", default=None, help="End (exclusive), same forms.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def sessions_command(since: str | None, until: str | None, as_json: bool, **values: Any) -> None:
     """Runs with their totals, newest last."""
     from .status import render_sessions, session_rows
 
-    ledger = open_ledger(command_settings(values))
-    rows = session_rows(ledger, _time_bound(since), _time_bound(until))
+    start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
+    rows = session_rows(open_ledger(command_settings(values)), start, end)
     click.echo(json.dumps(rows, indent=2) if as_json else render_sessions(rows))
 
 
@@ -213,19 +218,19 @@ def sync_command(
 
 @click.command("prune")
 @settings_options(["store"])
-@click.option("--older-than", required=True, metavar="DURATION", help="Prune whole days older than this: 90d, 12h.")
+@click.option(
+    "--older-than", required=True, metavar="DURATION", help="Prune whole days older than this: 90d, 12h, 30m."
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be pruned and change nothing.")
 def prune_command(older_than: str, dry_run: bool, **values: Any) -> None:
     """Fold calls older than DURATION into daily aggregates and delete them (reports stay right)."""
-    from .retention import cutoff_day, describe, parse_duration
+    from .durations import parse_duration
+    from .retention import cutoff_day, describe
 
     try:
         seconds = parse_duration(older_than)
-    except ConfigError as exc:
+    except ValueError as exc:
         fail(f"--older-than: {exc}", EXIT_USAGE)
-    if seconds is None:
-        fail("--older-than: give a duration such as 90d or 12h ('off' is for --retention)", EXIT_USAGE)
-        return
     ledger = open_ledger(command_settings(values))
     try:
         result = ledger.prune(cutoff_day(time.time(), seconds), dry_run=dry_run)

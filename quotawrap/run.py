@@ -297,9 +297,6 @@ def _auto_prune(ledger: Any, settings: Settings) -> None:
 
     try:
         result = auto_prune(ledger, settings.retention, time.time())
-    except ConfigError as exc:
-        warn(f"--retention: {exc}; nothing was pruned")
-        return
     except QuotawrapError as exc:  # the run is over and guarded; a prune that failed waits for the next day
         warn(f"automatic prune failed ({exc}); run `quotawrap prune --older-than {settings.retention}`")
         return

@@ -155,6 +155,16 @@ def _store(value: Any) -> str | None:
     return None
 
 
+def _retention(value: Any) -> str | None:
+    from .durations import parse_retention
+
+    try:
+        parse_retention(str(value))
+    except ValueError as exc:
+        return str(exc).partition(": ")[2]  # the flag's name and the value are the ConfigError's own words
+    return None
+
+
 _RUN_ID_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 _RUN_ID_REST = _RUN_ID_FIRST | frozenset(".:-")
 
@@ -362,9 +372,10 @@ OPTIONS: tuple[Option, ...] = (
         "retention",
         str,
         "90d",
-        "Keep calls this long (90d, 12h; 'off': never prune); older days are folded into daily aggregates"
+        "Keep calls this long (90d, 12h, 30m; 'off': never prune); older days are folded into daily aggregates"
         " at a run's end, at most once a day.",
         child=False,
+        check=_retention,
     ),
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),

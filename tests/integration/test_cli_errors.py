@@ -28,6 +28,8 @@ BAD_OPTIONS = [
     ("--unknown-price", "guess"),
     ("--package-match", "no-equals-sign"),
     ("--run-id", "../../etc/x"),
+    ("--retention", "soon"),
+    ("--retention", "30x"),
     ("--store", "redis://127.0.0.1:notaport/0"),
     ("--store", "ftp://somewhere/ledger"),
 ]

@@ -82,7 +82,7 @@ _SERVE_OPTIONS = [option.name for option in OPTIONS if option.name not in ("prox
 @cli.command("serve")
 @settings_options(_SERVE_OPTIONS)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8790, show_default=True, type=int, help="Port (0: any free port).")
+@click.option("--port", default=8790, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free port).")
 def serve_command(host: str, port: int, **values: Any) -> None:
     """Serve a guarded OpenAI/Ark-compatible gateway: calls from any language, one Guard and ledger.
 
@@ -115,11 +115,15 @@ def serve_command(host: str, port: int, **values: Any) -> None:
 
 @cli.command("simulate")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=0, type=int, help="Port (0: any free port).")
-@click.option("--latency", "latency_s", type=float, default=None, help="Seconds before the first byte.")
-@click.option("--chunk-delay", "chunk_delay_s", type=float, default=None, help="Seconds between stream chunks.")
-@click.option("--reply-tokens", type=int, default=None, help="Answer tokens per call.")
-@click.option("--reasoning-tokens", type=int, default=None, help="Reasoning tokens per call (0: no thinking).")
+@click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port (0: any free port).")
+@click.option("--latency", "latency_s", type=click.FloatRange(0), default=None, help="Seconds before the first byte.")
+@click.option(
+    "--chunk-delay", "chunk_delay_s", type=click.FloatRange(0), default=None, help="Seconds between stream chunks."
+)
+@click.option("--reply-tokens", type=click.IntRange(0), default=None, help="Answer tokens per call.")
+@click.option(
+    "--reasoning-tokens", type=click.IntRange(0), default=None, help="Reasoning tokens per call (0: no thinking)."
+)
 def simulate_command(host: str, port: int, **overrides: Any) -> None:
     """Serve a local Ark-compatible API (chat, responses, embeddings, billing) for offline runs."""
     import dataclasses

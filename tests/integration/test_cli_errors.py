@@ -29,6 +29,9 @@ BAD_OPTIONS = [
     ("--package-match", "no-equals-sign"),
     ("--run-id", "../../etc/x"),
     ("--retention", "soon"),
+    ("--base-url", "http://127.0.0.1:notaport/v3"),
+    ("--base-url", "ftp://x"),
+    ("--base-url", "http:///api/v3"),
     ("--retention", "30x"),
     ("--store", "redis://127.0.0.1:notaport/0"),
     ("--store", "ftp://somewhere/ledger"),
@@ -143,3 +146,23 @@ class TestTyposAreRefused:
         assert result.returncode == 2
         assert "Usage: quotawrap" in result.stderr and "Commands:" in result.stderr
         assert "Missing argument" not in result.stderr
+
+
+class TestTheGatewaysOptions:
+    """serve and --proxy check their options as the run does: one line, exit 2, no traceback, nothing served."""
+
+    @pytest.mark.parametrize(
+        ("args", "named"),
+        [
+            (["serve", "--port", "70000"], "'--port'"),
+            (["serve", "--base-url", "http://127.0.0.1:notaport/v3"], "--base-url"),
+            (["serve", "--base-url", "ftp://x"], "--base-url"),
+            (["--proxy", "--base-url", "http://127.0.0.1:notaport/v3", "--", "true"], "--base-url"),
+            (["simulate", "--port", "70000"], "'--port'"),
+        ],
+    )
+    def test_a_bad_port_or_base_url_is_exit_2(self, tmp_path: Path, args: list[str], named: str) -> None:
+        result = run_cli(*args, env={"XDG_STATE_HOME": str(tmp_path)}, timeout=60)
+        assert result.returncode == 2, result.stderr
+        assert named in result.stderr and "Traceback" not in result.stderr
+        assert "listening" not in result.stdout + result.stderr

@@ -95,15 +95,26 @@ def open_ledger(settings: Settings) -> Any:
     from .ledger import default_store_url, normalize_store_url, open_ledger
 
     url = settings.store or default_store_url()
-    if url.startswith(REDIS_SCHEMES) and _missing("redis"):
-        fail("the Redis store needs the redis package: pip install 'quotawrap[redis]'", EXIT_STORE)
+    if url.startswith(REDIS_SCHEMES) and (problem := _redis_import_problem()):
+        fail(problem, EXIT_STORE)
     try:
         return open_ledger(normalize_store_url(url))
     except QuotawrapError as exc:
         fail(f"{with_cure(exc)}; the ledger was left untouched", exit_code(exc))
 
 
-def _missing(package: str) -> bool:
+def _redis_import_problem() -> str | None:
+    """Why the redis package cannot be used, or None. Imported here, before the store is opened: a package
+    that raises on import (a broken or partial install raises anything, not only ImportError) is one line."""
     import importlib.util
 
-    return importlib.util.find_spec(package) is None
+    if importlib.util.find_spec("redis") is None:
+        return "the Redis store needs the redis package: pip install 'quotawrap[redis]'"
+    try:
+        import redis  # noqa: F401
+    except Exception as exc:
+        return (
+            f"the redis package is installed but cannot be imported ({type(exc).__name__}: {exc});"
+            " reinstall it: pip install --force-reinstall 'quotawrap[redis]'"
+        )
+    return None

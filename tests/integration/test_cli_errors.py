@@ -166,3 +166,37 @@ class TestTheGatewaysOptions:
         assert result.returncode == 2, result.stderr
         assert named in result.stderr and "Traceback" not in result.stderr
         assert "listening" not in result.stdout + result.stderr
+
+
+BAD_REDIS_URLS = [
+    "unix:///x.sock?db=x",
+    "redis://127.0.0.1:6379/0?socket_timeout=abc",
+    "redis://127.0.0.1:6379/0?health_check_interval=zz",
+    "rediss://127.0.0.1:6379/0?ssl_cert_reqs=bogus",
+]
+
+
+class TestRedisUrlsAndPackage:
+    @pytest.mark.parametrize("url", BAD_REDIS_URLS)
+    @pytest.mark.parametrize("command", [["--"], ["status"]])
+    def test_a_parameter_redis_py_refuses_is_exit_2(self, tmp_path: Path, url: str, command: list[str]) -> None:
+        """One line naming the parameter, exit 2 (a usage error, not an outage), and the child never runs."""
+        marker = tmp_path / "ran"
+        args = [*command, "touch", str(marker)] if command == ["--"] else command
+        result = run_cli("--store", url, *args) if command == ["--"] else run_cli(*args, "--store", url)
+        assert result.returncode == 2, result.stderr
+        assert "store URL" in one_line(result.stderr)
+        assert not marker.exists()
+
+    @pytest.mark.parametrize("command", [["--", "true"], ["status"], ["serve", "--port", "0"]])
+    def test_a_redis_package_that_raises_on_import_is_exit_4(self, tmp_path: Path, command: list[str]) -> None:
+        """A broken install raises anything on import, not only ImportError: one line naming the cure, exit 4."""
+        broken = tmp_path / "site" / "redis"
+        broken.mkdir(parents=True)
+        (broken / "__init__.py").write_text("raise RuntimeError('half an install')\n")
+        store = ["--store", f"redis://127.0.0.1:{free_port()}/0"]
+        args = [*store, *command] if command[0] == "--" else [*command, *store]
+        result = run_cli(*args, env={"PYTHONPATH": str(tmp_path / "site")}, timeout=60)
+        assert result.returncode == 4, result.stderr
+        line = one_line(result.stderr)
+        assert "half an install" in line and "pip install --force-reinstall 'quotawrap[redis]'" in line

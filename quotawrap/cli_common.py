@@ -14,7 +14,15 @@ import sys
 from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
 from .settings import OPTIONS, Option, Settings, env_name, parse_value
 
-__all__ = ["REDIS_SCHEMES", "command_settings", "fail", "open_ledger", "settings_from_values", "settings_options"]
+__all__ = [
+    "REDIS_SCHEMES",
+    "command_settings",
+    "echo",
+    "fail",
+    "open_ledger",
+    "settings_from_values",
+    "settings_options",
+]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -78,14 +86,25 @@ def settings_from_values(values: dict[str, Any]) -> Settings:
 
 
 def fail(message: str, code: int) -> NoReturn:
+    from ._log import printable
     from .redact import redact_text  # store errors quote their URL; its password stays out of the terminal
 
     try:
-        sys.stderr.write(f"quotawrap: {redact_text(message)}\n")
+        sys.stderr.write(f"quotawrap: {printable(redact_text(message))}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # no terminal to tell: the exit code still says it
     sys.exit(code)
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """A subcommand's output lines on the terminal, each escaped (``_log.printable``): model names, commands
+    and provider messages come from the network and programs."""
+    import click
+
+    from ._log import printable
+
+    click.echo(printable(text, lines=True), err=err)
 
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, StoreError, exit_code, with_cure
-from .cli_common import command_settings, fail, open_ledger, settings_options
+from .cli_common import command_settings, echo, fail, open_ledger, settings_options
 from .ledger_commands import COMMANDS
 from .settings import OPTIONS
 
@@ -104,7 +104,7 @@ def serve_command(host: str, port: int, **values: Any) -> None:
         fail(str(exc), EXIT_USAGE)
     ledger = open_ledger(settings)
     try:
-        serve(settings, ledger, host=host, port=port, say=click.echo)
+        serve(settings, ledger, host=host, port=port, say=echo)
     except StoreError as exc:
         fail(f"{exc}; the gateway cannot guard without its ledger (pass --fail-open to serve anyway)", EXIT_STORE)
     except ConfigError as exc:
@@ -225,7 +225,7 @@ def consume_command(
 
     def say(line: str) -> None:
         if not settings.quiet:
-            click.echo(f"quotawrap consume: {line}", err=True)
+            echo(f"quotawrap consume: {line}", err=True)
 
     if wait > 0 and not dry_run:
         say(f"waiting until {at} Beijing time ({wait / 60:,.0f} min)")
@@ -246,7 +246,7 @@ def consume_command(
         fail("no model to consume: pass --model, or sync a balance today (`quotawrap sync`)", EXIT_USAGE)
     if dry_run:
         for plan in make_plans(ledger, settings, models, now):
-            click.echo(render_plan(plan))
+            echo(render_plan(plan))
         return
     options = ConsumeOptions(
         api_key=api_key,
@@ -258,7 +258,7 @@ def consume_command(
         force=force,
     )
     try:
-        code = execute(ledger, settings, options, models, say=say, shout=lambda line: click.echo(line, err=True))
+        code = execute(ledger, settings, options, models, say=say, shout=lambda line: echo(line, err=True))
     except QuotawrapError as exc:
         fail(str(exc), EXIT_STORE)
     sys.exit(code)

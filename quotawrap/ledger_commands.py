@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ._errors import EXIT_STORE, EXIT_USAGE, QuotawrapError, exit_code, with_cure
-from .cli_common import command_settings, fail, open_ledger, settings_options
+from .cli_common import command_settings, echo, fail, open_ledger, settings_options
 
 __all__ = ["COMMANDS"]
 
@@ -54,7 +54,7 @@ def status_command(as_json: bool, **values: Any) -> None:
             row["unguarded_processes"] = unguarded
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
     else:
-        click.echo("\n".join([render_status(rows), *render_unguarded(unguarded)]))
+        echo("\n".join([render_status(rows), *render_unguarded(unguarded)]))
 
 
 def _time_bound(value: str | None, flag: str) -> float | None:
@@ -117,7 +117,7 @@ def report_command(
     elif fmt == "csv":
         click.echo(render_csv(rows), nl=False)
     else:
-        click.echo(render_table(rows, by))
+        echo(render_table(rows, by))
 
 
 @click.command("sessions")
@@ -131,7 +131,10 @@ def sessions_command(since: str | None, until: str | None, as_json: bool, **valu
 
     start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
     rows = session_rows(open_ledger(command_settings(values)), start, end)
-    click.echo(json.dumps(rows, indent=2) if as_json else render_sessions(rows))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        echo(render_sessions(rows))
 
 
 _SYNC_OPTIONS = [
@@ -181,37 +184,37 @@ def sync_command(
                 try:
                     lag, spread = calibrate_lag(ledger, model, day_list)
                 except ValueError as exc:
-                    click.echo(f"{model}: {exc}")
+                    echo(f"{model}: {exc}")
                     continue
-                click.echo(f"{model}: billing lag ~{lag / 60:.0f} min (spread {spread:,.0f} tokens)")
+                echo(f"{model}: billing lag ~{lag / 60:.0f} min (spread {spread:,.0f} tokens)")
             return
         if balances and b0s:
             fail("give either --balance (the balance now) or --b0 (today's initial balance), not both", EXIT_USAGE)
         if balances:
             for model, balance in parse_balance_args(balances).items():
                 snap = record_balance(ledger, model, balance, now, settings.quota, source="manual", settled=True)
-                click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} recorded")
+                echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} recorded")
             return
         if b0s:
             for model, b0 in parse_balance_args(b0s, "--b0").items():
                 snap = record_b0(ledger, model, b0, now)
-                click.echo(
+                echo(
                     f"{model}: initial balance {b0:,} recorded (pool {quota.pool_estimate(snap, settings.quota):,}"
                     f" at usage {snap.usage_at_sync:,})"
                 )
             return
         if loop:
-            sync_loop = SyncLoop(ledger, settings, on_error=lambda m: click.echo(m, err=True))
+            sync_loop = SyncLoop(ledger, settings, on_error=lambda m: echo(m, err=True))
             click.echo("quotawrap sync: looping; Ctrl-C to stop", err=True)
             try:
                 while True:
                     for model, snap in sync_loop.tick().items():
-                        click.echo(f"{model}: balance {snap.balance:,} synced ({snap.source})")
+                        echo(f"{model}: balance {snap.balance:,} synced ({snap.source})")
                     time.sleep(sync_loop.check_every_s)
             except KeyboardInterrupt:
                 return
         for model, snap in sync_once(ledger, settings, now).items():
-            click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} ({snap.source})")
+            echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} ({snap.source})")
     except QuotawrapError as exc:
         fail(with_cure(exc), exit_code(exc))
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._log import summary_head
+from ._log import printable, summary_head
 from .audit import anomalous_line
 from .files import append_private, write_private
 from .ledger import Ledger, ModelTotals, RunTotals
@@ -129,13 +129,14 @@ def format_summary(report: dict[str, Any]) -> str:
         )
     ]
     if report["models"]:
-        width = max(len("model"), *(len(name) for name in report["models"]))
+        names = {name: printable(name) for name in report["models"]}  # a model name is the program's or provider's
+        width = max(len("model"), *(len(shown) for shown in names.values()))
         header = "  " + "model".ljust(width) + "".join(f"  {title:>10}" for _, title in _COLUMNS)
         if watch:
             header += f"  {'would-block':>11}"
         lines.append(header)
         for name, model in sorted(report["models"].items()):
-            row = "  " + name.ljust(width) + "".join(f"  {model[key]:>10,}" for key, _ in _COLUMNS)
+            row = "  " + names[name].ljust(width) + "".join(f"  {model[key]:>10,}" for key, _ in _COLUMNS)
             if watch:
                 row += f"  {model['would_block_calls']:>11,}"
             lines.append(row)
@@ -181,7 +182,7 @@ def format_summary(report: dict[str, Any]) -> str:
         )
     if totals.get("anomalous_calls"):
         lines.append(f"  {anomalous_line(totals['anomalous_calls'])}")
-    return "\n".join(lines)
+    return printable("\n".join(lines), lines=True)
 
 
 def _went_around(totals: dict[str, Any]) -> bool:

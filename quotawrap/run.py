@@ -271,7 +271,9 @@ def _remove_events_log(settings: Settings, own_events_log: bool) -> None:
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(text + "\n")
+    from ._log import printable
+
+    sys.stderr.write(printable(text, lines=True) + "\n")
     sys.stderr.flush()
 
 

@@ -6,7 +6,7 @@ import sys
 
 __all__ = ["NO_COST", "printable", "summary_head", "warn"]
 
-NO_COST = "¥0.0000"  # money.format_cny(0), without decimal: a run that made no guarded call says it
+NO_COST = "¥0.000000"  # money.format_cny(0), without decimal: a run that made no guarded call says it
 
 
 def printable(text: object, *, lines: bool = False) -> str:

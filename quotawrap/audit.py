@@ -173,7 +173,7 @@ def step_summary_markdown(report: Mapping[str, Any]) -> str:
         "",
         *(line for warning in warnings for line in (warning, "")),
         f"{totals['calls']} guarded call(s), {totals['settled_tokens']:,} tokens settled"
-        f" ({format_cny(totals.get('settled_cost', 0))}); {verdict}" + (f"; {caps}" if caps else ""),
+        f" ({format_cny(totals.get('cost_micro_cny', 0))}); {verdict}" + (f"; {caps}" if caps else ""),
         "",
         "| model | calls | blocked | settled tokens | cost | overshoot | unresolved |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -181,14 +181,17 @@ def step_summary_markdown(report: Mapping[str, Any]) -> str:
     for name, model in sorted(report["models"].items()):
         lines.append(
             f"| {_cell(name)} | {model['calls']:,} | {model['blocked_calls']:,} | {model['settled_tokens']:,}"
-            f" | {format_cny(model.get('settled_cost', 0))} | {model['overshoot_calls']:,}"
+            f" | {format_cny(model.get('cost_micro_cny', 0))} | {model['overshoot_calls']:,}"
             f" | {model['unresolved_calls']:,} |"
         )
     if totals.get("anomalous_calls"):
         lines += ["", f"- {anomalous_line(totals['anomalous_calls'])}"]
     lines += _went_around_markdown(totals)
     when = datetime.now(BEIJING).strftime("%Y-%m-%d %H:%M Beijing")
-    lines += ["", f"<sub>{when} · exit code {report['exit_code']} · mode {report['mode']}</sub>", ""]
+    code = f"exit code {report['exit_code']}"
+    if report.get("command_exit_code", report["exit_code"]) != report["exit_code"]:
+        code += f" (--fail-on-block; the command exited {report['command_exit_code']})"
+    lines += ["", f"<sub>{when} · {code} · mode {report['mode']}</sub>", ""]
     return "\n".join(lines)
 
 

@@ -55,7 +55,7 @@ def _refuse_a_misspelt_subcommand(ctx: click.Context, word: str, names: Iterable
 @click.group(cls=_DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="quotawrap")
 def cli() -> None:
-    """Guard the LLM spend of a Python program: quotawrap [OPTIONS] -- COMMAND [ARGS...]"""
+    """Cap what a program spends on LLM calls: quotawrap [OPTIONS] -- COMMAND [ARGS...]"""
 
 
 for _command in COMMANDS:  # status, report, sessions, sync, prune: defined beside the modules they drive
@@ -70,7 +70,7 @@ for _command in COMMANDS:  # status, report, sessions, sync, prune: defined besi
 @settings_options()
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_command(command: tuple[str, ...], **values: Any) -> None:
-    """Run COMMAND with every guarded LLM call reserved before and reconciled after."""
+    """Run COMMAND; each LLM call it makes is checked against the caps first and charged from its answer."""
     from .run import run_guarded
 
     run_guarded(command_settings(values), command)
@@ -84,10 +84,10 @@ _SERVE_OPTIONS = [option.name for option in OPTIONS if option.name not in ("prox
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
 @click.option("--port", default=8790, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free port).")
 def serve_command(host: str, port: int, **values: Any) -> None:
-    """Serve a guarded OpenAI/Ark-compatible gateway: calls from any language, one Guard and ledger.
+    """Serve a guarded OpenAI/Ark-compatible API: programs in any language send their calls here.
 
-    It forwards to the first --base-url (else Ark), reserving and settling every billed call
-    exactly as the in-process hook does; SIGTERM drains calls in flight, settles them, and exits.
+    It forwards to the first --base-url (else Ark) and checks and charges every billed call exactly as
+    a guarded run does; on SIGTERM it lets the calls in flight finish, charges them, and exits.
     """
     from .serve import without_hook
 
@@ -135,8 +135,8 @@ def simulate_command(host: str, port: int, **overrides: Any) -> None:
 
 
 @cli.command("demo")
-@click.option("--model", default="deepseek-v4-flash", show_default=True)
-@click.option("--cap-tokens", default=20_000, show_default=True, type=int)
+@click.option("--model", default="deepseek-v4-flash", show_default=True, help="Model the demo agent calls.")
+@click.option("--cap-tokens", default=20_000, show_default=True, type=int, help="Most tokens the demo may spend.")
 @click.option("--calls", default=24, show_default=True, type=int, help="Parallel calls the demo agent makes.")
 @settings_options(["store"])
 def demo_command(model: str, cap_tokens: int, calls: int, store: str | None) -> None:
@@ -182,9 +182,15 @@ _CONSUME_OPTIONS = [
 @cli.command("consume")
 @settings_options(_CONSUME_OPTIONS)
 @click.option("--dry-run", is_flag=True, help="Print each model's plan and spend nothing.")
-@click.option("--force", is_flag=True, help="Run even if consume already ran today (the day's lease is taken).")
+@click.option("--force", is_flag=True, help="Run even if consume already ran today (on any host of the store).")
 @click.option("--at", "at", default=None, metavar="HH:MM", help="Wait until this Beijing time first.")
-@click.option("--max-tokens-per-call", default=16_384, show_default=True, type=click.IntRange(256))
+@click.option(
+    "--max-tokens-per-call",
+    default=16_384,
+    show_default=True,
+    type=click.IntRange(256),
+    help="Largest answer each call asks for.",
+)
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64), help="Calls at once.")
 @click.option(
     "--stop-before",
@@ -206,7 +212,7 @@ def consume_command(
     max_errors: int,
     **values: Any,
 ) -> None:
-    """Spend what is left of today's free collection through guarded calls (the seed's 23:20 task)."""
+    """Spend what is left of today's free token allowance through guarded calls before it expires at midnight."""
     from . import quota
     from ._log import warn
     from .consume import DEFAULT_BASE_URL, ConsumeOptions, consume_models, execute, make_plans

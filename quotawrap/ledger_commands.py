@@ -36,7 +36,7 @@ __all__ = ["COMMANDS"]
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_command(as_json: bool, **values: Any) -> None:
-    """Per model: today's usage, in flight, waiting, the effective limit and what binds it."""
+    """Per model: tokens used today, in flight and waiting, the limit that applies now and why."""
     from .launcher import default_events_log
     from .status import model_status, render_status, render_unguarded, unguarded_now
     from .waiting import waiting_now
@@ -87,7 +87,12 @@ def _time_bound(value: str | None, flag: str) -> float | None:
 @click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h / -30m.")
 @click.option("--until", default=None, help="End (exclusive), same forms.")
 @click.option("--session", "session", default=None, help="Only this session (run id).")
-@click.option("--audit-log", "audit_path", default=None, help="Read this JSONL audit log instead of the ledger.")
+@click.option(
+    "--audit-log",
+    "audit_path",
+    default=None,
+    help="Read this JSONL audit log (--audit-log of a run) instead of the store.",
+)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 def report_command(
     by: str, since: str | None, until: str | None, session: str | None, audit_path: str | None, fmt: str, **values: Any
@@ -154,21 +159,29 @@ _SYNC_OPTIONS = [
 
 @click.command("sync")
 @settings_options(_SYNC_OPTIONS)
-@click.option("--balance", "balances", multiple=True, metavar="MODEL=N", help="The console's free balance now.")
+@click.option(
+    "--balance",
+    "balances",
+    multiple=True,
+    metavar="MODEL=N",
+    help="A model's free balance now, as the console shows it.",
+)
 @click.option(
     "--b0",
     "b0s",
     multiple=True,
     metavar="MODEL=N",
-    help="The console's initial balance of today (B0, before any use); see docs/quota-math.md.",
+    help="A model's free balance at the start of today, before any use, as the console showed it.",
 )
 @click.option("--loop", is_flag=True, help="Keep syncing on the cadence (a daemon).")
-@click.option("--calibrate", is_flag=True, help="Estimate the billing lag from the stored sync history.")
-@click.option("--days", default=7, show_default=True, help="Days of history --calibrate looks at.")
+@click.option(
+    "--calibrate", is_flag=True, help="Estimate how far the balance runs behind usage (--balance-lag) from past reads."
+)
+@click.option("--days", default=7, show_default=True, help="Days of past reads --calibrate looks at.")
 def sync_command(
     balances: tuple[str, ...], b0s: tuple[str, ...], loop: bool, calibrate: bool, days: int, **values: Any
 ) -> None:
-    """Record the free balance per model (manual, command or billing API) as today's snapshot."""
+    """Record each model's free token balance (typed in, --balance-cmd or the billing API) for today's limits."""
     from . import quota
     from .balance import parse_balance_args
     from .sync import SyncLoop, record_b0, record_balance, sync_once

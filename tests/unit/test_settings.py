@@ -468,3 +468,29 @@ def test_a_base_url_no_client_could_reach_is_refused_naming_the_flag(url: str, p
 def test_a_bad_base_url_in_the_environment_is_refused_too() -> None:
     with pytest.raises(ConfigError, match="--base-url"):
         Settings.from_env({"QUOTAWRAP_BASE_URL": "http://127.0.0.1:notaport/v3"})
+
+
+def _help_texts() -> list[tuple[str, str]]:
+    import click
+
+    def walk(command: click.Command, path: str) -> list[tuple[str, str]]:
+        found = [(path, command.help or "")]
+        found += [(f"{path} {param.opts[0]}", getattr(param, "help", None) or "") for param in command.params]
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                found += walk(sub, f"{path} {name}")
+        return found
+
+    return walk(cli, "quotawrap")
+
+
+# Words of the project's own history and internals, meaningless to someone reading --help.
+_JARGON = ("seed", "v6", "§", "issue", "soft-evict", "snapshot", "lease", "B0", "reconcil", "collection cap", "binds")
+
+
+@pytest.mark.parametrize("word", _JARGON)
+def test_help_texts_speak_the_users_words(word: str) -> None:
+    """Every command's and option's help says what it does, not where it came from."""
+    used = [where for where, text in _help_texts() if word.lower() in text.lower()]
+    assert not used, f"{word!r} in the help of {used}"
+    assert len(_help_texts()) > 150  # the walk reaches every command's options

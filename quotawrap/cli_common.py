@@ -114,7 +114,7 @@ def open_ledger(settings: Settings) -> Any:
     from .ledger import default_store_url, normalize_store_url, open_ledger
 
     url = settings.store or default_store_url()
-    if url.startswith(REDIS_SCHEMES) and (problem := _redis_import_problem()):
+    if url.startswith(REDIS_SCHEMES) and (problem := import_problem("redis", "the Redis store", "redis")):
         fail(problem, EXIT_STORE)
     try:
         return open_ledger(normalize_store_url(url))
@@ -122,18 +122,19 @@ def open_ledger(settings: Settings) -> Any:
         fail(f"{with_cure(exc)}; the ledger was left untouched", exit_code(exc))
 
 
-def _redis_import_problem() -> str | None:
-    """Why the redis package cannot be used, or None. Imported here, before the store is opened: a package
-    that raises on import (a broken or partial install raises anything, not only ImportError) is one line."""
+def import_problem(package: str, needed_by: str, extra: str) -> str | None:
+    """Why ``package`` cannot be used, naming the extra that installs it, or None. Imported here, before it
+    is needed: a package that raises on import (a broken or partial install raises anything, not only
+    ImportError) is then one line, not a traceback."""
     import importlib.util
 
-    if importlib.util.find_spec("redis") is None:
-        return "the Redis store needs the redis package: pip install 'quotawrap[redis]'"
+    if importlib.util.find_spec(package) is None:
+        return f"{needed_by} needs the {package} package: pip install 'quotawrap[{extra}]'"
     try:
-        import redis  # noqa: F401
+        importlib.import_module(package)
     except Exception as exc:
         return (
-            f"the redis package is installed but cannot be imported ({type(exc).__name__}: {exc});"
-            " reinstall it: pip install --force-reinstall 'quotawrap[redis]'"
+            f"the {package} package is installed but cannot be imported ({type(exc).__name__}: {exc});"
+            f" reinstall it: pip install --force-reinstall 'quotawrap[{extra}]'"
         )
     return None

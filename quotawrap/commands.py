@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, StoreError, exit_code, with_cure
-from .cli_common import command_settings, echo, fail, open_ledger, settings_options
+from .cli_common import command_settings, echo, fail, import_problem, open_ledger, settings_options
 from .ledger_commands import COMMANDS
 from .settings import OPTIONS
 
@@ -144,6 +144,8 @@ def demo_command(model: str, cap_tokens: int, calls: int, store: str | None) -> 
     import subprocess
     from pathlib import Path
 
+    if problem := import_problem("openai", "the demo agent (the official openai SDK)", "demo"):
+        fail(problem, EXIT_STORE)  # exit 4: what is missing is the environment's, not the command line's
     here = Path(__file__).resolve().parent
     # a checkout has examples/ beside the package; a wheel carries a copy inside it
     agent = next(p for p in (here.parent / "examples" / "agent.py", here / "_demo" / "agent.py") if p.is_file())

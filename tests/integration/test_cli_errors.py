@@ -200,3 +200,20 @@ class TestRedisUrlsAndPackage:
         assert result.returncode == 4, result.stderr
         line = one_line(result.stderr)
         assert "half an install" in line and "pip install --force-reinstall 'quotawrap[redis]'" in line
+
+
+def test_the_demo_without_the_openai_sdk_names_what_to_install(tmp_path: Path) -> None:
+    """A plain install has no openai SDK, which the demo's agent calls through: one line, exit 4, no traceback;
+    an SDK that raises on import is named with its reinstall."""
+    script = (
+        "import sys; sys.modules['openai'] = None\nfrom quotawrap.cli import main\nmain(['demo', '--calls', '1'])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 4, result.stderr
+    assert "needs the openai package: pip install 'quotawrap[demo]'" in one_line(result.stderr)
+    broken = tmp_path / "site" / "openai"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise OSError('half an install')\n")
+    result = run_cli("demo", "--calls", "1", env={"PYTHONPATH": str(tmp_path / "site")})
+    assert result.returncode == 4, result.stderr
+    assert "half an install" in one_line(result.stderr) and "quotawrap[demo]" in result.stderr

@@ -19,6 +19,7 @@ __all__ = [
     "command_settings",
     "echo",
     "fail",
+    "import_problem",
     "open_ledger",
     "settings_from_values",
     "settings_options",

@@ -157,7 +157,7 @@ def _store(value: Any) -> str | None:
 
 def _base_url(value: Any) -> str | None:
     """An http(s) URL naming a host and, if any, a port from 1 to 65535: the hook, the gateway and
-    ``--proxy`` all take the same. Read without urllib.parse, which would cost every run ~10 ms."""
+    ``--proxy`` all take the same. Read without urllib.parse, whose import a run's start would pay for."""
     text = str(value)
     scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):

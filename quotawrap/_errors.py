@@ -18,6 +18,7 @@ unguarded under ``--fail-open``.
 from __future__ import annotations
 
 __all__ = [
+    "EXIT_BLOCKED",
     "EXIT_STORE",
     "EXIT_USAGE",
     "BalanceUnavailable",
@@ -35,6 +36,7 @@ __all__ = [
 
 EXIT_USAGE = 2  # the CLI's answer to a rule: a flag, variable, config value or policy
 EXIT_STORE = 4  # the store cannot be opened or used
+EXIT_BLOCKED = 3  # --fail-on-block and a call was blocked
 
 
 class QuotawrapError(Exception):

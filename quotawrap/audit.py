@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
+from ._log import printable
 from .files import append_private
 from .ledger.base import REPORT_SUMS, CallRecord, DayAggregate
 from .money import format_cny
@@ -97,13 +98,14 @@ def anomalous_line(count: int) -> str:
 def render_table(rows: list[dict[str, Any]], by: str) -> str:
     if not rows:
         return "no guarded calls in that range"
-    title = by.split(":", 1)[-1]
-    width = max(len(title), *(len(str(row["key"])) for row in rows))
+    title = printable(by.split(":", 1)[-1])
+    keys = [printable(row["key"]) for row in rows]  # model names, tags: the program's or provider's words
+    width = max(len(title), *(len(key) for key in keys))
     header = f"{title:<{width}}  {'calls':>7}  {'blocked':>7}  {'settled':>12}  {'cost':>11}  {'unresolved':>10}"
     lines = [header, "-" * len(header)]
-    for row in rows:
+    for key, row in zip(keys, rows, strict=True):
         lines.append(
-            f"{row['key']!s:<{width}}  {row['calls']:>7,}  {row['blocked_calls']:>7,}  {row['settled_tokens']:>12,}"
+            f"{key:<{width}}  {row['calls']:>7,}  {row['blocked_calls']:>7,}  {row['settled_tokens']:>12,}"
             f"  {format_cny(row['cost_micro_cny']):>11}  {row['unresolved_calls']:>10,}"
         )
     anomalous = sum(row.get("anomalous_calls", 0) for row in rows)
@@ -163,36 +165,46 @@ def step_summary_markdown(report: Mapping[str, Any]) -> str:
     verdict = "**blocked calls: {}**".format(totals["blocked_calls"]) if totals["blocked_calls"] else "no call blocked"
     warnings = []  # unguarded calls, processes and connections are listed below the table
     if report.get("store_error"):
-        warnings.append(f"> **Totals are incomplete**: the ledger could not close this run ({report['store_error']}).")
+        warnings.append(
+            f"> **Totals are incomplete**: the ledger could not close this run ({_cell(report['store_error'])})."
+        )
     lines = [
         f"### quotawrap · session `{report['session']}`",
         "",
         *(line for warning in warnings for line in (warning, "")),
         f"{totals['calls']} guarded call(s), {totals['settled_tokens']:,} tokens settled"
-        f" ({format_cny(totals.get('settled_cost', 0))}); {verdict}" + (f"; {caps}" if caps else ""),
+        f" ({format_cny(totals.get('cost_micro_cny', 0))}); {verdict}" + (f"; {caps}" if caps else ""),
         "",
         "| model | calls | blocked | settled tokens | cost | overshoot | unresolved |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, model in sorted(report["models"].items()):
         lines.append(
-            f"| {name} | {model['calls']:,} | {model['blocked_calls']:,} | {model['settled_tokens']:,}"
-            f" | {format_cny(model.get('settled_cost', 0))} | {model['overshoot_calls']:,}"
+            f"| {_cell(name)} | {model['calls']:,} | {model['blocked_calls']:,} | {model['settled_tokens']:,}"
+            f" | {format_cny(model.get('cost_micro_cny', 0))} | {model['overshoot_calls']:,}"
             f" | {model['unresolved_calls']:,} |"
         )
     if totals.get("anomalous_calls"):
         lines += ["", f"- {anomalous_line(totals['anomalous_calls'])}"]
     lines += _went_around_markdown(totals)
     when = datetime.now(BEIJING).strftime("%Y-%m-%d %H:%M Beijing")
-    lines += ["", f"<sub>{when} · exit code {report['exit_code']} · mode {report['mode']}</sub>", ""]
+    code = f"exit code {report['exit_code']}"
+    if report.get("command_exit_code", report["exit_code"]) != report["exit_code"]:
+        code += f" (--fail-on-block; the command exited {report['command_exit_code']})"
+    lines += ["", f"<sub>{when} · {code} · mode {report['mode']}</sub>", ""]
     return "\n".join(lines)
+
+
+def _cell(text: object) -> str:
+    """Text from a program or provider inside the Markdown: one line, and no ``|`` or backtick that ends its cell."""
+    return printable(text).replace("|", "\\|").replace("`", "'")
 
 
 def _went_around_markdown(totals: Mapping[str, Any]) -> list[str]:
     """What the totals above cannot include: a CI page must say so as loudly as the terminal summary does."""
     items = [
-        f"- **UNGUARDED PROCESS** pid {process['pid']} (`{process['command']}`) ran without quotawrap's hook"
-        f" ({process['reason']}): "
+        f"- **UNGUARDED PROCESS** pid {process['pid']} (`{_cell(process['command'])}`) ran without quotawrap's hook"
+        f" ({_cell(process['reason'])}): "
         + ("stopped by --strict" if process.get("stopped") else "its calls were **not** guarded")
         for process in totals.get("unguarded_processes", ())
     ]

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import click
 
 from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, StoreError, exit_code, with_cure
-from .cli_common import command_settings, fail, open_ledger, settings_options
+from .cli_common import command_settings, echo, fail, import_problem, open_ledger, settings_options
 from .ledger_commands import COMMANDS
 from .settings import OPTIONS
 
@@ -24,18 +24,38 @@ __all__ = ["cli", "click_main"]
 
 
 class _DefaultRunGroup(click.Group):
-    """Anything that is not a subcommand name is the implicit ``run``."""
+    """Anything that is not a subcommand name is the implicit ``run``; nothing at all is the usage."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help", "--version")):
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help", "--version"):
+            if not args[0].startswith("-"):
+                _refuse_a_misspelt_subcommand(ctx, args[0], self.commands)
             args = ["run", *args]
         return super().parse_args(ctx, args)
+
+
+def _refuse_a_misspelt_subcommand(ctx: click.Context, word: str, names: Iterable[str]) -> None:
+    """``quotawrap statu``: a word where a subcommand goes that names no program but looks like a subcommand
+    is a typo, refused as click refuses one; a program of any name still runs after ``--``."""
+    import shlex
+    from difflib import get_close_matches
+
+    from .launcher import which
+
+    if which(word) is not None:
+        return
+    close = get_close_matches(word, sorted(names), n=1)
+    if close:
+        ctx.fail(
+            f"No such command {word!r}. Did you mean {close[0]!r}?"
+            f" (to run a program named {word!r}, put it after --: quotawrap -- {shlex.quote(word)})"
+        )
 
 
 @click.group(cls=_DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="quotawrap")
 def cli() -> None:
-    """Guard the LLM spend of a Python program: quotawrap [OPTIONS] -- COMMAND [ARGS...]"""
+    """Cap what a program spends on LLM calls: quotawrap [OPTIONS] -- COMMAND [ARGS...]"""
 
 
 for _command in COMMANDS:  # status, report, sessions, sync, prune: defined beside the modules they drive
@@ -44,12 +64,13 @@ for _command in COMMANDS:  # status, report, sessions, sync, prune: defined besi
 
 @cli.command(
     "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    # options end at the command's first word (its own flags are its own); an unknown flag before it is a typo
+    context_settings={"allow_interspersed_args": False},
 )
 @settings_options()
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_command(command: tuple[str, ...], **values: Any) -> None:
-    """Run COMMAND with every guarded LLM call reserved before and reconciled after."""
+    """Run COMMAND; each LLM call it makes is checked against the caps first and charged from its answer."""
     from .run import run_guarded
 
     run_guarded(command_settings(values), command)
@@ -61,12 +82,12 @@ _SERVE_OPTIONS = [option.name for option in OPTIONS if option.name not in ("prox
 @cli.command("serve")
 @settings_options(_SERVE_OPTIONS)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8790, show_default=True, type=int, help="Port (0: any free port).")
+@click.option("--port", default=8790, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free port).")
 def serve_command(host: str, port: int, **values: Any) -> None:
-    """Serve a guarded OpenAI/Ark-compatible gateway: calls from any language, one Guard and ledger.
+    """Serve a guarded OpenAI/Ark-compatible API: programs in any language send their calls here.
 
-    It forwards to the first --base-url (else Ark), reserving and settling every billed call
-    exactly as the in-process hook does; SIGTERM drains calls in flight, settles them, and exits.
+    It forwards to the first --base-url (else Ark) and checks and charges every billed call exactly as
+    a guarded run does; on SIGTERM it lets the calls in flight finish, charges them, and exits.
     """
     from .serve import without_hook
 
@@ -83,7 +104,7 @@ def serve_command(host: str, port: int, **values: Any) -> None:
         fail(str(exc), EXIT_USAGE)
     ledger = open_ledger(settings)
     try:
-        serve(settings, ledger, host=host, port=port, say=click.echo)
+        serve(settings, ledger, host=host, port=port, say=echo)
     except StoreError as exc:
         fail(f"{exc}; the gateway cannot guard without its ledger (pass --fail-open to serve anyway)", EXIT_STORE)
     except ConfigError as exc:
@@ -94,11 +115,15 @@ def serve_command(host: str, port: int, **values: Any) -> None:
 
 @cli.command("simulate")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=0, type=int, help="Port (0: any free port).")
-@click.option("--latency", "latency_s", type=float, default=None, help="Seconds before the first byte.")
-@click.option("--chunk-delay", "chunk_delay_s", type=float, default=None, help="Seconds between stream chunks.")
-@click.option("--reply-tokens", type=int, default=None, help="Answer tokens per call.")
-@click.option("--reasoning-tokens", type=int, default=None, help="Reasoning tokens per call (0: no thinking).")
+@click.option("--port", default=0, type=click.IntRange(0, 65535), help="Port (0: any free port).")
+@click.option("--latency", "latency_s", type=click.FloatRange(0), default=None, help="Seconds before the first byte.")
+@click.option(
+    "--chunk-delay", "chunk_delay_s", type=click.FloatRange(0), default=None, help="Seconds between stream chunks."
+)
+@click.option("--reply-tokens", type=click.IntRange(0), default=None, help="Answer tokens per call.")
+@click.option(
+    "--reasoning-tokens", type=click.IntRange(0), default=None, help="Reasoning tokens per call (0: no thinking)."
+)
 def simulate_command(host: str, port: int, **overrides: Any) -> None:
     """Serve a local Ark-compatible API (chat, responses, embeddings, billing) for offline runs."""
     import dataclasses
@@ -110,8 +135,8 @@ def simulate_command(host: str, port: int, **overrides: Any) -> None:
 
 
 @cli.command("demo")
-@click.option("--model", default="deepseek-v4-flash", show_default=True)
-@click.option("--cap-tokens", default=20_000, show_default=True, type=int)
+@click.option("--model", default="deepseek-v4-flash", show_default=True, help="Model the demo agent calls.")
+@click.option("--cap-tokens", default=20_000, show_default=True, type=int, help="Most tokens the demo may spend.")
 @click.option("--calls", default=24, show_default=True, type=int, help="Parallel calls the demo agent makes.")
 @settings_options(["store"])
 def demo_command(model: str, cap_tokens: int, calls: int, store: str | None) -> None:
@@ -119,6 +144,8 @@ def demo_command(model: str, cap_tokens: int, calls: int, store: str | None) -> 
     import subprocess
     from pathlib import Path
 
+    if problem := import_problem("openai", "the demo agent (the official openai SDK)", "demo"):
+        fail(problem, EXIT_STORE)  # exit 4: what is missing is the environment's, not the command line's
     here = Path(__file__).resolve().parent
     # a checkout has examples/ beside the package; a wheel carries a copy inside it
     agent = next(p for p in (here.parent / "examples" / "agent.py", here / "_demo" / "agent.py") if p.is_file())
@@ -157,9 +184,15 @@ _CONSUME_OPTIONS = [
 @cli.command("consume")
 @settings_options(_CONSUME_OPTIONS)
 @click.option("--dry-run", is_flag=True, help="Print each model's plan and spend nothing.")
-@click.option("--force", is_flag=True, help="Run even if consume already ran today (the day's lease is taken).")
+@click.option("--force", is_flag=True, help="Run even if consume already ran today (on any host of the store).")
 @click.option("--at", "at", default=None, metavar="HH:MM", help="Wait until this Beijing time first.")
-@click.option("--max-tokens-per-call", default=16_384, show_default=True, type=click.IntRange(256))
+@click.option(
+    "--max-tokens-per-call",
+    default=16_384,
+    show_default=True,
+    type=click.IntRange(256),
+    help="Largest answer each call asks for.",
+)
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 64), help="Calls at once.")
 @click.option(
     "--stop-before",
@@ -181,7 +214,7 @@ def consume_command(
     max_errors: int,
     **values: Any,
 ) -> None:
-    """Spend what is left of today's free collection through guarded calls (the seed's 23:20 task)."""
+    """Spend what is left of today's free token allowance through guarded calls before it expires at midnight."""
     from . import quota
     from ._log import warn
     from .consume import DEFAULT_BASE_URL, ConsumeOptions, consume_models, execute, make_plans
@@ -200,7 +233,7 @@ def consume_command(
 
     def say(line: str) -> None:
         if not settings.quiet:
-            click.echo(f"quotawrap consume: {line}", err=True)
+            echo(f"quotawrap consume: {line}", err=True)
 
     if wait > 0 and not dry_run:
         say(f"waiting until {at} Beijing time ({wait / 60:,.0f} min)")
@@ -223,7 +256,7 @@ def consume_command(
         fail("no model to consume: pass --model, or sync a balance today (`quotawrap sync`)", EXIT_USAGE)
     if dry_run:
         for plan in make_plans(ledger, settings, models, now):
-            click.echo(render_plan(plan))
+            echo(render_plan(plan))
         return
     options = ConsumeOptions(
         api_key=api_key,
@@ -235,7 +268,7 @@ def consume_command(
         force=force,
     )
     try:
-        code = execute(ledger, settings, options, models, say=say, shout=lambda line: click.echo(line, err=True))
+        code = execute(ledger, settings, options, models, say=say, shout=lambda line: echo(line, err=True))
     except QuotawrapError as exc:
         fail(str(exc), EXIT_STORE)
     sys.exit(code)

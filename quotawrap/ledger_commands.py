@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
-from .cli_common import command_settings, fail, open_ledger, settings_options
+from ._errors import EXIT_STORE, EXIT_USAGE, QuotawrapError, exit_code, with_cure
+from .cli_common import command_settings, echo, fail, open_ledger, settings_options
 
 __all__ = ["COMMANDS"]
 
@@ -36,7 +36,7 @@ __all__ = ["COMMANDS"]
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_command(as_json: bool, **values: Any) -> None:
-    """Per model: today's usage, in flight, waiting, the effective limit and what binds it."""
+    """Per model: tokens used today, in flight and waiting, the limit that applies now and why."""
     from .launcher import default_events_log
     from .status import model_status, render_status, render_unguarded, unguarded_now
     from .waiting import waiting_now
@@ -57,11 +57,11 @@ def status_command(as_json: bool, **values: Any) -> None:
             row["unguarded_processes"] = unguarded
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
     else:
-        click.echo("\n".join([render_status(rows), *render_unguarded(unguarded)]))
+        echo("\n".join([render_status(rows), *render_unguarded(unguarded)]))
 
 
-def _time_bound(value: str | None) -> float | None:
-    """``--since/--until``: an ISO date or datetime (Beijing time unless it says otherwise), or ``-2d``/``-6h``."""
+def _time_bound(value: str | None, flag: str) -> float | None:
+    """``--since/--until``: an ISO date or datetime (Beijing time unless it says otherwise), or ``-2d``/``-30m``."""
     if value is None:
         return None
     from datetime import datetime
@@ -69,23 +69,33 @@ def _time_bound(value: str | None) -> float | None:
     from .quota import BEIJING
 
     text = value.strip()
-    if text.startswith("-") and text[-1:] in ("d", "h", "m") and text[1:-1].isdigit():
-        seconds = int(text[1:-1]) * {"d": 86_400, "h": 3_600, "m": 60}[text[-1]]
-        return time.time() - seconds
+    forms = f"{value!r}: use YYYY-MM-DD, YYYY-MM-DDTHH:MM (Beijing time) or a time ago: -7d, -12h, -30m"
+    if text.startswith("-"):
+        from .durations import parse_duration
+
+        try:
+            return time.time() - parse_duration(text[1:])
+        except ValueError:
+            raise click.BadParameter(forms, param_hint=flag) from None
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise click.BadParameter(f"{value!r}: use YYYY-MM-DD, YYYY-MM-DDTHH:MM or -7d / -12h") from None
+        raise click.BadParameter(forms, param_hint=flag) from None
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=BEIJING)).timestamp()
 
 
 @click.command("report")
 @settings_options(["store"])
 @click.option("--by", default="model", show_default=True, help="model, session, day or tag:KEY (e.g. tag:user).")
-@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h.")
+@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h / -30m.")
 @click.option("--until", default=None, help="End (exclusive), same forms.")
 @click.option("--session", "session", default=None, help="Only this session (run id).")
-@click.option("--audit-log", "audit_path", default=None, help="Read this JSONL audit log instead of the ledger.")
+@click.option(
+    "--audit-log",
+    "audit_path",
+    default=None,
+    help="Read this JSONL audit log (--audit-log of a run) instead of the store.",
+)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 def report_command(
     by: str, since: str | None, until: str | None, session: str | None, audit_path: str | None, fmt: str, **values: Any
@@ -94,7 +104,7 @@ def report_command(
     from .audit import aggregate, read_jsonl, render_csv, render_table
     from .report import ledger_rows
 
-    start, end = _time_bound(since), _time_bound(until)
+    start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
     try:
         if audit_path:
             records = [
@@ -115,21 +125,24 @@ def report_command(
     elif fmt == "csv":
         click.echo(render_csv(rows), nl=False)
     else:
-        click.echo(render_table(rows, by))
+        echo(render_table(rows, by))
 
 
 @click.command("sessions")
 @settings_options(["store"])
-@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h.")
+@click.option("--since", default=None, help="Start: YYYY-MM-DD[THH:MM] (Beijing) or -7d / -12h / -30m.")
 @click.option("--until", default=None, help="End (exclusive), same forms.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def sessions_command(since: str | None, until: str | None, as_json: bool, **values: Any) -> None:
     """Runs with their totals, newest last."""
     from .status import render_sessions, session_rows
 
-    ledger = open_ledger(command_settings(values))
-    rows = session_rows(ledger, _time_bound(since), _time_bound(until))
-    click.echo(json.dumps(rows, indent=2) if as_json else render_sessions(rows))
+    start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
+    rows = session_rows(open_ledger(command_settings(values)), start, end)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        echo(render_sessions(rows))
 
 
 _SYNC_OPTIONS = [
@@ -149,21 +162,29 @@ _SYNC_OPTIONS = [
 
 @click.command("sync")
 @settings_options(_SYNC_OPTIONS)
-@click.option("--balance", "balances", multiple=True, metavar="MODEL=N", help="The console's free balance now.")
+@click.option(
+    "--balance",
+    "balances",
+    multiple=True,
+    metavar="MODEL=N",
+    help="A model's free balance now, as the console shows it.",
+)
 @click.option(
     "--b0",
     "b0s",
     multiple=True,
     metavar="MODEL=N",
-    help="The console's initial balance of today (B0, before any use); see docs/quota-math.md.",
+    help="A model's free balance at the start of today, before any use, as the console showed it.",
 )
 @click.option("--loop", is_flag=True, help="Keep syncing on the cadence (a daemon).")
-@click.option("--calibrate", is_flag=True, help="Estimate the billing lag from the stored sync history.")
-@click.option("--days", default=7, show_default=True, help="Days of history --calibrate looks at.")
+@click.option(
+    "--calibrate", is_flag=True, help="Estimate how far the balance runs behind usage (--balance-lag) from past reads."
+)
+@click.option("--days", default=7, show_default=True, help="Days of past reads --calibrate looks at.")
 def sync_command(
     balances: tuple[str, ...], b0s: tuple[str, ...], loop: bool, calibrate: bool, days: int, **values: Any
 ) -> None:
-    """Record the free balance per model (manual, command or billing API) as today's snapshot."""
+    """Record each model's free token balance (typed in, --balance-cmd or the billing API) for today's limits."""
     from . import quota
     from .balance import parse_balance_args
     from .ledger.base import ledger_clock
@@ -180,56 +201,56 @@ def sync_command(
                 try:
                     lag, spread = calibrate_lag(ledger, model, day_list)
                 except ValueError as exc:
-                    click.echo(f"{model}: {exc}")
+                    echo(f"{model}: {exc}")
                     continue
-                click.echo(f"{model}: billing lag ~{lag / 60:.0f} min (spread {spread:,.0f} tokens)")
+                echo(f"{model}: billing lag ~{lag / 60:.0f} min (spread {spread:,.0f} tokens)")
             return
         if balances and b0s:
             fail("give either --balance (the balance now) or --b0 (today's initial balance), not both", EXIT_USAGE)
         if balances:
             for model, balance in parse_balance_args(balances).items():
                 snap = record_balance(ledger, model, balance, now, settings.quota, source="manual", settled=True)
-                click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} recorded")
+                echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} recorded")
             return
         if b0s:
             for model, b0 in parse_balance_args(b0s, "--b0").items():
                 snap = record_b0(ledger, model, b0, now)
-                click.echo(
+                echo(
                     f"{model}: initial balance {b0:,} recorded (pool {quota.pool_estimate(snap, settings.quota):,}"
                     f" at usage {snap.usage_at_sync:,})"
                 )
             return
         if loop:
-            sync_loop = SyncLoop(ledger, settings, on_error=lambda m: click.echo(m, err=True))
+            sync_loop = SyncLoop(ledger, settings, on_error=lambda m: echo(m, err=True))
             click.echo("quotawrap sync: looping; Ctrl-C to stop", err=True)
             try:
                 while True:
                     for model, snap in sync_loop.tick().items():
-                        click.echo(f"{model}: balance {snap.balance:,} synced ({snap.source})")
+                        echo(f"{model}: balance {snap.balance:,} synced ({snap.source})")
                     time.sleep(sync_loop.check_every_s)
             except KeyboardInterrupt:
                 return
         for model, snap in sync_once(ledger, settings, now).items():
-            click.echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} ({snap.source})")
+            echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} ({snap.source})")
     except QuotawrapError as exc:
         fail(with_cure(exc), exit_code(exc))
 
 
 @click.command("prune")
 @settings_options(["store"])
-@click.option("--older-than", required=True, metavar="DURATION", help="Prune whole days older than this: 90d, 12h.")
+@click.option(
+    "--older-than", required=True, metavar="DURATION", help="Prune whole days older than this: 90d, 12h, 30m."
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be pruned and change nothing.")
 def prune_command(older_than: str, dry_run: bool, **values: Any) -> None:
     """Fold calls older than DURATION into daily aggregates and delete them (reports stay right)."""
-    from .retention import cutoff_day, describe, parse_duration
+    from .durations import parse_duration
+    from .retention import cutoff_day, describe
 
     try:
         seconds = parse_duration(older_than)
-    except ConfigError as exc:
+    except ValueError as exc:
         fail(f"--older-than: {exc}", EXIT_USAGE)
-    if seconds is None:
-        fail("--older-than: give a duration such as 90d or 12h ('off' is for --retention)", EXIT_USAGE)
-        return
     ledger = open_ledger(command_settings(values))
     try:
         result = ledger.prune(cutoff_day(time.time(), seconds), dry_run=dry_run)

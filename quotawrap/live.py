@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import TextIO
 
 from . import quota
+from ._log import printable
 from ._records import Record
 from .ledger import Ledger, model_day_key, run_key
 from .ledger.base import ledger_clock
@@ -151,7 +152,7 @@ def warning_line(label: str, threshold: float, gauge: Gauge) -> str:
     numbers = f"{human(gauge.settled)} / {human(gauge.limit)}"
     if gauge.in_flight > 0:
         numbers += f", +{human(gauge.in_flight)} in flight"
-    return f"quotawrap: {label} at {round(threshold * 100)}% of {gauge.limit_name} ({numbers})"
+    return f"quotawrap: {printable(label)} at {round(threshold * 100)}% of {gauge.limit_name} ({numbers})"
 
 
 # -- which numbers a line shows ------------------------------------------------------------------
@@ -227,7 +228,7 @@ def block_lines(reading: Reading) -> list[str]:
         rows.append((RUN_LABEL, reading.run, ""))
     for model, day in reading.models.items():
         shown = tightest(day, reading.run)
-        rows.append((model, shown, "" if shown is day else shown.limit_name))
+        rows.append((printable(model), shown, "" if shown is day else shown.limit_name))  # the program's words
     width = max((len(label) for label, _, _ in rows), default=0)
     return [
         render_line(label.ljust(width), gauge.settled, gauge.in_flight, gauge.limit, name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from typing import Final, Literal, get_args
 
 from ._errors import ConfigError
@@ -55,20 +55,19 @@ class Cost(int):
         return format_cny(self)
 
 
-def format_cny(micro_cny: int, *, estimated: bool | None = None, places: int = 4) -> str:
-    """Render micro-CNY as ``¥0.0123`` (``~¥…`` when estimated, ``-¥…`` when negative).
+def format_cny(micro_cny: int, *, estimated: bool | None = None) -> str:
+    """Render micro-CNY exactly as CNY: ``¥0.000047``, ``¥1,234.500000`` (``~¥…`` when estimated, ``-¥…`` when
+    negative).
 
-    ``estimated`` defaults to the value's own flag when it is a :class:`Cost`. An amount too
-    small to show in ``places`` decimals is shown in full rather than as a misleading ``¥0.0000``.
+    One rule everywhere (summary, report, sessions, step summary, refusals): all six decimals, never
+    rounded, so a total reads as the sum of its rows and equals the JSON's ``cost_micro_cny`` / 1e6.
+    ``estimated`` defaults to the value's own flag when it is a :class:`Cost`.
     """
     if estimated is None:
         estimated = bool(getattr(micro_cny, "estimated", False))
-    amount = Decimal(abs(int(micro_cny))).scaleb(-6)
-    shown = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
-    if shown == 0 and amount != 0:
-        shown = amount.quantize(Decimal("0.000001"))
+    whole, micro = divmod(abs(int(micro_cny)), 1_000_000)
     sign = "-" if int(micro_cny) < 0 else ""
-    return f"{'~' if estimated else ''}{sign}¥{shown}"
+    return f"{'~' if estimated else ''}{sign}¥{whole:,}.{micro:06d}"
 
 
 def parse_cny(text: str | int | float | Decimal) -> int:

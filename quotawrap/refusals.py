@@ -44,11 +44,18 @@ __all__ = [
     "caller",
     "fingerprint",
     "unknown_path_message",
+    "unreported_retries",
 ]
 
 RETRY_WINDOW_S = 10.0
 REDIRECT_WINDOW_S = 60.0
 _MAX_ENTRIES = 256
+_unreported: set[RetryMemory] = set()  # memories that answered retries and have yet to say how many
+
+
+def unreported_retries() -> int:
+    """Retry memories of this process that will report at exit: a guard nobody closed (tests check none is left)."""
+    return len(_unreported)
 
 
 def fingerprint(method: str, url: str, body: bytes | None, caller: str = "") -> str:
@@ -140,11 +147,19 @@ class RetryMemory:
                 "the program retries requests quotawrap refused; identical retries get the same answer"
                 f" for {self.window_s:g} s and count as one blocked call"
             )
+            _unreported.add(self)
             atexit.register(self._report)
         headers = (*getattr(answer, "headers", ()), ("x-quotawrap-retries", str(retries)))
         return dataclasses.replace(answer, headers=headers)  # type: ignore[type-var]
 
+    def close(self) -> None:
+        """Say now how many retries were answered, not at exit: the guard this memory served is done with."""
+        if self in _unreported:
+            atexit.unregister(self._report)
+            self._report()
+
     def _report(self) -> None:
+        _unreported.discard(self)
         warn(f"{self.retries:,} identical retries of refused requests were answered from memory (pid {os.getpid()})")
 
 

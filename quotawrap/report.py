@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._log import summary_head
+from ._errors import EXIT_BLOCKED
+from ._log import printable, summary_head
 from .audit import anomalous_line
 from .files import append_private, write_private
 from .ledger import Ledger, ModelTotals, RunTotals
@@ -57,7 +58,7 @@ def run_report(
     totals: RunTotals,
     *,
     settings: Settings,
-    exit_code: int,
+    exit_code: int,  # the command's
     tags: Mapping[str, str] | None = None,
     unguarded: Mapping[str, int] | None = None,
     store_error: str | None = None,
@@ -65,7 +66,8 @@ def run_report(
     connections: Sequence[Mapping[str, Any]] = (),
     events: RunEvents | None = None,
 ) -> dict[str, Any]:
-    """The run's summary as data; token counts are tokens, ``*_cost`` fields micro-CNY.
+    """The run's summary as data; token counts are tokens, costs ``cost_micro_cny`` (micro-CNY, the name and
+    unit ``quotawrap report --format json`` uses; the ledger's ``settled_cost``).
 
     A call that waited for room may have left refused attempts in the ledger before it was admitted
     (``events.superseded_by_model``): they are not refusals of the program's calls, so ``blocked``
@@ -82,6 +84,8 @@ def run_report(
     for model in models.values():
         model.setdefault("unguarded_calls", 0)
     summed = dataclasses.asdict(totals.totals)
+    for counts in (*models.values(), summed):  # a new model of --fail-open's log has its zero too
+        counts["cost_micro_cny"] = counts.pop("settled_cost")
     summed["unguarded_calls"] = sum(unguarded.values())
     # What went around the guard: Python processes without the hook, connections no client made.
     summed["unguarded_processes"] = [dict(process) for process in unguarded_processes]
@@ -92,7 +96,9 @@ def run_report(
     return {
         "session": totals.run_id,
         "store": redact_url(settings.store) if settings.store else None,
-        "exit_code": exit_code,
+        # quotawrap's own exit code (what CI sees), and the command's
+        "exit_code": EXIT_BLOCKED if settings.fail_on_block and summed["blocked_calls"] else exit_code,
+        "command_exit_code": exit_code,
         "mode": "watch" if settings.watch else "enforce",
         "limits": {"cap_tokens": settings.cap_tokens, "cap_cost": settings.cap_cost},
         "tags": dict(tags or {}),
@@ -122,20 +128,21 @@ def format_summary(report: dict[str, Any]) -> str:
             report["session"],
             totals["calls"],
             totals["settled_tokens"],
-            format_cny(totals["settled_cost"]),
+            format_cny(totals["cost_micro_cny"]),
             totals["blocked_calls"],
             would_block=totals["would_block_calls"] if watch else None,
             went_around=_went_around(totals),
         )
     ]
     if report["models"]:
-        width = max(len("model"), *(len(name) for name in report["models"]))
+        names = {name: printable(name) for name in report["models"]}  # a model name is the program's or provider's
+        width = max(len("model"), *(len(shown) for shown in names.values()))
         header = "  " + "model".ljust(width) + "".join(f"  {title:>10}" for _, title in _COLUMNS)
         if watch:
             header += f"  {'would-block':>11}"
         lines.append(header)
         for name, model in sorted(report["models"].items()):
-            row = "  " + name.ljust(width) + "".join(f"  {model[key]:>10,}" for key, _ in _COLUMNS)
+            row = "  " + names[name].ljust(width) + "".join(f"  {model[key]:>10,}" for key, _ in _COLUMNS)
             if watch:
                 row += f"  {model['would_block_calls']:>11,}"
             lines.append(row)
@@ -181,7 +188,7 @@ def format_summary(report: dict[str, Any]) -> str:
         )
     if totals.get("anomalous_calls"):
         lines.append(f"  {anomalous_line(totals['anomalous_calls'])}")
-    return "\n".join(lines)
+    return printable("\n".join(lines), lines=True)
 
 
 def _went_around(totals: dict[str, Any]) -> bool:

@@ -1,4 +1,4 @@
-"""Ledger retention: the ``--older-than`` durations, the cutoff day, and the automatic daily prune.
+"""Ledger retention: the cutoff day of a duration, and the automatic daily prune.
 
 Days are pruned whole: a day goes once it has entirely ended more than the duration ago (Beijing
 days, like the caps), so a report's day is either all calls or all aggregate, never half of each.
@@ -7,29 +7,16 @@ days, like the caps), so a report's day is either all calls or all aggregate, ne
 from __future__ import annotations
 
 import os
-import re
 
 from . import quota
-from ._errors import ConfigError, QuotawrapError
+from ._errors import QuotawrapError
+from .durations import parse_retention
 from .ledger.base import Ledger, PruneResult
 from .ledger.runs import AUTO_PRUNE_LEASE
 
-__all__ = ["AUTO_LEASE", "auto_prune", "cutoff_day", "describe", "parse_duration"]
+__all__ = ["AUTO_LEASE", "auto_prune", "cutoff_day", "describe"]
 
 AUTO_LEASE = AUTO_PRUNE_LEASE  # taken for a day and never released: the automatic prune runs at most daily
-_UNITS = {"d": 86_400, "h": 3_600}
-_DURATION = re.compile(r"(\d+)\s*([dh])")
-
-
-def parse_duration(text: str) -> float | None:
-    """Seconds of ``90d`` / ``12h``; None for ``off``. A ConfigError names the accepted forms."""
-    value = text.strip().lower()
-    if value in ("off", "never", "0"):
-        return None
-    match = _DURATION.fullmatch(value)
-    if not match or int(match[1]) == 0:
-        raise ConfigError(f"duration {text!r}: use a number of days or hours, e.g. 90d or 12h (or 'off')")
-    return float(int(match[1]) * _UNITS[match[2]])
 
 
 def cutoff_day(now: float, older_than_s: float) -> str:
@@ -55,7 +42,7 @@ def describe(result: PruneResult) -> str:
 def auto_prune(ledger: Ledger, retention: str, now: float) -> PruneResult | None:
     """Prune by the ``retention`` setting unless some process did so in the last 24 h (any host of
     the store: the lease lives in the ledger). None when off or already done."""
-    older_than = parse_duration(retention)
+    older_than = parse_retention(retention)  # checked with the settings, before the run started
     if older_than is None:
         return None
     try:

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from ._errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
+from ._errors import EXIT_BLOCKED, EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
 from ._log import warn
 from .cli_common import fail, open_ledger
 from .settings import Settings
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = ["EXIT_BLOCKED", "EXIT_NOT_FOUND", "run_guarded"]
 
-EXIT_BLOCKED = 3
 EXIT_NOT_FOUND = 127
 
 
@@ -259,9 +258,7 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
             append_step_summary(step_summary, report)
     except OSError as exc:  # checked at start, so only a disk that filled or changed meanwhile
         warn(f"cannot write the run's report: {exc}")
-    if settings.fail_on_block and report["totals"]["blocked_calls"]:
-        sys.exit(EXIT_BLOCKED)
-    sys.exit(result.exit_code)
+    sys.exit(report["exit_code"])  # the command's, or EXIT_BLOCKED under --fail-on-block: the report says which
 
 
 def _remove_events_log(settings: Settings, own_events_log: bool) -> None:
@@ -271,7 +268,9 @@ def _remove_events_log(settings: Settings, own_events_log: bool) -> None:
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(text + "\n")
+    from ._log import printable
+
+    sys.stderr.write(printable(text, lines=True) + "\n")
     sys.stderr.flush()
 
 
@@ -297,9 +296,6 @@ def _auto_prune(ledger: Any, settings: Settings) -> None:
 
     try:
         result = auto_prune(ledger, settings.retention, time.time())
-    except ConfigError as exc:
-        warn(f"--retention: {exc}; nothing was pruned")
-        return
     except QuotawrapError as exc:  # the run is over and guarded; a prune that failed waits for the next day
         warn(f"automatic prune failed ({exc}); run `quotawrap prune --older-than {settings.retention}`")
         return

@@ -81,6 +81,12 @@ def _convert(option: Option, raw: str) -> Any:
     return raw
 
 
+def _names_no_program(word: str) -> bool:
+    from .launcher import which
+
+    return which(word) is None
+
+
 def parse_run_args(args: Sequence[str], environ: Mapping[str, str], config: Mapping[str, Any]) -> RunArgs | None:
     """A plain run's values and command, or None: click is to parse ``args``.
 
@@ -93,6 +99,8 @@ def parse_run_args(args: Sequence[str], environ: Mapping[str, str], config: Mapp
         if args[0] != "run":
             return None
         args = args[1:]
+    elif not args[0].startswith("-") and _names_no_program(args[0]):
+        return None  # where a subcommand goes: click judges whether it is a misspelt one
     given: dict[str, Any] = {}
     command: tuple[str, ...] = ()
     index = 0

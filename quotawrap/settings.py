@@ -159,6 +159,43 @@ def _store(value: Any) -> str | None:
     return None
 
 
+def _base_url(value: Any) -> str | None:
+    """An http(s) URL naming a host and, if any, a port from 1 to 65535: the hook, the gateway and
+    ``--proxy`` all take the same. Read without urllib.parse, whose import a run's start would pay for."""
+    text = str(value)
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return "must be an http:// or https:// URL, e.g. https://ark.cn-beijing.volces.com/api/v3"
+    if any(char <= " " or char == "\x7f" for char in text):
+        return "must not hold spaces or control characters"
+    authority = rest
+    for end in "/?#":
+        authority = authority.partition(end)[0]
+    host = authority.rpartition("@")[2]  # user:password@ is the upstream's business
+    if host.startswith("["):  # an IPv6 literal: [::1]:8080
+        name, bracket, port = host[1:].partition("]")
+        if not bracket or (port and not port.startswith(":")):
+            return "has a malformed [IPv6] host"
+        port = port[1:]
+    else:
+        name, _, port = host.partition(":")
+    if not name:
+        return "names no host"
+    if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        return "has a port that is not a number from 1 to 65535"
+    return None
+
+
+def _retention(value: Any) -> str | None:
+    from .durations import parse_retention
+
+    try:
+        parse_retention(str(value))
+    except ValueError as exc:
+        return str(exc).partition(": ")[2]  # the flag's name and the value are the ConfigError's own words
+    return None
+
+
 _RUN_ID_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 _RUN_ID_REST = _RUN_ID_FIRST | frozenset(".:-")
 
@@ -180,7 +217,8 @@ OPTIONS: tuple[Option, ...] = (
         "store",
         str,
         None,
-        "Ledger URL: sqlite:///PATH (default: user state dir) or redis://HOST:PORT/DB.",
+        "Where spending is recorded: sqlite:///PATH (default: a file in your state directory), or"
+        " redis://HOST:PORT/DB to share one set of limits between machines.",
         check=_store,
     ),
     Option(
@@ -190,46 +228,68 @@ OPTIONS: tuple[Option, ...] = (
         "Guard only models matching this id, prefix or glob (repeatable; none = all).",
         multiple=True,
     ),
-    Option("base_url", str, (), "Also guard this OpenAI-compatible base URL (repeatable).", multiple=True),
-    Option("cap_tokens", int, None, "Cap on tokens for this whole run (settled + in flight + reserve).", check=_count),
+    Option(
+        "base_url",
+        str,
+        (),
+        "Also guard calls to this OpenAI-compatible API, e.g. http://127.0.0.1:8080/v1 (repeatable; Ark's own"
+        " hosts are always guarded).",
+        multiple=True,
+        check=_base_url,
+    ),
+    Option(
+        "cap_tokens",
+        int,
+        None,
+        "Most tokens this whole run may spend: a call that could go past it is refused (calls done, calls in"
+        " flight and this call's largest possible size all count).",
+        check=_count,
+    ),
     Option(
         "daily_cap",
         int,
         _DAILY_CAP,
-        "Per-model cap per Beijing calendar day (the collection cap).",
+        "Most tokens each model may use per day (Beijing time), as Ark's free daily allowance counts them.",
         check=_quota("daily_cap"),
     ),
     Option(
         "small_buffer",
         int,
         _SMALL_BUFFER,
-        "Tokens kept back from the synced free pool.",
+        "Tokens of the free balance (as last read from your account) left unspent, as a safety margin.",
         check=_quota("small_buffer"),
     ),
     Option(
         "usage_wall",
         int,
         _USAGE_WALL,
-        "Soft-evict a model once its day's usage reaches this.",
+        "Stop calling a model for the rest of the day once it has used this many tokens today.",
         check=_quota("usage_wall"),
     ),
     Option(
         "balance_wall",
         int,
         _BALANCE_WALL,
-        "Soft-evict a used model whose synced balance is below this.",
+        "Stop calling a model already used today once its free balance (as last read) is below this.",
         check=_quota("balance_wall"),
     ),
     Option(
         "balance_lag",
         float,
         _BALANCE_LAG_S,
-        "Seconds the billing balance lags real usage (0 reproduces the v6 limit exactly).",
+        "Seconds your account's balance runs behind real usage: tokens used in that time are counted as not"
+        " yet billed (0: take the balance as read).",
         check=_quota("balance_lag_s"),
     ),
-    Option("thinking_floor", int, 4096, "Minimum output allowance for models that may think.", check=_count),
-    Option("default_max_tokens", int, 4096, "Output allowance when a request sets no max_tokens.", check=_count),
-    Option("image_tokens", int, 2000, "Tokens reserved per image part.", check=_count),
+    Option(
+        "thinking_floor",
+        int,
+        4096,
+        "Fewest output tokens reserved for a call to a model that may reason ('think') before answering.",
+        check=_count,
+    ),
+    Option("default_max_tokens", int, 4096, "Output tokens reserved for a call that sets no max_tokens.", check=_count),
+    Option("image_tokens", int, 2000, "Tokens reserved for each image in a request.", check=_count),
     Option(
         "wait",
         float,
@@ -247,14 +307,21 @@ OPTIONS: tuple[Option, ...] = (
         "events_log",
         str,
         None,
-        "Where the children record waits and bounded calls (default: the state directory).",
+        "File where the command's processes record waits and bounded calls for the summary (default: the state"
+        " directory).",
     ),
-    Option("hold_ttl", float, 3600.0, "Seconds a hold stays valid before it is charged as unresolved.", check=_period),
+    Option(
+        "hold_ttl",
+        float,
+        3600.0,
+        "Seconds a call's reservation waits for its answer before the call is charged in full as unresolved.",
+        check=_period,
+    ),
     Option(
         "task_hold_ttl",
         float,
         172800.0,
-        "Seconds a video task's hold stays valid waiting for a poll to report its usage (then charged in full).",
+        "Seconds a video task's reservation waits for a status check to report its usage (then it is charged in full).",
         check=_period,
     ),
     Option(
@@ -265,15 +332,29 @@ OPTIONS: tuple[Option, ...] = (
         multiple=True,
     ),
     Option("watch", bool, False, "Record everything, block nothing (the summary says what would have been)."),
-    Option("fail_open", bool, False, "If the ledger is unreachable, let calls through unguarded (and say so)."),
+    Option(
+        "fail_open", bool, False, "If the store (--store) is unreachable, let calls through unguarded (and say so)."
+    ),
     Option(
         "unguarded_log",
         str,
         None,
         "Where --fail-open records the calls it let through unguarded (default: the state directory).",
     ),
-    Option("inject_usage", bool, True, "Ask guarded streams for usage when the caller did not (hidden from it)."),
-    Option("run_id", str, None, "Run (session) id; generated when not given.", check=_run_id),
+    Option(
+        "inject_usage",
+        bool,
+        True,
+        "Ask a streamed answer for its token usage when the program did not (the program does not see it), so it"
+        " is charged exactly.",
+    ),
+    Option(
+        "run_id",
+        str,
+        None,
+        "This run's name in `quotawrap sessions` and reports; generated when not given.",
+        check=_run_id,
+    ),
     Option(
         "tag",
         str,
@@ -282,7 +363,12 @@ OPTIONS: tuple[Option, ...] = (
         multiple=True,
     ),
     Option(
-        "cap_cost", float, None, "Cap on this run's cost in CNY (settled + in flight + this call, priced).", check=_cny
+        "cap_cost",
+        float,
+        None,
+        "Most this whole run may cost, in CNY, priced from the price table (calls done, in flight and this call"
+        " count).",
+        check=_cny,
     ),
     Option("audit_log", str, None, "Also append every guarded call as a JSON line to this file."),
     Option(
@@ -302,7 +388,8 @@ OPTIONS: tuple[Option, ...] = (
         "billing_endpoint",
         str,
         None,
-        "Billing OpenAPI endpoint (default open.volcengineapi.com; e.g. the simulator's URL).",
+        "Where to read the free balance: Volcengine's billing API (default open.volcengineapi.com), or the"
+        " simulator's URL for offline runs.",
     ),
     Option(
         "package_match",
@@ -312,16 +399,26 @@ OPTIONS: tuple[Option, ...] = (
         multiple=True,
         check=_pair,
     ),
-    Option("sync_interval", float, 1800.0, "Seconds between balance syncs.", check=_period),
-    Option("sync_interval_low", float, 300.0, "Seconds between balance syncs when the balance is low.", check=_period),
-    Option("low_balance", int, 300_000, "Remaining free balance below which syncs come more often.", check=_count),
-    Option("sync_burst", int, 100_000, "Sync at once after this many tokens since the last sync.", check=_count),
-    Option("sync_check", float, 10.0, "Seconds between checks whether a sync is due.", check=_period),
+    Option("sync_interval", float, 1800.0, "Seconds between reads of the free balance.", check=_period),
+    Option(
+        "sync_interval_low", float, 300.0, "Seconds between reads of the free balance once it is low.", check=_period
+    ),
+    Option("low_balance", int, 300_000, "Free balance below which it is read more often.", check=_count),
+    Option(
+        "sync_burst",
+        int,
+        100_000,
+        "Read the free balance at once after this many tokens were used since the last read.",
+        check=_count,
+    ),
+    Option(
+        "sync_check", float, 10.0, "Seconds between checks whether the free balance is due to be read.", check=_period
+    ),
     Option(
         "linger",
         float,
         60.0,
-        "Seconds the run waits for processes the command left running before it closes its books.",
+        "Seconds the run waits for processes the command left running before it totals its calls.",
         child=False,
         check=_seconds,
     ),
@@ -345,7 +442,7 @@ OPTIONS: tuple[Option, ...] = (
         "drain_timeout",
         float,
         30.0,
-        "Seconds a stopping gateway lets calls in flight finish and settle (longer ones are charged whole).",
+        "Seconds a stopping gateway lets calls in flight finish (longer ones are charged in full).",
         child=False,
         check=_seconds,
     ),
@@ -378,7 +475,8 @@ OPTIONS: tuple[Option, ...] = (
         "allow_unguarded",
         bool,
         False,
-        "Let connections to guarded hosts that no guarded HTTP client made through (counted, not refused).",
+        "Let through connections to a guarded API made outside every HTTP client quotawrap guards (they are"
+        " counted, not refused).",
     ),
     Option(
         "strict",
@@ -391,9 +489,10 @@ OPTIONS: tuple[Option, ...] = (
         "retention",
         str,
         "90d",
-        "Keep calls this long (90d, 12h; 'off': never prune); older days are folded into daily aggregates"
+        "Keep calls this long (90d, 12h, 30m; 'off': never prune); older days are folded into daily aggregates"
         " at a run's end, at most once a day.",
         child=False,
+        check=_retention,
     ),
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),

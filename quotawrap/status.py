@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from . import quota
+from ._log import printable
 from .allowance import HISTORY_S, model_reasoning
 from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
 from .estimate import MAX_OUTPUT_TOKENS, PREBLOCK_RESERVE_TOKENS
@@ -110,7 +111,7 @@ def render_status(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "quotawrap: the ledger has no models yet (no guarded call, no balance sync)."
     lines = []
-    for row in rows:
+    for row in map(_shown, rows):
         state = f"EVICTED ({row['evicted_by']})" if row["evicted"] else "open"
         lines.append(f"{row['model']}  [{state}]  Beijing day {row['day']}")
         lines.append(
@@ -150,7 +151,7 @@ def render_status(rows: list[dict[str, Any]]) -> str:
             lines.append(f"  {row['keep_alive_advice']}")
         for task in row.get("open_video_tasks", []):
             lines.append(
-                f"  video task {task['task_id']} holds {task['held']:,} since {_when(task['since'])}"
+                f"  video task {printable(task['task_id'])} holds {task['held']:,} since {_when(task['since'])}"
                 " (settled when a poll sees it end; charged in full if none does)"
             )
         hours, rest = divmod(int(row["seconds_to_reset"]), 3600)
@@ -189,7 +190,7 @@ def render_unguarded(found: list[dict[str, Any]]) -> list[str]:
     if not found:
         return []
     lines = ["running sessions with processes outside the guard (their LLM calls are NOT guarded):"]
-    for process in found:
+    for process in map(_shown, found):
         what = "stopped by --strict" if process["stopped"] else process["reason"]
         lines.append(f"  session {process['session']}: pid {process['pid']} ({process['command']}): {what}")
     return lines
@@ -265,8 +266,13 @@ def render_sessions(rows: list[dict[str, Any]]) -> str:
         f"{row['session']}  {time.strftime('%Y-%m-%d %H:%M', time.localtime(row['started_at']))}  {row['state']}"
         f"  {row['calls']} calls  {row['blocked_calls']} blocked  {row['settled_tokens']:,} tokens"
         f"  {format_cny(row['cost_micro_cny'])}  {row['command'][:60]}"
-        for row in rows
+        for row in map(_shown, rows)
     )
+
+
+def _shown(row: dict[str, Any]) -> dict[str, Any]:
+    """A row whose text cells (model names, commands, provider words) are escaped for the terminal."""
+    return {key: printable(value) if isinstance(value, str) else value for key, value in row.items()}
 
 
 def no_balance_today(ledger: Ledger, settings: Settings, now: float) -> bool:

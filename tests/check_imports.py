@@ -31,6 +31,7 @@ PURE: frozenset[str] = frozenset(
         "quotawrap.ledger.scopes",
         "quotawrap.ledger.lines",
         "quotawrap.json_bytes",
+        "quotawrap.durations",
     }
 )
 # What a pure module may lean on besides other pure modules: the exception classes, the record

@@ -31,6 +31,36 @@ hypothesis_settings.register_profile("quotawrap", deadline=None, suppress_health
 hypothesis_settings.load_profile("quotawrap")
 
 
+def _left_behind() -> tuple[object, int]:
+    """The process's guard, and how many guards' retry memories would report at the runner's exit."""
+    from quotawrap import refusals
+    from quotawrap.intercept import _active
+
+    return _active._guard, refusals.unreported_retries()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_guard_left_by_the_module() -> Iterator[None]:
+    """A test module cleans up what it installs in this process: the process's guard (``set_guard(None)``)
+    and a guard's memory of retried refusals (``guard.retries.close()``), which would otherwise report from
+    the test runner's own exit."""
+    guard, unreported = _left_behind()
+    yield
+    now, left = _left_behind()
+    assert now is guard, "a test or fixture of this module left a guard installed: set_guard(None) when done"
+    assert left <= unreported, "a test or fixture of this module left a guard's retry memory open: close it"
+
+
+@pytest.fixture(autouse=True)
+def _no_guard_left_by_the_test() -> Iterator[None]:
+    """The same for each test; a guard a module fixture installed is that fixture's to clean up."""
+    guard, unreported = _left_behind()
+    yield
+    now, left = _left_behind()
+    assert now is guard, "the test left a guard installed: set_guard(None) when it is done"
+    assert guard is not None or left <= unreported, "the test left a guard's retry memory open: close it"
+
+
 @pytest.fixture
 def sim() -> Iterator[ArkSimulator]:
     """A real HTTP server speaking Ark's API on a free loopback port."""

@@ -9,6 +9,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from quotawrap.ledger import open_ledger
+from quotawrap.money import format_cny
 from quotawrap.prices import PriceTable
 from quotawrap.simulator import ArkSimulator
 from quotawrap.usage import Usage
@@ -101,7 +102,7 @@ class TestMoney:
             env={"SIM_URL": sim.url, "MODEL": MODEL},
         )
         assert "BLOCKED" in result.stdout and "cost_cap" in result.stdout
-        assert "> ¥0.0001" in result.stdout and "--cap-cost" in result.stdout
+        assert "> ¥0.000100" in result.stdout and "--cap-cost" in result.stdout
 
     def test_unknown_price_error_policy_refuses_the_model(self, sim: ArkSimulator, store: str) -> None:
         """--unknown-price error: a model with no price is refused rather than priced at zero."""
@@ -150,6 +151,20 @@ class TestCiGate:
         assert text.startswith("# earlier step\n")
         assert f"{settled:,} tokens settled" in text and f"**blocked calls: {len(answered_429)}**" in text
         assert f"| {MODEL} |" in text
+        # the exit code CI saw, in the report and on the step summary's page; the command's beside it
+        assert data["exit_code"] == 3 and data["command_exit_code"] == 0
+        assert "exit code 3 (--fail-on-block; the command exited 0)" in text and "exit code 0 " not in text
+        # one name and one unit for money: report --format json's cost_micro_cny, shown by one rule everywhere
+        rows = json.loads(run_cli("report", "--store", store, "--format", "json").stdout)["rows"]
+        (session,) = json.loads(run_cli("sessions", "--store", store, "--json").stdout)
+        cost = data["totals"]["cost_micro_cny"]
+        assert "settled_cost" not in data["totals"] and "settled_cost" not in data["models"][MODEL]
+        assert cost == data["models"][MODEL]["cost_micro_cny"] == sum(row["cost_micro_cny"] for row in rows) > 0
+        assert cost == session["cost_micro_cny"]
+        shown = format_cny(cost)
+        assert f"({shown})" in result.stderr and f"({shown})" in text
+        assert shown in run_cli("report", "--store", store).stdout
+        assert shown in run_cli("sessions", "--store", store).stdout
 
     def test_ledger_totals_survive_for_status_after_the_run(self, sim: ArkSimulator, store: str) -> None:
         """After a run, `status` shows today's usage of the model equal to the bill."""

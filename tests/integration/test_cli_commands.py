@@ -66,3 +66,39 @@ def test_demo_runs_the_agent_against_the_simulator(tmp_path: Path) -> None:
     billed = int(re.search(r"the simulator billed ([\d,]+) tokens", result.stderr).group(1).replace(",", ""))
     settled = int(re.search(r"([\d,]+) tokens settled", result.stderr).group(1).replace(",", ""))
     assert settled == billed <= 9000
+
+
+def test_a_model_name_cannot_write_into_the_terminal(tmp_path: Path) -> None:
+    """A program (or a provider) names a model with a line break and escape sequences: the run's summary,
+    `report`, `sessions` and `status` print it escaped, one row each, never raw."""
+    from quotawrap.simulator import serve
+
+    hostile = "evil\n\x1b[31mRED\x1b[0m\u202etxt"
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path), "MODEL": hostile}
+    env.pop("QUOTAWRAP_RUN_ID", None)
+    child = Path(__file__).parent / "children" / "one_call.py"
+    with serve() as sim:
+        env["SIM_URL"] = sim.url
+        run = subprocess.run(
+            [sys.executable, "-m", "quotawrap", "--base-url", sim.url, "--", sys.executable, str(child)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert run.returncode == 0, run.stderr
+    outputs = {"summary": run.stderr}
+    # the command a run records is the program's too
+    assert subprocess.run([sys.executable, "-m", "quotawrap", "--", "true", hostile], env=env).returncode == 0
+    for command in ("report", "sessions", "status"):
+        done = subprocess.run(
+            [sys.executable, "-m", "quotawrap", command], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        outputs[command] = done.stdout
+    for name, text in outputs.items():
+        assert "\x1b" not in text and "\u202e" not in text, name
+        assert "RED" in text, name
+        assert not any(line.startswith("\x1b") or line.startswith("[31mRED") for line in text.splitlines()), name
+        (line,) = [line for line in text.splitlines() if "RED" in line]  # the name stays on its row
+        assert "evil\\n\\x1b[31mRED" in line, (name, line)

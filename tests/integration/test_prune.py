@@ -113,6 +113,21 @@ def test_bad_duration_is_one_line_and_changes_nothing(store: str, tmp_path: Path
     _seed_old(store, (200,))
     result = run_cli("prune", "--store", store, "--older-than", "3w")
     assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "90d or 12h" in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and "90d, 12h, 30m" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert _old_calls(store) == 3
+
+
+def test_every_flag_takes_the_same_durations(store: str, tmp_path: Path) -> None:
+    """30m is a duration for prune --older-than, --retention and report/sessions --since alike (one parser);
+    a bad --retention is refused before the command runs, not reported after it."""
+    _seed_old(store, (200,))
+    pruned = run_cli("prune", "--store", store, "--older-than", "30m", "--dry-run")
+    assert pruned.returncode == 0 and "would prune 3 call(s)" in pruned.stdout, pruned.stderr
+    for command in ("report", "sessions"):
+        assert run_cli(command, "--store", store, "--since", "-30m").returncode == 0
+    assert run_quotawrap(["--store", store, "--retention", "30m", "--quiet"], ["true"]).returncode == 0
+    marker = tmp_path / "ran"
+    refused = run_quotawrap(["--store", store, "--retention", "30x"], ["touch", str(marker)])
+    assert refused.returncode == 2 and "--retention" in refused.stderr and "Traceback" not in refused.stderr
+    assert not marker.exists()

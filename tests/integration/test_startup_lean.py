@@ -79,7 +79,7 @@ def test_a_run_without_a_guarded_call_never_loads_the_full_ledger(
     assert result.returncode == 3, result.stderr
     assert [name for name in NEVER_LOADED if name in modules] == []
     if not options:  # the same summary line the report module prints for a run of no calls
-        assert result.stderr.strip().endswith("0 guarded call(s), 0 tokens settled (¥0.0000), 0 blocked")
+        assert result.stderr.strip().endswith("0 guarded call(s), 0 tokens settled (¥0.000000), 0 blocked")
     last = "SELECT exit_code, ended_at IS NOT NULL, command FROM runs ORDER BY started_at DESC"
     (row,) = ledger_rows(store, last)[:1]
     assert row[:2] == (3, 1) and "exit(3)" in str(row[2])

@@ -17,13 +17,18 @@ from quotawrap.simulator import ArkSimulator
 def make_guard(store: str, sim: ArkSimulator) -> Iterator[Callable[..., Guard]]:
     """Install a Guard over the simulator with this test's private ledger (and these settings); gone after the test."""
 
+    made: list[Guard] = []
+
     def make(**changes: Any) -> Guard:
         guard = Guard(Settings(**{"store": store, "base_url": (sim.url,), **changes}))
         set_guard(guard)
+        made.append(guard)
         return guard
 
     yield make
     set_guard(None)
+    for guard in made:  # a guard that answered retries from memory says so now, not at the runner's exit
+        guard.retries.close()
 
 
 @pytest.fixture

@@ -30,3 +30,23 @@ class TestReadme:
         assert "make demo" in README and "make test" in README
         ci = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
         assert "make test" in ci
+
+    def test_every_user_extra_is_in_the_install_list(self) -> None:
+        """Each optional extra a user installs (all but the test one) has its pip line in the README."""
+        import tomllib
+
+        pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+        extras = set(pyproject["project"]["optional-dependencies"]) - {"test"}
+        assert {"redis", "volc", "serve", "demo"} <= extras
+        for extra in extras:
+            assert f"pip install 'quotawrap[{extra}]'" in README, extra
+
+    def test_the_simulators_bill_is_explained(self) -> None:
+        """How to read what the simulator billed, with the fields /_sim/stats really returns."""
+        from quotawrap.simulator import ArkSimulator
+
+        assert "/_sim/stats" in README and "quotawrap simulate" in README
+        with ArkSimulator() as sim:
+            fields = sim.stats().keys()
+        for field in fields:
+            assert f"`{field}`" in README, field

@@ -272,6 +272,7 @@ def guard(tmp_path: Path, server: ThreadingHTTPServer) -> Iterator[Guard]:
     httpx_adapter.unpatch(httpx)
     requests_adapter.unpatch(requests)
     set_guard(None)
+    guard.retries.close()  # retries of refused examples: said now, not at the runner's exit
 
 
 # -- the properties -------------------------------------------------------------------------------
@@ -464,3 +465,4 @@ def test_usage_of_2_63_leaves_the_limits_in_force(any_store: str) -> None:
     finally:
         httpx_adapter.unpatch(httpx)
         set_guard(None)
+        guard.retries.close()  # the refused retries above: said now, not at the runner's exit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,22 @@ CHAT = json.dumps({"model": "doubao-seed-1-6-250615", "messages": [{"role": "use
 AUTH = {"authorization": "Bearer k"}
 
 
+_made: list[Guard] = []
+
+
 def guard(tmp_path: Path, **settings: object) -> Guard:
     store = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
-    return Guard(Settings(store=store, run_id="r", **settings), open_ledger(store))  # type: ignore[arg-type]
+    made = Guard(Settings(store=store, run_id="r", **settings), open_ledger(store))  # type: ignore[arg-type]
+    _made.append(made)
+    return made
+
+
+@pytest.fixture(autouse=True)
+def _close_the_guards() -> Iterator[None]:
+    """A guard that answered retries from memory says how many when closed, not at the runner's exit."""
+    yield
+    while _made:
+        _made.pop().retries.close()
 
 
 def states(g: Guard) -> list[tuple[str, str]]:

@@ -185,14 +185,19 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 def make_guard(store: str) -> Iterator[Callable[..., Guard]]:
     """Install a Guard over BASE with this test's private ledger (and these settings)."""
 
+    made: list[Guard] = []
+
     def make(**changes: Any) -> Guard:
         settings = Settings(**{"store": store, "base_url": (BASE,), **changes})
         guard = Guard(settings)
         set_guard(guard)
+        made.append(guard)
         return guard
 
     yield make
     set_guard(None)
+    for guard in made:  # a guard that answered retries from memory says so now, not at the runner's exit
+        guard.retries.close()
 
 
 def _rows(store: str) -> list[tuple[Any, ...]]:

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from quotawrap._errors import ConfigError
 from quotawrap.ledger import HoldRequest
 from quotawrap.ledger.sqlite import SCHEMA_VERSION, SQLiteLedger
 from quotawrap.ledger.sqlite_file import CALL_COLUMNS
 from quotawrap.quota import BEIJING, Counters, Limit
 from quotawrap.report import day_range, ledger_rows
-from quotawrap.retention import AUTO_LEASE, auto_prune, cutoff_day, parse_duration
+from quotawrap.retention import AUTO_LEASE, auto_prune, cutoff_day
 from quotawrap.usage import Usage
 from tests.unit.conftest import FakeClock
 
@@ -353,14 +352,7 @@ def test_auto_prune_runs_at_most_once_a_day(seeded: tuple[SQLiteLedger, FakeCloc
     assert later is not None and later.days == ()
 
 
-def test_durations_and_cutoff() -> None:
-    """90d / 12h parse to seconds, garbage is a ConfigError, and the cutoff is the Beijing day of now - duration."""
-    assert parse_duration("90d") == 90 * 86_400
-    assert parse_duration("12h") == 12 * 3_600
-    assert parse_duration("off") is None
-    for bad in ("90", "1w", "-3d", "0d", "d"):
-        with pytest.raises(ConfigError, match="90d or 12h"):
-            parse_duration(bad)
+def test_the_cutoff_is_the_beijing_day_of_now_less_the_duration() -> None:
     assert cutoff_day(_at("2026-05-01", 10), 12 * 3600) == "2026-04-30"
     assert cutoff_day(_at("2026-05-01", 13), 12 * 3600) == "2026-05-01"
 

@@ -53,6 +53,36 @@ def test_bad_port_is_a_config_error(port: str) -> None:
     assert SECRET not in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("unix:///x.sock?db=x", "'db'"),
+        ("redis://127.0.0.1:6379/0?socket_timeout=abc", "'socket_timeout'"),
+        ("redis://127.0.0.1:6379/0?health_check_interval=zz", "'health_check_interval'"),
+        ("rediss://127.0.0.1:6379/0?ssl_cert_reqs=bogus", "bogus"),
+        ("redis://127.0.0.1:6379/0?ssl_cert_reqs=none", "'ssl_cert_reqs'"),  # TLS words on a plain connection
+        ("redis://127.0.0.1:6379/0?no_such_parameter=1", "'no_such_parameter'"),
+        ("unix:///x.sock?cluster=yes", "unix socket"),
+    ],
+)
+def test_a_parameter_redis_py_would_refuse_is_a_config_error_when_opened(url: str, named: str) -> None:
+    """redis-py reads these only at its first connection, and raised there (a traceback, or a run that failed
+    open): the ledger refuses them when it is opened, in redis-py's words, before any connection."""
+    with pytest.raises(ConfigError, match=named) as error:
+        open_ledger(url.replace("127.0.0.1", f":{SECRET}@127.0.0.1"))
+    assert SECRET not in str(error.value)
+
+
+def test_parameters_redis_py_takes_are_kept() -> None:
+    for url in (
+        "rediss://h:1/0?ssl_cert_reqs=none&socket_timeout=2",
+        "unix:///x.sock?db=2",
+        "redis://h/0?db=3&prefix=p",
+    ):
+        ledger = open_ledger(url)
+        assert isinstance(ledger, RedisLedger)
+
+
 class _UnixServer(RedisServer):
     """A private redis-server that also listens on a unix socket in its directory."""
 

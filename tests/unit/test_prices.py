@@ -527,19 +527,28 @@ class TestCost:
     @pytest.mark.parametrize(
         ("micro", "estimated", "text"),
         [
-            (12_300, False, "¥0.0123"),
-            (12_300, True, "~¥0.0123"),
-            (0, False, "¥0.0000"),
+            (12_300, False, "¥0.012300"),
+            (12_300, True, "~¥0.012300"),
+            (0, False, "¥0.000000"),
             (12, False, "¥0.000012"),
-            (-12_300, False, "-¥0.0123"),
-            (5_000_000, False, "¥5.0000"),
-            (12_350, False, "¥0.0124"),
+            (47, False, "¥0.000047"),
+            (94, False, "¥0.000094"),  # was ¥0.0001: two calls of ¥0.000047 each did not add up on screen
+            (-12_300, False, "-¥0.012300"),
+            (5_000_000, False, "¥5.000000"),
+            (12_350, False, "¥0.012350"),
+            (1_234_567_891, False, "¥1,234.567891"),
         ],
     )
     def test_format(self, micro: int, estimated: bool, text: str) -> None:
-        """Four decimals, a tilde for estimates, and tiny non-zero amounts shown in full."""
+        """Every amount to the micro-CNY, never rounded (one rule for every view), a tilde for estimates."""
         assert format_cny(micro, estimated=estimated) == text
         assert Cost(micro, estimated=estimated).format() == text
+
+    @given(st.lists(st.integers(0, 10**12), min_size=1, max_size=5))
+    def test_shown_amounts_add_up(self, amounts: list[int]) -> None:
+        """What a table shows per row adds up to what it shows as the total."""
+        shown = [Decimal(format_cny(amount).lstrip("¥").replace(",", "")) for amount in amounts]
+        assert sum(shown) == Decimal(format_cny(sum(amounts)).lstrip("¥").replace(",", ""))
 
     def test_format_reads_the_flag(self) -> None:
         """format_cny of a Cost uses the Cost's own flag unless told otherwise."""

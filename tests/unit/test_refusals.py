@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 
 from quotawrap.endpoints import Route
-from quotawrap.refusals import RedirectMemory, RetryMemory, caller, fingerprint, unknown_path_message
+from quotawrap.refusals import (
+    RedirectMemory,
+    RetryMemory,
+    caller,
+    fingerprint,
+    unknown_path_message,
+)
 
 CHAT = Route("guard", "/api/v3/chat/completions", "chat", "chat")
 
@@ -64,6 +72,35 @@ class TestRetryMemory:
             memory.remember(str(index), "answer", now=0.0)
         assert memory.recall("0", now=0.0) is None
         assert memory.recall("999", now=0.0) == ("answer", 1)
+
+    def test_closing_reports_the_retries_now_and_not_again_at_exit(self) -> None:
+        """A guard done with (a test's, an embedder's) says its count once, when closed, not from the exit;
+        one left open says it at the exit, as a guarded program's does."""
+        script = """
+import sys
+from dataclasses import dataclass
+from quotawrap.refusals import RetryMemory, unreported_retries
+
+@dataclass(frozen=True)
+class Answer:
+    headers: tuple = ()
+
+memory = RetryMemory(window_s=10)
+memory.remember("k", Answer(), now=0.0)
+assert memory.answer("k", now=1.0) and memory.answer("k", now=2.0) and unreported_retries() == 1
+if sys.argv[1] == "close":
+    memory.close()
+    memory.close()  # twice says nothing more
+    assert unreported_retries() == 0
+print("END", file=sys.stderr, flush=True)
+"""
+        for how, before_end, after_end in (("close", 1, 0), ("leave", 0, 1)):
+            done = subprocess.run(
+                [sys.executable, "-c", script, how], capture_output=True, text=True, timeout=60, check=True
+            )
+            before, _, after = done.stderr.partition("END")
+            said = "2 identical retries of refused requests were answered from memory"
+            assert (before.count(said), after.count(said)) == (before_end, after_end), (how, done.stderr)
 
 
 class TestRedirectMemory:

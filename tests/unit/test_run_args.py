@@ -187,6 +187,7 @@ def test_the_subcommand_names_are_the_groups() -> None:
         ["--cap-tokens"],
         ["--tag", "--", "true"],
         ["--unknown-flag", "--", "true"],
+        ["statu"],  # no program of that name where a subcommand goes: click judges the typo
     ],
 )
 def test_what_only_click_may_judge_is_declined(args: list[str]) -> None:

@@ -48,6 +48,10 @@ _SHAPED: dict[str, st.SearchStrategy[Any]] = {
     "run_id": st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,30}", fullmatch=True),
     "store": _ENV_TEXT.filter(lambda text: "://" not in text and not text.startswith("sqlite:")),
     "package_match": st.lists(st.tuples(_ITEM, _ITEM).map("=".join), max_size=4).map(tuple),
+    "base_url": st.lists(
+        st.from_regex(r"https?://[a-z0-9.-]{1,20}(:[1-9][0-9]{0,3})?(/[A-Za-z0-9_.~,%-]*){0,3}", fullmatch=True),
+        max_size=4,
+    ).map(tuple),
 }
 
 
@@ -415,3 +419,78 @@ class TestOptionRules:
     def test_defaults_and_zero_caps_pass(self) -> None:
         """The defaults pass their own rules, and a cap of 0 (block everything) is a valid choice."""
         assert Settings(cap_tokens=0, daily_cap=0, cap_cost=0.0).daily_cap == 0
+
+
+BASE_URLS_KEPT = [
+    "https://ark.cn-beijing.volces.com/api/v3",
+    "http://127.0.0.1:8080/api/v3",
+    "http://localhost/v1",
+    "HTTPS://EXAMPLE.COM",
+    "http://[::1]:9000/v1",
+    "http://user:secret@host:443/x",
+    "http://host:/v1",  # an empty port is the scheme's default, as urllib reads it
+    "http://host?x=1",
+]
+BASE_URLS_REFUSED = [
+    ("http://127.0.0.1:notaport/v3", "port"),
+    ("http://host:0/v1", "port"),
+    ("http://host:70000/v1", "port"),
+    ("http://host:-1/v1", "port"),
+    ("http://host:８０/v1", "port"),  # fullwidth digits: no port a socket takes
+    ("ftp://x", "http:// or https://"),
+    ("127.0.0.1:8080/api/v3", "http:// or https://"),
+    ("ws://host/v1", "http:// or https://"),
+    ("http:///v3", "no host"),
+    ("http://user@/v3", "no host"),
+    ("http://[::1/v1", "IPv6"),
+    ("http://[::1]x/v1", "IPv6"),
+    ("http://exa mple.com/v1", "spaces"),
+    ("http://host/v1\n", "control"),
+]
+
+
+@pytest.mark.parametrize("url", BASE_URLS_KEPT)
+def test_a_base_url_urllib_reads_is_kept(url: str) -> None:
+    """The check reads host and port as urllib does (it is not imported on a run's start path)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    assert parts.scheme.lower() in ("http", "https") and parts.hostname and (parts.port or 1) > 0
+    assert Settings(base_url=(url,)).base_url == (url,)
+
+
+@pytest.mark.parametrize(("url", "problem"), BASE_URLS_REFUSED)
+def test_a_base_url_no_client_could_reach_is_refused_naming_the_flag(url: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=r"--base-url \(QUOTAWRAP_BASE_URL\): .*" + problem):
+        Settings(base_url=("https://ark.cn-beijing.volces.com/api/v3", url))
+
+
+def test_a_bad_base_url_in_the_environment_is_refused_too() -> None:
+    with pytest.raises(ConfigError, match="--base-url"):
+        Settings.from_env({"QUOTAWRAP_BASE_URL": "http://127.0.0.1:notaport/v3"})
+
+
+def _help_texts() -> list[tuple[str, str]]:
+    import click
+
+    def walk(command: click.Command, path: str) -> list[tuple[str, str]]:
+        found = [(path, command.help or "")]
+        found += [(f"{path} {param.opts[0]}", getattr(param, "help", None) or "") for param in command.params]
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                found += walk(sub, f"{path} {name}")
+        return found
+
+    return walk(cli, "quotawrap")
+
+
+# Words of the project's own history and internals, meaningless to someone reading --help.
+_JARGON = ("seed", "v6", "§", "issue", "soft-evict", "snapshot", "lease", "B0", "reconcil", "collection cap", "binds")
+
+
+@pytest.mark.parametrize("word", _JARGON)
+def test_help_texts_speak_the_users_words(word: str) -> None:
+    """Every command's and option's help says what it does, not where it came from."""
+    used = [where for where, text in _help_texts() if word.lower() in text.lower()]
+    assert not used, f"{word!r} in the help of {used}"
+    assert len(_help_texts()) > 150  # the walk reaches every command's options

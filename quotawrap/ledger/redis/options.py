@@ -71,8 +71,31 @@ def split_url(url: str) -> tuple[str, dict[str, object]]:
             ours[key] = _parse_option(key, value, url)
         else:
             theirs.append((key, value))
+    if ours.get("cluster") and parts.scheme == "unix":
+        raise ConfigError(f"store URL {redact(url)}: a Redis Cluster is not reached through a unix socket")
     base = url.partition("#")[0].partition("?")[0]
-    return (f"{base}?{urlencode(theirs)}" if theirs else base), ours
+    client_url = f"{base}?{urlencode(theirs)}" if theirs else base
+    if theirs:
+        _check_their_parameters(client_url, url)
+    return client_url, ours
+
+
+def _check_their_parameters(client_url: str, url: str) -> None:
+    """The query parameters redis-py reads, judged by redis-py now rather than at its first connection
+    (a traceback, or a run that fails open): it builds, without connecting, the connection they describe."""
+    try:
+        from redis.connection import ConnectionPool
+        from redis.exceptions import RedisError
+    except Exception:  # no usable redis package: opening the store says so in its own words
+        return
+    try:
+        pool = ConnectionPool.from_url(client_url)
+        pool.make_connection()
+        pool.disconnect()
+    except (ValueError, TypeError, RedisError) as exc:
+        raise ConfigError(
+            f"store URL {redact(url)}: a query parameter is wrong ({exc}); correct or remove it"
+        ) from None
 
 
 _SECRET_PARAMETERS = frozenset({"password"})

@@ -232,12 +232,18 @@ class TestNotGuarded:
         assert USAGE_FRAME.decode().strip() not in lines  # no usage was injected
         assert _rows(store) == []
 
-    def test_get_on_a_billed_path_passes(self, backend: Backend, make_guard: Callable[..., Guard], store: str) -> None:
-        """Only POST spends tokens: a GET is not reserved."""
+    def test_get_on_a_billed_path_is_refused_and_a_read_passes(
+        self, backend: Backend, make_guard: Callable[..., Guard], store: str
+    ) -> None:
+        """A GET on a billed path is answered 405 without being sent; a read of a stored response passes."""
         make_guard(cap_tokens=0)
-        backend.reply(lambda request: backend.module.Response(200, json={"object": "list"}))
+        backend.reply(lambda request: backend.module.Response(200, json={"object": "response"}))
         with backend.client() as client:
-            assert client.get(BASE + "/responses").status_code == 200
+            refused = client.get(BASE + "/responses")
+            assert refused.status_code == 405
+            assert refused.headers.get("allow") == "POST"
+            assert not backend.called
+            assert client.get(BASE + "/responses/resp_1").status_code == 200
         assert backend.called
         assert _rows(store) == []
 

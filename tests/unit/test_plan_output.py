@@ -276,3 +276,46 @@ def test_the_table_knows_the_models_it_names() -> None:
     """The table's models are the documented ceilings; anything else is the largest documented."""
     assert reasoning_ceiling(SEED) == CEILING
     assert reasoning_ceiling(UNKNOWN) == UNKNOWN_REASONING_CEILING == 262_144
+
+
+def _answer(prompt: int, completion: int) -> bytes:
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return json.dumps({"choices": [{"message": {"content": "ok"}}], "usage": usage}).encode()
+
+
+class TestWhatTheLedgerKeeps:
+    def test_report_and_status_count_the_calls_the_guards_bound_cut_short(self, ledger: SQLiteLedger) -> None:
+        """The hold id of a call the guard bounded says how and at what: `quotawrap report` (table, JSON, CSV)
+        and `status` count those calls and the ones cut short there, after the run, from the ledger alone; a
+        refused attempt refitted and asked again is still no blocked call."""
+        from quotawrap.audit import aggregate, render_csv, render_table
+        from quotawrap.status import model_status, render_status
+
+        guard = Guard(Settings(base_url=(BASE,), run_id=RUN, reasoning_reserve="cut"), ledger)
+        for fields, completion in (({}, 8_192), ({}, 300), ({"max_tokens": 64}, 64), ({"max_tokens": 64}, 20)):
+            call = guard.begin("POST", f"{BASE}{_CHAT}", JSON, json.dumps(_request("chat", SEED, fields)).encode())
+            assert call is not None and call.blocked is None
+            call.response_started(200, JSON)
+            call.feed(_answer(20, completion))
+            call.finish()
+        own = _request("chat", SEED, {"max_completion_tokens": 100})  # bounded by the caller: not the guard's
+        call = guard.begin("POST", f"{BASE}{_CHAT}", JSON, json.dumps(own).encode())
+        assert call is not None
+        call.response_started(200, JSON)
+        call.feed(_answer(20, 100))
+        call.finish()
+        [row] = aggregate(ledger.call_records())
+        assert (row["calls"], row["bounded_calls"], row["replaced_max_tokens_calls"], row["cut_by_bound_calls"]) == (
+            5,
+            4,
+            2,
+            2,
+        )
+        assert "4 call(s) sent with the guard's output bound, 2 of them cut short there" in render_table([row], "model")
+        assert render_csv([row]).splitlines()[0].endswith("bounded_calls,replaced_max_tokens_calls,cut_by_bound_calls")
+        [status] = model_status(ledger, guard.settings, guard.clock())
+        assert (status["bounded_calls"], status["cut_by_bound_calls"]) == (4, 2)
+        assert status["reasoning_ceiling"] == CEILING and status["reasoning_ceiling_known"]
+        text = render_status([status])
+        assert "today: 4 call(s) sent with the guard's output bound, 2 of them cut short there" in text
+        assert "--reasoning-reserve cut" in text

@@ -202,17 +202,17 @@ def _bound_lines(bounds: Mapping[str, Any]) -> list[str]:
     if bounds.get(ADDED):
         lines.append(
             f"  {bounds[ADDED]} call(s) that may think set no output bound: sent with max_completion_tokens"
-            f" (Responses: max_output_tokens) at the model's learned allowance{cut(ADDED)} (--no-bound to opt out)"
+            f" at the model's learned allowance{cut(ADDED)} (--no-bound to opt out)"
         )
     if bounds.get(REPLACED):
         why = (
             "--reasoning-reserve cut"
             if bounds.get("reasoning_reserve") == "cut"
-            else "the cap could never hold max_tokens + the model's reasoning ceiling"
+            else "the cap can never hold max_tokens + the model's reasoning ceiling; --reasoning-reserve"
         )
         lines.append(
-            f"  {bounds[REPLACED]} call(s) that may think set max_tokens: sent with it as max_completion_tokens"
-            f" instead, reasoning and answer together ({why}){cut(REPLACED)}"
+            f"  {bounds[REPLACED]} call(s) that may think set max_tokens: sent as max_completion_tokens ="
+            f" max_tokens, reasoning and answer together ({why}){cut(REPLACED)}"
         )
     return lines
 

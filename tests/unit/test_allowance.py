@@ -85,9 +85,9 @@ class _PausedReads:
         return self.ledger.reasoning_history(model, since=since, limit=limit)
 
 
-def _burst(book: AllowanceBook, paused: _PausedReads, callers: int) -> dict[int, int | None | str]:
+def _burst(book: AllowanceBook, paused: _PausedReads, callers: int) -> dict[int, int | str | None]:
     """``callers`` threads ask at once, all while the first one's read of the ledger is under way."""
-    results: dict[int, int | None | str] = {}
+    results: dict[int, int | str | None] = {}
 
     def ask(n: int) -> None:
         try:

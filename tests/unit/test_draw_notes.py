@@ -143,7 +143,8 @@ def test_a_settle_is_written_beside_its_note_and_read_with_its_draw(tmp_path: Pa
     assert not notes.settle("b", b"x" * SLOT_BYTES)  # too long: it goes as a datagram, its note stays
     (name,) = note_files(str(tmp_path))
     mapped = (tmp_path / name).read_bytes()
-    assert settled_slots(mapped) == [1] and read_settled(mapped, 1, decode) == (_settle("a"), ("m", 64, 1, "added", False))
+    assert settled_slots(mapped) == [1]
+    assert read_settled(mapped, 1, decode) == (_settle("a"), ("m", 64, 1, "added", False))
     assert read_notes(str(tmp_path), decode) == ([_settle("a"), _draw("b")], True)
 
 

@@ -224,9 +224,7 @@ def test_no_planned_body_sends_both_bounds_or_asks_for_more(
     case; and the hold covers the most the sent body can bill, save the ``learned`` policy's known overshoot."""
     kind, request = shape
     caller = dict(request)
-    if kind == "chat" and not unbounded_thinking(kind, request):
-        body, output, how = request, None, None
-    elif kind == "responses" and not unbounded_thinking(kind, request):
+    if not unbounded_thinking(kind, request):  # type: ignore[arg-type]  # Guard.plan's gate
         body, output, how = request, None, None
     else:
         plan = plan_output(
@@ -264,7 +262,7 @@ def test_no_planned_body_sends_both_bounds_or_asks_for_more(
     if output is None:
         return
     choices = request.get("n", 1) if kind == "chat" else 1
-    if field in body and body[field]:
+    if body.get(field):
         billable = body[field] * choices
     else:  # max_tokens (or Ark's default) for the answer, and reasoning up to the model's ceiling
         billable = ((answer or _SETTINGS.default_max_tokens) + ceiling) * choices

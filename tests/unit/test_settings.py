@@ -179,7 +179,7 @@ class TestBoolParsing:
         """QUOTAWRAP_REASONING_RESERVE picks the policy (default ceiling); anything else names the option."""
         assert Settings().reasoning_reserve == "ceiling"
         assert Settings.from_env({"QUOTAWRAP_REASONING_RESERVE": "cut"}).reasoning_reserve == "cut"
-        with pytest.raises(ConfigError, match="--reasoning-reserve.*ceiling, learned, cut"):
+        with pytest.raises(ConfigError, match=r"--reasoning-reserve.*ceiling, learned, cut"):
             Settings.from_env({"QUOTAWRAP_REASONING_RESERVE": "generous"})
 
 

@@ -86,10 +86,10 @@ def queued_poll(ahead: int) -> QueuedPause:
     return QueuedPause(min(_QUEUED_MAX_S, _QUEUED_PER_WAITER_S * max(1, ahead)))
 
 
-def _refits_lower(guard: Guard, call: Call, room: Room, bound: int) -> bool:
-    """Whether the call's bound, planned again from the counters just read, comes out below ``bound``."""
-    refit = guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate).bound
-    return refit is not None and refit < bound
+def _refits_lower(guard: Guard, call: Call, room: Room, reserve: int) -> bool:
+    """Whether the call, planned again from the counters just read, reserves less than ``reserve``: its bound
+    fitted lower, or a reserve the cap can no longer hold sent with its max_tokens as the bound instead."""
+    return guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate).estimate.total < reserve
 
 
 def _admit(guard: Guard, call: Call, room: Room, hold: HoldRequest, *, first: bool) -> Decision:
@@ -192,8 +192,8 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 continue
             limits = room.limits_for(guard.snapshot(call.model))
             never = quota.never_fits(limits, decision.counters, hold.reserve, reserve_cost=hold.reserve_cost)
-            # The bound was fitted to counters since outgrown: fit it to these and ask again.
-            refits = never is not None and plan.bound is not None and _refits_lower(guard, call, room, plan.bound)
+            # The plan was made from counters since outgrown: plan it from these and ask again.
+            refits = never is not None and _refits_lower(guard, call, room, hold.reserve)
             # What is in the way may be this process's own finished calls, whose settles are still on their
             # way to the ledger (settled off the caller's path), or streams another thread of it left unread:
             # refusing for them would be a false block under --wait 0. Land the settles (a few ms), give the

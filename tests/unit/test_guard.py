@@ -280,3 +280,26 @@ class TestRefittedAttempt:
         assert [r.state for r in records].count("blocked") == 1  # the attempt fitted to the old counters
         [row] = aggregate(records)
         assert (row["calls"], row["blocked_calls"]) == (3, 0)
+        assert (row["bounded_calls"], row["replaced_max_tokens_calls"]) == (3, 0)  # the refit kept its mark
+
+    def test_a_reserve_the_cap_can_no_longer_hold_is_sent_cut_rather_than_refused(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        """A max_tokens call planned at max_tokens + the reasoning ceiling from counters another process has
+        since outgrown: refused once, then, planned again, sent with its max_tokens as max_completion_tokens
+        (the cap can never hold the ceiling now) instead of refused for good."""
+        model = "doubao-seed-1-6-251015"  # reasoning ceiling 32,768
+        mine = make_guard(cap_tokens=40_000, wait=0)
+        first = mine.begin("POST", URL, JSON, body(model, max_tokens=64))
+        assert first is not None and first.blocked is None and first.new_body is None  # 64 + 32,768 fits
+        respond(first, 200, answer(10, 10))
+        other = make_guard(cap_tokens=40_000, wait=0).begin("POST", URL, JSON, body(model, max_tokens=None))
+        assert other is not None and other.blocked is None
+        respond(other, 200, answer(10, 8_000))  # another process settles a fifth of the cap meanwhile
+        late = mine.begin("POST", URL, JSON, body(model, max_tokens=64))
+        assert late is not None and late.blocked is None
+        assert late.new_body is not None
+        sent = json.loads(late.new_body)
+        assert "max_tokens" not in sent and sent["max_completion_tokens"] == 64
+        records = ledger.call_records(run_id=RUN)
+        assert [r.state for r in records].count("blocked") == 1  # the attempt planned from the old counters

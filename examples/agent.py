@@ -2,6 +2,10 @@
 
 Run it guarded:  quotawrap --model deepseek-v4-flash --cap-tokens 20000 -- python examples/agent.py
 (`quotawrap demo` does that against the bundled Ark simulator when ARK_API_KEY is unset.)
+
+The model may think. Half the calls set no output bound (quotawrap sends them with max_completion_tokens
+at the model's learned allowance); the streamed half set max_tokens=1024, which bounds only the answer on
+Ark. Every request that goes out is one Ark accepts: never max_tokens beside max_completion_tokens.
 """
 
 from __future__ import annotations
@@ -23,13 +27,11 @@ def ask(i: int) -> str:
     try:
         if i % 2:
             stream = client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=64, stream=True
+                model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=1024, stream=True
             )
             text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
         else:
-            answer = client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=64
-            )
+            answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}])
             text = answer.choices[0].message.content or ""
         return f"call {i:2}: answered ({len(text)} chars)"
     except openai.RateLimitError as exc:

@@ -1,19 +1,25 @@
-"""How much a model thinks: learned from its settled calls, it sets the bound on calls that leave reasoning open.
+"""How much a model thinks: learned from its settled calls, it sets the bound on calls that leave their output open.
 
-A request that lets a model think without bounding its whole output is bounded by the guard at
+A request that lets a model think and sets no bound of its own (neither ``max_tokens`` nor
+``max_completion_tokens``; Responses: no ``max_output_tokens``) is sent by the guard with one at
 
-    max_tokens (or Ark's default 4,096) + the p99 of the model's reasoning tokens,
+    Ark's default answer (4,096) + the p99 of the model's reasoning tokens,
 
-at least ``--thinking-floor`` and at most ``MAX_OUTPUT_TOKENS``, so the provider stops the
-generation there (``admission.plan_output``). The answer keeps the room the caller asked for, and
-reasoning the room the model has needed in 99 of 100 recent calls: too small starves thinking (the
-answer is cut, and billed), too large only makes holds bigger. A model that never reasons keeps
-the reserve it had before, ``max(max_tokens or 4,096, floor)``. Without history, the seed's
-``PREBLOCK_RESERVE_TOKENS``.
+at least ``--thinking-floor`` and at most 65,536 and the request's own worst case (the default answer
+plus the model's reasoning ceiling), so the provider stops the generation there
+(``admission.plan_output``). The answer keeps its default room, and reasoning the room the model has
+needed in 99 of 100 recent calls: too small starves thinking (the answer is cut, and billed), too large
+only makes holds bigger. A model that never reasons keeps ``max(4,096, floor)``. Without history, the
+default answer + the floor (8,192): small and exact; a cold call that reasons longer is cut, counted, and
+teaches the lesson below. ``--reasoning-reserve learned`` also reserves the p99 beside a caller's
+``max_tokens``.
 
 A call cut by the guard's own bound shows reasoning up to the bound, which would keep the p99 from
 ever growing past it; such a call counts here as twice its bound, so a model that needs more earns
 it within a few calls (in this process; other processes learn it from their own cuts).
+
+The history is read from the ledger once per model and process, then every 30 s; calls that ask while
+a model's first read is under way wait for it (they would otherwise plan as if the model had none).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class AllowanceBook:
         self._refresh_s = refresh_s
         self._lock = threading.Lock()
         self._read_at: dict[str, float] = {}  # per model: a process reads only the models it calls
+        self._reading: dict[str, threading.Event] = {}  # per model, the read under way: set once it is done
         self._history: dict[str, list[int]] = {}
         self._recent: dict[str, deque[int]] = {}  # settled here since the last read of the ledger
         self._cut: dict[str, deque[int]] = {}  # lessons of calls our bound cut: kept, the ledger lacks them
@@ -100,14 +107,37 @@ class AllowanceBook:
                 self._known.pop(model, None)
 
     def _refresh(self, model: str) -> None:
+        """Read the model's history from the ledger when it is due: one read per model at a time. A call that
+        asks while another's read is under way plans with the history read before it, or, when this is the
+        model's first read, waits for it: planning as if the model had none would reserve the no-history
+        bound for every call of a burst."""
         now = self._clock()
         with self._lock:
             read_at = self._read_at.get(model)
             if read_at is not None and now - read_at < self._refresh_s:
                 return
-            self._read_at[model] = now
-        history = self._ledger().reasoning_history(model, since=now - HISTORY_S, limit=HISTORY_CALLS)
+            reading = self._reading.get(model)
+            if reading is None:
+                reading = self._reading[model] = threading.Event()
+                first = None
+            elif model in self._history:
+                return  # a refresh under way: the history read before serves meanwhile
+            else:
+                first = reading
+        if first is not None:
+            first.wait()
+            return
+        try:
+            history = self._ledger().reasoning_history(model, since=now - HISTORY_S, limit=HISTORY_CALLS)
+        except BaseException:
+            with self._lock:
+                del self._reading[model]  # the next call reads again
+            reading.set()
+            raise
         with self._lock:
             self._history[model] = history
             self._recent.pop(model, None)  # the ledger has them now
             self._known.pop(model, None)
+            self._read_at[model] = now
+            del self._reading[model]
+        reading.set()

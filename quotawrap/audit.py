@@ -19,16 +19,19 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._log import printable
+from .admission import REPLACED, cut_short, read_bound_mark, without_bound_mark
 from .files import append_private
 from .ledger.base import REPORT_SUMS, CallRecord, DayAggregate
 from .money import format_cny
 from .quota import BEIJING
 
 __all__ = [
+    "BOUND_SUMS",
     "GROUPINGS",
     "aggregate",
     "anomalous_line",
     "append_jsonl",
+    "bound_line",
     "read_jsonl",
     "render_csv",
     "render_table",
@@ -61,14 +64,23 @@ def _group_key(record: CallRecord | DayAggregate, by: str) -> str:
     raise ConfigError(f"--by {by!r}: use one of {', '.join(GROUPINGS)}")
 
 
+# What a report row counts of the calls still kept, beside REPORT_SUMS (a pruned day keeps none of them):
+# calls the guard sent with a whole-output bound, those whose max_tokens it sent as that bound, and those
+# cut short at it (read from the hold id, admission.bound_mark).
+BOUND_SUMS = ("bounded_calls", "replaced_max_tokens_calls", "cut_by_bound_calls")
+
+
 def aggregate(records: Iterable[CallRecord | DayAggregate], by: str = "model") -> list[dict[str, Any]]:
     """Totals per group, sorted by settled tokens (largest first); a pruned day's aggregate adds its sums."""
     groups: dict[str, dict[str, Any]] = {}
     records = list(records)
-    retried = {r.id[: -len(RETRY_MARK)] for r in records if isinstance(r, CallRecord) and r.id.endswith(RETRY_MARK)}
+    retried = set()
+    for r in records:
+        if isinstance(r, CallRecord) and (numbered := without_bound_mark(r.id)).endswith(RETRY_MARK):
+            retried.add(numbered[: -len(RETRY_MARK)])
     for record in records:
         key = _group_key(record, by)
-        row = groups.setdefault(key, {"key": key, **dict.fromkeys(REPORT_SUMS, 0)})
+        row = groups.setdefault(key, {"key": key, **dict.fromkeys((*REPORT_SUMS, *BOUND_SUMS), 0)})
         if isinstance(record, DayAggregate):
             for name in REPORT_SUMS:
                 row[name] += getattr(record, name)
@@ -76,8 +88,14 @@ def aggregate(records: Iterable[CallRecord | DayAggregate], by: str = "model") -
         if record.handed_to is not None:  # a video task's create: the task's own row is the call
             continue
         if record.state == "blocked":
-            row["blocked_calls"] += record.id not in retried
+            row["blocked_calls"] += without_bound_mark(record.id) not in retried
             continue
+        mark = read_bound_mark(record.id)
+        if mark is not None:
+            row["bounded_calls"] += 1
+            row["replaced_max_tokens_calls"] += mark[0] == REPLACED
+            output = record.completion_tokens
+            row["cut_by_bound_calls"] += output is not None and cut_short(output, mark[1])
         row["calls"] += 1
         row["settled_tokens"] += record.charged
         row["cost_micro_cny"] += record.charged_cost
@@ -111,12 +129,20 @@ def render_table(rows: list[dict[str, Any]], by: str) -> str:
     anomalous = sum(row.get("anomalous_calls", 0) for row in rows)
     if anomalous:
         lines.append(f"{anomalous_line(anomalous)}: counted in unresolved above")
+    bounded = sum(row.get("bounded_calls", 0) for row in rows)
+    if bounded:
+        lines.append(bound_line(bounded, sum(row.get("cut_by_bound_calls", 0) for row in rows)))
     return "\n".join(lines)
+
+
+def bound_line(bounded: int, cut: int) -> str:
+    """The words every ledger view uses for calls the guard sent with its own whole-output bound."""
+    return f"{bounded} call(s) sent with the guard's output bound, {cut} of them cut short there (finish_reason length)"
 
 
 def render_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=["key", *REPORT_SUMS], lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=["key", *REPORT_SUMS, *BOUND_SUMS], lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()

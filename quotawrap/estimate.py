@@ -9,16 +9,19 @@ Output allowance:
 * ``max_completion_tokens`` bounds answer and reasoning together, so it is the allowance;
 * otherwise ``max_tokens`` (or Ark's default 4096) bounds only the answer, and a thinking model
   spends reasoning tokens on top (the seed's 18-token question that cost 167): the allowance is
-  ``max(max_tokens or default, thinking_floor)`` unless ``thinking: {"type": "disabled"}``;
+  ``max(max_tokens or default, thinking_floor)`` unless ``thinking: {"type": "disabled"}``. A guarded
+  call that may think is not reserved at this: ``admission.plan_output`` plans what it sends and holds;
 * the Responses API's ``max_output_tokens`` includes reasoning, like ``max_completion_tokens``;
 * ``n`` (and ``best_of`` for completions) choices each get the full allowance;
 * embeddings and context create produce no output tokens;
 * images and video tasks bill output only, bounded by what the request asks for
   (:mod:`quotawrap.media`); classification answers one of its labels.
 
-Bounding (issue 9): ``max_tokens`` leaves reasoning unbounded, so the guard may add the field that
-bounds the whole output (``bounded``) at an allowance learned from the model's settled calls
-(``learned_allowance``); what cannot be bounded reserves the seed's ``PREBLOCK_RESERVE_TOKENS``.
+Bounding: ``max_tokens`` leaves reasoning to the model's own ceiling, so the guard may send the field
+that bounds the whole output instead (``bounded``). Never beside ``max_tokens``: Ark refuses a request
+with both (400 InvalidParameter "max_tokens and max_completion_tokens cannot be set at the same time"),
+so ``bounded`` takes ``max_tokens`` out. Which request shape is sent and reserved how is
+``admission.plan_output``'s; the allowance it learns from a model's settled calls is ``learned_allowance``.
 
 A limit of 0 is treated as absent: what a server does with it is not documented, and reading it
 as "no limit given" is the safe side.
@@ -52,10 +55,11 @@ from .usage import MODEL_MAX_OUTPUT, MODEL_WINDOW, TOKEN_CEILING, UsageBound
 
 __all__ = [
     "MAX_OUTPUT_TOKENS",
-    "PREBLOCK_RESERVE_TOKENS",
+    "REASONING_RESERVES",
     "Estimate",
     "EstimateSettings",
     "Kind",
+    "ReasoningReserve",
     "bound_field",
     "bounded",
     "bounded_output",
@@ -67,12 +71,14 @@ __all__ = [
     "usage_bound",
 ]
 
-# The seed's reserve for a request that names no output limit (§7.6 ``PREBLOCK_RESERVE_TOKENS``).
-PREBLOCK_RESERVE_TOKENS = 50_000
 # Ark accepts max_completion_tokens in [0, 65536]: no model's whole output can be larger.
 MAX_OUTPUT_TOKENS = 65_536
 
 Kind = Literal["chat", "responses", "embeddings", "completions", "images", "video", "context", "classification"]
+# What the guard reserves for a call that may think and bounds only its answer (max_tokens): see
+# admission.plan_output and README "What the guard sends and reserves".
+ReasoningReserve = Literal["ceiling", "learned", "cut"]
+REASONING_RESERVES: Final[tuple[str, ...]] = get_args(ReasoningReserve)
 Count = Callable[[str, str], int]
 
 
@@ -156,12 +162,15 @@ def unbounded_thinking(kind: Kind, body: Mapping[str, Any]) -> bool:
 def bounded(kind: Kind, body: Mapping[str, Any], allowance: int) -> dict[str, Any]:
     """The body with its whole output bounded at ``allowance`` tokens (per choice).
 
-    Chat's ``max_tokens`` stays: Ark ignores it once ``max_completion_tokens`` is set, so the
-    answer is then bounded only by the allowance, which is never below ``max_tokens``.
+    Chat's ``max_tokens`` goes: Ark answers 400 to a request that sets it beside
+    ``max_completion_tokens`` (docs/82379/1449737: "不可同时设置，会直接报错"; real answers quoted in
+    HKUDS/nanobot#2548). The caller's dict is left as it was.
     """
     field = bound_field(kind)
     if field is None:
         raise ValueError(f"a {kind} request has no field bounding its output")
+    if kind == "chat" and "max_tokens" in body:
+        return {**{key: value for key, value in body.items() if key != "max_tokens"}, field: allowance}
     return {**body, field: allowance}
 
 

@@ -29,20 +29,21 @@ import threading
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from . import endpoints, quota, readahead, refusals
 from ._errors import PolicyRefused, QuotawrapError, StoreError
 from ._log import warn
-from .admission import Plan, Room, Wait, plan_output
+from .admission import Plan, Room, Wait, bound_mark, plan_output
 from .allowance import AllowanceBook
 from .contexts import ContextCreated, ContextSizes
 from .endpoint_prices import CostRule
-from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unbounded_thinking
+from .estimate import Estimate, EstimateSettings, Kind, ReasoningReserve, estimate_request, unbounded_thinking
 from .guard_books import GuardBooks
 from .guarded_call import CallContext, GuardedCall
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
-from .ledger.base import Decision, Settle, ledger_clock, run_cost_key, run_key
+from .ledger.base import Decision, Settle, ledger_clock, new_hold_id, run_cost_key, run_key
+from .model_limits import reasoning_ceiling
 from .redact import key_fingerprint
 from .reserving import Call, reserve_steps
 from .settings import Settings
@@ -92,6 +93,7 @@ class Guard(GuardBooks):
             image_tokens=settings.image_tokens,
         )
         self._quota = settings.quota
+        self._reasoning_reserve = cast(ReasoningReserve, settings.reasoning_reserve)
         self._token_cap = self._smallest_token_cap()  # pure in the settings, which never change; every call asks
         self._run_id = settings.run_id or f"adhoc-{os.getpid()}"
         self._host = socket.gethostname()
@@ -440,19 +442,43 @@ class Guard(GuardBooks):
         return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
 
     def plan(self, kind: Kind, url: str, request: dict[str, Any], model: str, room: Room, estimate: Estimate) -> Plan:
-        """Bound the call's whole output when it may think without a bound (bots too: their API takes the chat
-        body), unless --no-bound or --watch, and what it then reserves."""
+        """What a call that may think without a whole-output bound is sent as and reserves (bots, batch and
+        context chat too: their API takes the chat body); see ``admission.plan_output``."""
         if kind not in ("chat", "responses") or not unbounded_thinking(kind, request):
             return Plan(estimate, request, None)
         # --watch observes the program as it is: it changes no request
         boundable = self.settings.bound and not self.settings.watch
-        reasoning = self._allowances.reasoning(model) if boundable else None
-        settings = self._estimate_settings
-        return plan_output(kind, request, estimate, settings, boundable, reasoning, room.token_space, room.token_cap)
+        policy = self._reasoning_reserve
+        learns = boundable and (policy == "learned" or kind != "chat" or not request.get("max_tokens"))
+        return plan_output(
+            kind,
+            request,
+            estimate,
+            self._estimate_settings,
+            boundable=boundable,
+            policy=policy,
+            ceiling=reasoning_ceiling(model),
+            reasoning=self._allowances.reasoning(model) if learns else None,
+            token_space=room.token_space,
+            token_cap=room.token_cap,
+        )
 
     def hold(
-        self, call: Call, plan: Plan, *, pid: int, waiter: str | None, ticket: int | None, can_wait: bool
+        self,
+        call: Call,
+        plan: Plan,
+        *,
+        pid: int,
+        waiter: str | None,
+        ticket: int | None,
+        can_wait: bool,
+        hold_id: str | None = None,
     ) -> HoldRequest:
+        """The hold of one attempt of ``call``; ``hold_id``: the id to number it by (a retry's), a new one if None.
+        A call sent with the guard's bound carries it in its id (``admission.bound_mark``)."""
+        hold_id = hold_id or new_hold_id()
+        if plan.bound is not None:
+            hold_id += bound_mark(plan.how, plan.bound)
         return HoldRequest(
             run_id=self._run_id,
             model=call.model,
@@ -470,6 +496,7 @@ class Guard(GuardBooks):
             waiter=waiter,
             ticket=ticket,
             can_wait=can_wait,
+            hold_id=hold_id,
         )
 
     def audit_refusal(self, plan: Plan, hold: HoldRequest, decision: Decision) -> None:
@@ -505,7 +532,7 @@ class Guard(GuardBooks):
             hide = True
         elif body is not request:  # the request with its bound added (Plan.body)
             new_body = endpoints.encode_added(call.raw, request, body)
-        context = CallContext.of_hold(hold, decision, now, plan.bound)
+        context = CallContext.of_hold(hold, decision, now, plan.bound, plan.how)
         guarded = GuardedCall(
             self.ledger,
             decision.hold_id,

@@ -18,6 +18,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from . import endpoints
 from ._log import warn
+from .admission import ADDED, cut_short
 from .endpoint_prices import CostRule
 from .ledger import HoldRequest, Ledger
 from .ledger.base import CallRecord, CallState, Decision, Drawn, Settle
@@ -53,9 +54,12 @@ class CallContext(NamedTuple):
     blocked_by: str | None
     output_bound: int | None = None  # the whole-output bound the guard set on the request, if it set one
     drawn: Drawn | None = None  # admitted from an advance of its process (quotawrap.advances)
+    bound_how: str | None = None  # how the guard set it (admission.ADDED or REPLACED)
 
     @classmethod
-    def of_hold(cls, hold: HoldRequest, decision: Decision, now: float, output_bound: int | None) -> CallContext:
+    def of_hold(
+        cls, hold: HoldRequest, decision: Decision, now: float, output_bound: int | None, bound_how: str | None = None
+    ) -> CallContext:
         blocking = decision.verdict.blocking
         drawn = None if decision.advance_id is None else Drawn.of(decision.advance_id, hold, now)
         return cls(
@@ -73,6 +77,7 @@ class CallContext(NamedTuple):
             blocked_by=blocking.name if blocking else None,
             output_bound=output_bound,
             drawn=drawn,
+            bound_how=bound_how,
         )
 
     def record(
@@ -351,7 +356,7 @@ class GuardedCall:
         except Exception as exc:
             # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
             warn(f"could not settle a call to {self.model}: {exc}; the wrapper will charge its hold")
-            self._record_bound()
+            self._record_bound(usage)
             return
         event: Literal["settle", "release"] = "release" if action == "release" else "settle"
         landed = None
@@ -360,18 +365,19 @@ class GuardedCall:
             landed = functools.partial(self._audit_landed, state, usage, cost, latency)
         drawn = None if self._context is None else self._context.drawn
         settle = Settle(self.hold_id, event, usage, latency, cost, self.anomaly, drawn)
-        self._guard.land(settle, landed, self._bound_event())
+        self._guard.land(settle, landed, self._bound_event(usage))
 
-    def _bound_event(self) -> BoundEvent | None:
-        """The call's ``bound`` event, None unless the guard bounded it."""
+    def _bound_event(self, usage: Usage | None = None) -> BoundEvent | None:
+        """The call's ``bound`` event, None unless the guard bounded it; cut short when its ``usage`` says so."""
         context = self._context
         if context is None or context.output_bound is None:
             return None
-        return (context.model, context.output_bound, context.pid)
+        cut = usage is not None and cut_short(usage.completion_tokens, context.output_bound)
+        return (context.model, context.output_bound, context.pid, context.bound_how or ADDED, cut)
 
-    def _record_bound(self) -> None:
+    def _record_bound(self, usage: Usage | None = None) -> None:
         """The call's bound event where no settle carries it (Guard.land records it with the others)."""
-        bound = self._bound_event()
+        bound = self._bound_event(usage)
         if self._guard is not None and bound is not None:
             self._guard.events.bounds((bound,))
 

@@ -32,6 +32,7 @@ __all__ = ["COMMANDS"]
         "model",
         "thinking_floor",
         "default_max_tokens",
+        "reasoning_reserve",
     ]
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
@@ -43,6 +43,7 @@ __all__ = [
     "UnknownPricePolicy",
     "conservative_default",
     "load_overrides",
+    "longest_prefix",
     "normalize_model",
 ]
 
@@ -242,6 +243,19 @@ def normalize_model(model: str) -> str:
     return model.strip().lower().replace(".", "-").replace("_", "-")
 
 
+def longest_prefix(key: str, keys: Collection[str]) -> str | None:
+    """``key`` itself when ``keys`` has it, else the longest of ``keys`` that ``key`` starts with at a ``-``
+    (both normalized): Ark ids carry date or variant suffixes, and the boundary keeps ``doubao-seed-1-6``
+    from matching a ``doubao-seed-1-60``."""
+    if key in keys:
+        return key
+    best: str | None = None
+    for candidate in keys:
+        if key.startswith(candidate + "-") and (best is None or len(candidate) > len(best)):
+            best = candidate
+    return best
+
+
 class PriceTable(Record, frozen=True):
     """Model prices by id with longest-prefix lookup, a default, and an unknown-price policy."""
 
@@ -285,16 +299,8 @@ class PriceTable(Record, frozen=True):
         return found  # type: ignore[return-value]
 
     def _price_for(self, model: str) -> ModelPrice | None:
-        key = normalize_model(model)
-        found = self._by_key.get(key)
-        if found is not None:
-            return found
-        best: ModelPrice | None = None
-        best_length = -1
-        for candidate, price in self._by_key.items():
-            if key.startswith(candidate + "-") and len(candidate) > best_length:
-                best, best_length = price, len(candidate)
-        return best
+        key = longest_prefix(normalize_model(model), self._by_key)
+        return None if key is None else self._by_key[key]
 
     def resolve(self, model: str) -> ModelPrice:
         """The price that will be charged for ``model``, applying the unknown-price policy."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from ._errors import EXIT_BLOCKED
 from ._log import printable, summary_head
+from .admission import ADDED, REPLACED
 from .audit import anomalous_line
 from .files import append_private, write_private
 from .ledger import Ledger, ModelTotals, RunTotals
@@ -78,6 +79,8 @@ def run_report(
     for name, model in models.items():
         model["blocked_calls"] = max(0, model["blocked_calls"] - events.superseded_by_model.get(name, 0))
         model["bounded_calls"] = events.bounded_by_model.get(name, 0)
+        model["replaced_max_tokens_calls"] = events.replaced_by_model.get(name, 0)
+        model["cut_by_bound_calls"] = events.cut_by_model.get(name, 0)
     unguarded = dict(unguarded or {})
     for name, count in unguarded.items():
         models.setdefault(name, dataclasses.asdict(ModelTotals()))["unguarded_calls"] = count
@@ -93,6 +96,8 @@ def run_report(
     summed["unguarded_connections"] = sum(1 for c in connections if c.get("allowed"))
     summed["blocked_calls"] = sum(model.get("blocked_calls", 0) for model in models.values())
     summed["bounded_calls"] = events.bounded_calls
+    summed["replaced_max_tokens_calls"] = events.bounds.get(REPLACED, 0)
+    summed["cut_by_bound_calls"] = sum(events.cut.values())
     return {
         "session": totals.run_id,
         "store": redact_url(settings.store) if settings.store else None,
@@ -108,6 +113,12 @@ def run_report(
         "store_error": store_error,
         "connections": [dict(connection) for connection in connections],
         "waits": events.as_dict(),
+        # calls the guard sent with a whole-output bound, per how (added / replaced max_tokens), and those cut there
+        "bounds": {
+            "reasoning_reserve": settings.reasoning_reserve,
+            **{how: events.bounds.get(how, 0) for how in (ADDED, REPLACED)},
+            **{f"{how}_cut": events.cut.get(how, 0) for how in (ADDED, REPLACED)},
+        },
         # False when the ledger could not total the run: the numbers above are a lower bound
         "complete": store_error is None,
     }
@@ -153,11 +164,7 @@ def format_summary(report: dict[str, Any]) -> str:
             f" {waits['refused_after_wait']} refused;"
             f" wait p50 {waits['wait_p50_s']:.2f}s, p99 {waits['wait_p99_s']:.2f}s"
         )
-    if totals.get("bounded_calls"):
-        lines.append(
-            f"  {totals['bounded_calls']} call(s) left their whole output open: bounded at the learned allowance"
-            " (max_completion_tokens / max_output_tokens; --no-bound to opt out)"
-        )
+    lines += _bound_lines(report.get("bounds") or {})
     if totals.get("unguarded_calls"):
         lines.append(
             f"  {totals['unguarded_calls']} call(s) went out UNGUARDED while the store was unreachable"
@@ -189,6 +196,32 @@ def format_summary(report: dict[str, Any]) -> str:
     if totals.get("anomalous_calls"):
         lines.append(f"  {anomalous_line(totals['anomalous_calls'])}")
     return printable("\n".join(lines), lines=True)
+
+
+def _bound_lines(bounds: Mapping[str, Any]) -> list[str]:
+    """What the guard did to the requests it changed, one line per way, with the calls it cut short."""
+    lines = []
+
+    def cut(how: str) -> str:
+        count = bounds.get(f"{how}_cut", 0)
+        return f"; {count} cut short there (finish_reason length)" if count else "; none cut short there"
+
+    if bounds.get(ADDED):
+        lines.append(
+            f"  {bounds[ADDED]} call(s) that may think set no output bound: sent with max_completion_tokens"
+            f" at the model's learned allowance{cut(ADDED)} (--no-bound to opt out)"
+        )
+    if bounds.get(REPLACED):
+        why = (
+            "--reasoning-reserve cut"
+            if bounds.get("reasoning_reserve") == "cut"
+            else "the cap can never hold max_tokens + the model's reasoning ceiling; --reasoning-reserve"
+        )
+        lines.append(
+            f"  {bounds[REPLACED]} call(s) that may think set max_tokens: sent as max_completion_tokens ="
+            f" max_tokens, reasoning and answer together ({why}){cut(REPLACED)}"
+        )
+    return lines
 
 
 def _went_around(totals: dict[str, Any]) -> bool:

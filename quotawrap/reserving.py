@@ -17,7 +17,6 @@ across threads, processes, runs and hosts.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import time
@@ -27,7 +26,7 @@ from typing import Any, NamedTuple
 from . import endpoints, quota, readahead
 from ._errors import StoreError
 from ._log import warn
-from .admission import Room, Wait, only_in_flight_in_the_way
+from .admission import Room, Wait, only_in_flight_in_the_way, without_bound_mark
 from .advances import ENDPOINTS
 from .endpoint_prices import CostRule
 from .estimate import Estimate, Kind, usage_bound
@@ -87,10 +86,10 @@ def queued_poll(ahead: int) -> QueuedPause:
     return QueuedPause(min(_QUEUED_MAX_S, _QUEUED_PER_WAITER_S * max(1, ahead)))
 
 
-def _refits_lower(guard: Guard, call: Call, room: Room, bound: int) -> bool:
-    """Whether the call's bound, planned again from the counters just read, comes out below ``bound``."""
-    refit = guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate).bound
-    return refit is not None and refit < bound
+def _refits_lower(guard: Guard, call: Call, room: Room, reserve: int) -> bool:
+    """Whether the call, planned again from the counters just read, reserves less than ``reserve``: its bound
+    fitted lower, or a reserve the cap can no longer hold sent with its max_tokens as the bound instead."""
+    return guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate).estimate.total < reserve
 
 
 def _admit(guard: Guard, call: Call, room: Room, hold: HoldRequest, *, first: bool) -> Decision:
@@ -145,9 +144,9 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 outcome = "refused"
                 return guard.unreadable(call.model, exc)
             overdue = not waits or time.monotonic() >= deadline  # a call that cannot wait is past its deadline
-            hold = guard.hold(call, plan, pid=pid, waiter=waiter, ticket=ticket, can_wait=waits and not overdue)
-            if retry is not None:  # asks again after a refused attempt: no view may count that one as blocked
-                hold = dataclasses.replace(hold, hold_id=retry)
+            # a retry is numbered after the refused attempt: no view may count that one as blocked
+            can_wait = waits and not overdue
+            hold = guard.hold(call, plan, pid=pid, waiter=waiter, ticket=ticket, can_wait=can_wait, hold_id=retry)
             # The head looks before it asks (a read takes no lock), but asks often enough to keep its place.
             looks = head and not overdue and time.monotonic() - asked_at < _RENEW_S
             if looks and only_in_flight_in_the_way(room.read(), hold):
@@ -193,8 +192,8 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 continue
             limits = room.limits_for(guard.snapshot(call.model))
             never = quota.never_fits(limits, decision.counters, hold.reserve, reserve_cost=hold.reserve_cost)
-            # The bound was fitted to counters since outgrown: fit it to these and ask again.
-            refits = never is not None and plan.bound is not None and _refits_lower(guard, call, room, plan.bound)
+            # The plan was made from counters since outgrown: plan it from these and ask again.
+            refits = never is not None and _refits_lower(guard, call, room, hold.reserve)
             # What is in the way may be this process's own finished calls, whose settles are still on their
             # way to the ledger (settled off the caller's path), or streams another thread of it left unread:
             # refusing for them would be a false block under --wait 0. Land the settles (a few ms), give the
@@ -207,7 +206,7 @@ def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None
                 superseded += 1
                 from .audit import retry_id  # rare: the report's module loads only then
 
-                retry = retry_id(hold.hold_id)  # no view counts the refused attempt as a blocked call
+                retry = retry_id(without_bound_mark(hold.hold_id))  # no view counts the refused attempt as blocked
                 guard.audit_refusal(plan, hold, decision)
                 if not refits:
                     asked_again += 1

@@ -136,6 +136,12 @@ def _price_policy(value: Any) -> str | None:
     return None if value in UNKNOWN_PRICE_POLICIES else f"must be one of {', '.join(UNKNOWN_PRICE_POLICIES)}"
 
 
+def _reasoning_reserve(value: Any) -> str | None:
+    from .estimate import REASONING_RESERVES
+
+    return None if value in REASONING_RESERVES else f"must be one of {', '.join(REASONING_RESERVES)}"
+
+
 def _pair(value: Any) -> str | None:
     left, sep, right = str(value).partition("=")
     return None if sep and left.strip() and right.strip() else "must be MODEL=TEXT"
@@ -302,6 +308,15 @@ OPTIONS: tuple[Option, ...] = (
         bool,
         True,
         "Bound the whole output (reasoning too) of calls that leave it open at the learned allowance.",
+    ),
+    Option(
+        "reasoning_reserve",
+        str,
+        "ceiling",
+        "A call that may think and sets max_tokens: 'ceiling' reserves max_tokens + the model's documented"
+        " reasoning ceiling (exact; waits under tight caps), 'learned' + the learned p99 (may overshoot),"
+        " 'cut' sends max_tokens as max_completion_tokens (exact; the answer may be cut).",
+        check=_reasoning_reserve,
     ),
     Option(
         "events_log",
@@ -525,6 +540,7 @@ class Settings:
     image_tokens: int
     wait: float
     bound: bool
+    reasoning_reserve: str
     events_log: str | None
     hold_ttl: float
     task_hold_ttl: float

@@ -120,8 +120,9 @@ def decode(data: bytes) -> tuple[Settle, BoundEvent | None]:
         prompt, completion, total, reasoning, cached, images, actions = fields
         usage = Usage(prompt, completion, total, reasoning, cached, images, tuple((str(n), int(k)) for n, k in actions))
     if bound is not None:
-        model, limit, pid = bound
-        bound = (str(model), int(limit), int(pid))
+        # a child of an older quotawrap sent (model, bound, pid): it only ever added a bound, and said no cut
+        model, limit, pid, how, cut = (*bound, "added", False) if len(bound) == 3 else bound
+        bound = (str(model), int(limit), int(pid), str(how), cut is True)
     if drawn is not None:
         advance_id, reserved, reserved_cost, endpoint, key, started_at, expires_at = drawn
         drawn = Drawn(

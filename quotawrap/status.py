@@ -12,10 +12,11 @@ from . import quota
 from ._log import printable
 from .allowance import HISTORY_S, model_reasoning
 from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
-from .estimate import MAX_OUTPUT_TOKENS, PREBLOCK_RESERVE_TOKENS
+from .estimate import MAX_OUTPUT_TOKENS
 from .expiry import keep_alive_daily_usage
 from .ledger import Ledger, model_day_key
 from .ledger.base import RunRecord, pid_alive
+from .model_limits import limits_for, reasoning_ceiling
 from .settings import Settings
 from .tasks import TASK_HOLD_PREFIX, open_task_holds
 
@@ -38,6 +39,8 @@ def model_status(
     ledger: Ledger, settings: Settings, now: float, *, waiting: dict[str, int] | None = None
 ) -> list[dict[str, Any]]:
     """``waiting``: per model, calls waiting for room now (the ledger's lines, and this host's events logs)."""
+    from .audit import aggregate
+
     day = quota.beijing_day(now)
     qsettings = settings.quota
     tasks: dict[str, list[dict[str, Any]]] = {}
@@ -48,6 +51,8 @@ def model_status(
     recent = ledger.call_records(since=now - HISTORY_S)  # the last 24 h: all of today
     reasoning = model_reasoning(recent)
     anomalous = Counter(r.model for r in recent if r.day == day and r.usage_anomaly is not None)
+    today = [r for r in recent if r.day == day and r.state != "blocked"]
+    bounded = {row["key"]: row for row in aggregate(today, "model")}
     rows = []
     for model in ledger.known_models():
         counters = ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]
@@ -88,12 +93,20 @@ def model_status(
                 "seconds_to_reset": round(quota.seconds_to_beijing_midnight(now), 1),
                 "open_video_tasks": tasks.get(model, []),
                 "reasoning_p99": reasoning.get(model),
-                # the bound of a call that leaves reasoning open and sets no max_tokens
-                "output_allowance": None
-                if model not in reasoning
-                else min(
-                    MAX_OUTPUT_TOKENS, max(settings.thinking_floor, settings.default_max_tokens + reasoning[model])
+                "reasoning_ceiling": reasoning_ceiling(model),
+                "reasoning_ceiling_known": limits_for(model) is not None,
+                # the bound a call that may think and sets no bound goes out with (admission.plan_output)
+                "output_allowance": min(
+                    MAX_OUTPUT_TOKENS,
+                    settings.default_max_tokens + reasoning_ceiling(model),
+                    settings.default_max_tokens + settings.thinking_floor
+                    if model not in reasoning
+                    else max(settings.thinking_floor, settings.default_max_tokens + reasoning[model]),
                 ),
+                "reasoning_reserve": settings.reasoning_reserve,
+                # today's calls the guard sent with its own output bound, and those it cut short
+                "bounded_calls": bounded.get(model, {}).get("bounded_calls", 0),
+                "cut_by_bound_calls": bounded.get(model, {}).get("cut_by_bound_calls", 0),
                 "waiting": (waiting or {}).get(model, 0),
                 "anomalous_calls": anomalous.get(model, 0),  # today's calls whose usage was not believed
             }
@@ -106,7 +119,7 @@ def _when(ts: float) -> str:
 
 
 def render_status(rows: list[dict[str, Any]]) -> str:
-    from .audit import anomalous_line
+    from .audit import anomalous_line, bound_line
 
     if not rows:
         return "quotawrap: the ledger has no models yet (no guarded call, no balance sync)."
@@ -126,16 +139,28 @@ def render_status(rows: list[dict[str, Any]]) -> str:
                 f"  {row['waiting']} call(s) waiting for room in line, every run and host"
                 " (holds in flight must settle first)"
             )
-        if row.get("output_allowance") is not None:
-            lines.append(
-                f"  reasoning p99 {row['reasoning_p99']:,}: a call that leaves reasoning open is bounded at its"
-                f" max_tokens + that (without max_tokens: {row['output_allowance']:,})"
+        learned = (
+            "none learned yet"
+            if row.get("reasoning_p99") is None
+            else f"learned reasoning p99 {row['reasoning_p99']:,}"
+        )
+        ceiling = f"{row['reasoning_ceiling']:,}" + (
+            "" if row["reasoning_ceiling_known"] else " (unknown model: the largest documented)"
+        )
+        lines.append(
+            f"  {learned}: a call that may think and sets no bound goes out with max_completion_tokens"
+            f" {row['output_allowance']:,} (fitted to the cap's room); one that sets max_tokens reserves it +"
+            + (
+                f" the reasoning ceiling {ceiling}"
+                if row["reasoning_reserve"] == "ceiling"
+                else " the learned p99"
+                if row["reasoning_reserve"] == "learned"
+                else " nothing more (sent as max_completion_tokens)"
             )
-        else:
-            lines.append(
-                f"  output allowance: none learned yet; calls that leave reasoning open are bounded at"
-                f" {PREBLOCK_RESERVE_TOKENS:,} (fitted to the cap's room)"
-            )
+            + f" (--reasoning-reserve {row['reasoning_reserve']})"
+        )
+        if row.get("bounded_calls"):
+            lines.append(f"  today: {bound_line(row['bounded_calls'], row['cut_by_bound_calls'])}")
         if row["evicted"]:
             lines.append(f"  evicted: {row['evicted_detail']}")
         if row["balance_known"]:

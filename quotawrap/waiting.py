@@ -41,8 +41,9 @@ __all__ = [
 ]
 
 
-# A call the guard bounded: (model, the bound it set, the pid of the process that made the call).
-BoundEvent = tuple[str, int, int]
+# A call the guard bounded: (model, the bound it set, the pid of the process that made the call, how it set it:
+# "added" to a request that set no bound or "replaced" its max_tokens, and whether the call was cut short there).
+BoundEvent = tuple[str, int, int, str, bool]
 
 
 class QueuedPause(float):
@@ -113,8 +114,9 @@ class EventLog:
         last = self._last_bound
         for event in events:
             if last is None or last[0] != event:
-                model, bound, pid = event
-                last = self._last_bound = (event, _line({"ev": "bound", "model": model, "bound": bound, "pid": pid}))
+                model, bound, pid, how, cut = event
+                line = {"ev": "bound", "model": model, "bound": bound, "pid": pid, "how": how, "cut": cut}
+                last = self._last_bound = (event, _line(line))
             lines.append(last[1])
         if lines:
             self._append(b"".join(lines))
@@ -184,10 +186,15 @@ class RunEvents(Record):
     waiting_now: int = 0
     admitted_after_wait: int = 0
     refused_after_wait: int = 0
-    bounded_calls: int = 0
+    bounded_calls: int = 0  # sent with a whole-output bound the guard set (either way below)
     superseded_blocks: int = 0  # refused attempts of calls that waited on and were admitted
     bounded_by_model: dict[str, int] = field(default_factory=dict)
     superseded_by_model: dict[str, int] = field(default_factory=dict)
+    # per how the guard set the bound ("added", "replaced"): calls, and those of them cut short at it
+    bounds: dict[str, int] = field(default_factory=dict)
+    cut: dict[str, int] = field(default_factory=dict)
+    replaced_by_model: dict[str, int] = field(default_factory=dict)
+    cut_by_model: dict[str, int] = field(default_factory=dict)
 
     @property
     def wait_p50(self) -> float | None:
@@ -242,8 +249,15 @@ class EventsTail:
             elif kind == "superseded":
                 self._supersede(model, int(event.get("n", 0)))
             elif kind == "bound":
+                how = str(event.get("how") or "added")  # a line of an older quotawrap: it only ever added
                 events.bounded_calls += 1
-                events.bounded_by_model[model] = events.bounded_by_model.get(model, 0) + 1
+                _count(events.bounded_by_model, model)
+                _count(events.bounds, how)
+                if how == "replaced":
+                    _count(events.replaced_by_model, model)
+                if event.get("cut") is True:
+                    _count(events.cut, how)
+                    _count(events.cut_by_model, model)
         events.waiting_now = len(self._open)
         return events
 
@@ -265,6 +279,10 @@ class EventsTail:
         data = self._partial + data
         complete, _, self._partial = data.rpartition(b"\n")
         return self.feed(complete.decode("utf-8", errors="replace").splitlines())
+
+
+def _count(counts: dict[str, int], key: str) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 def summarize(lines: Iterable[str]) -> RunEvents:

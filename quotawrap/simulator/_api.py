@@ -138,6 +138,15 @@ def _chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int, contex
         raise _invalid("messages", "must be a non-empty list of message objects")
     max_tokens = _opt_count(body, "max_tokens")
     max_completion_tokens = _opt_count(body, "max_completion_tokens")
+    if max_tokens is not None and max_completion_tokens is not None:
+        # Ark's answer, as production reports quote it (HKUDS/nanobot#2548; docs/82379/1449737: 不可同时设置)
+        why = "max_tokens and max_completion_tokens cannot be set at the same time."
+        raise ArkError(
+            400,
+            "InvalidParameter",
+            f"The parameter `max_tokens` specified in the request are not valid: {why}",
+            "max_tokens",
+        )
     plan = plan_generation(
         chat_prompt_tokens(model, messages) + context_tokens,
         reply_tokens=cfg.reply_tokens,

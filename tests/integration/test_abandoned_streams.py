@@ -1,8 +1,8 @@
 """Issue 9, streams left unread but still referenced: read ahead, settled exactly, their room free for the next call.
 
 The real `quotawrap` CLI runs tests/integration/children/ceiling_agent.py (the openai SDK, no retries) against
-the bundled Ark simulator. The abandoned stream asks ``max_tokens`` 500 and reasons unbounded, so its hold is
-the fallback fitted to the cap's room: under ``--cap-tokens`` 9,000 the next call fits only once the
+the bundled Ark simulator. The abandoned stream sets no output bound and reasons, so the guard sends it with
+its no-history bound fitted to the cap's room: under ``--cap-tokens`` 9,000 the next call fits only once the
 abandoned stream has settled, and with ``--wait 0`` a wait would show as a refusal.
 """
 

@@ -163,7 +163,9 @@ class TestServe:
     def test_refusal_is_a_provider_error_and_never_sent(self, sim: ArkSimulator, store: str) -> None:
         """A call over the cap is answered 429 in Ark's error shape, and the provider never sees it."""
         with gateway(["--store", store, "--base-url", sim.url, "--cap-tokens", "1000"]) as gw:
-            refused = httpx.post(f"{gw.url}/chat/completions", content=chat_body(), headers=JSON, timeout=30)
+            # even sent with its max_tokens as the whole-output bound, the call is more than the whole cap
+            body = chat_body(max_tokens=5_000)
+            refused = httpx.post(f"{gw.url}/chat/completions", content=body, headers=JSON, timeout=30)
         assert refused.status_code == 429
         assert refused.headers["x-should-retry"] == "false"
         error = refused.json()["error"]

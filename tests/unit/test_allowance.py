@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from quotawrap._errors import StoreError
 from quotawrap.allowance import AllowanceBook, model_reasoning
 from quotawrap.estimate import MAX_OUTPUT_TOKENS
+from quotawrap.ledger import Ledger
 from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.usage import Usage
 from tests.conftest import hold_request
@@ -60,6 +65,93 @@ class TestAllowanceBook:
         assert book.reasoning(MODEL) is None
         book.observe(MODEL, 9_000, 9_050, bound=20_000)
         assert book.reasoning(MODEL) == 9_000
+
+
+class _PausedReads:
+    """The real ledger, whose reads of a model's history pause until ``release`` is set (a slow store)."""
+
+    def __init__(self, ledger: SQLiteLedger, fail_first: bool = False) -> None:
+        self.ledger = ledger
+        self.started, self.release = threading.Event(), threading.Event()
+        self.reads = 0
+        self.fail_first = fail_first
+
+    def reasoning_history(self, model: str, *, since: float, limit: int) -> list[int]:
+        self.reads += 1
+        self.started.set()
+        assert self.release.wait(60)
+        if self.fail_first and self.reads == 1:
+            raise StoreError("the store went away", store="sqlite:///gone")
+        return self.ledger.reasoning_history(model, since=since, limit=limit)
+
+
+def _burst(book: AllowanceBook, paused: _PausedReads, callers: int) -> dict[int, int | str | None]:
+    """``callers`` threads ask at once, all while the first one's read of the ledger is under way."""
+    results: dict[int, int | str | None] = {}
+
+    def ask(n: int) -> None:
+        try:
+            results[n] = book.reasoning(MODEL)
+        except StoreError:
+            results[n] = "failed"
+
+    first = threading.Thread(target=ask, args=(0,))
+    first.start()
+    assert paused.started.wait(60)
+    others = [threading.Thread(target=ask, args=(n,)) for n in range(1, callers)]
+    for thread in others:
+        thread.start()
+    asked = time.monotonic() + 0.5  # they ask now, while the read is paused (answering them meanwhile was the bug)
+    for thread in others:
+        thread.join(max(0.0, asked - time.monotonic()))
+    paused.release.set()
+    for thread in (first, *others):
+        thread.join(60)
+    return results
+
+
+class TestFirstRead:
+    def test_concurrent_first_callers_wait_for_the_one_read(self, ledger: SQLiteLedger) -> None:
+        """Threads asking while a model's first read of the ledger is under way get the history it finds (one
+        read for all), not "no history", which reserved the no-history bound for a whole burst."""
+        for reasoning in (2_000, 12_000):
+            _settle(ledger, reasoning)
+        paused = _PausedReads(ledger)
+        book = AllowanceBook(lambda: cast(Ledger, paused))
+        assert _burst(book, paused, 20) == dict.fromkeys(range(20), 12_000)
+        assert paused.reads == 1
+
+    def test_a_refresh_under_way_keeps_the_history_read_before(self, ledger: SQLiteLedger) -> None:
+        """Once a model has history, a re-read does not hold anyone up: the others plan with what was read."""
+        _settle(ledger, 5_000)
+        paused = _PausedReads(ledger)
+        clock = [1_000.0]
+        book = AllowanceBook(lambda: cast(Ledger, paused), clock=lambda: clock[0], refresh_s=30.0)
+        paused.release.set()
+        assert book.reasoning(MODEL) == 5_000
+        paused.release.clear()
+        paused.started.clear()
+        _settle(ledger, 9_000)
+        clock[0] += 31  # the refresh is due
+        results: list[int | None] = []
+        reader = threading.Thread(target=lambda: results.append(book.reasoning(MODEL)))
+        reader.start()
+        assert paused.started.wait(60)
+        assert book.reasoning(MODEL) == 5_000  # answered at once, from the history read before
+        paused.release.set()
+        reader.join(60)
+        assert results == [9_000] and book.reasoning(MODEL) == 9_000
+
+    def test_a_failed_first_read_is_tried_again(self, ledger: SQLiteLedger) -> None:
+        """The read's error reaches its caller; the callers that waited for it go on without history, and the
+        next call reads again."""
+        _settle(ledger, 7_000)
+        paused = _PausedReads(ledger, fail_first=True)
+        book = AllowanceBook(lambda: cast(Ledger, paused))
+        results = _burst(book, paused, 5)
+        assert results[0] == "failed" and {results[n] for n in range(1, 5)} == {None}
+        assert book.reasoning(MODEL) == 7_000
+        assert paused.reads == 2
 
 
 def test_the_known_p99_never_falls_below_the_truth_and_catches_up(ledger: SQLiteLedger) -> None:

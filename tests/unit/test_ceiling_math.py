@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from quotawrap.admission import TAIL_MIN_TOKENS, Plan, plan_output
 from quotawrap.estimate import (
     MAX_OUTPUT_TOKENS,
-    PREBLOCK_RESERVE_TOKENS,
     Estimate,
     EstimateSettings,
     bound_field,
@@ -84,13 +83,17 @@ class TestUnboundedThinking:
 
 
 class TestBounded:
-    def test_chat_keeps_max_tokens_and_gains_the_bound(self) -> None:
-        """max_completion_tokens is added (Ark ignores max_tokens once it is set)."""
+    def test_chat_gains_the_bound_in_place_of_max_tokens(self) -> None:
+        """max_completion_tokens goes out without max_tokens: Ark answers 400 to a request with both."""
         body = {"model": "m", "max_tokens": 64, "n": 2}
         shaped = bounded("chat", body, 5_000)
-        assert shaped == {**body, "max_completion_tokens": 5_000}
+        assert shaped == {"model": "m", "n": 2, "max_completion_tokens": 5_000}
         assert output_allowance("chat", shaped) == 10_000  # per choice
         assert body == {"model": "m", "max_tokens": 64, "n": 2}  # the caller's dict is untouched
+
+    def test_a_null_max_tokens_goes_too(self) -> None:
+        """A max_tokens of null (the SDKs' unset) is a field all the same: never sent beside the bound."""
+        assert bounded("chat", {"model": "m", "max_tokens": None}, 7) == {"model": "m", "max_completion_tokens": 7}
 
     def test_responses(self) -> None:
         """The Responses API's whole-output field is max_output_tokens."""
@@ -134,42 +137,55 @@ class TestLearnedAllowance:
 
 
 class TestPlanOutput:
-    """admission.plan_output: the bound a request that leaves reasoning open goes out with."""
+    """admission.plan_output for a request that sets no bound at all: the bound the guard adds, fitted to the cap."""
 
     @staticmethod
-    def _plan(request: dict, reasoning: int | None, space: int | None = None, boundable: bool = True) -> Plan:
+    def _plan(request: dict, reasoning: int | None, space: int | None = None, ceiling: int = 32_768) -> Plan:
         body = {"model": "m", "messages": [], **request}
-        return plan_output("chat", body, Estimate(100, 0), EstimateSettings(), boundable, reasoning, lambda: space)
+        return plan_output(
+            "chat",
+            body,
+            Estimate(100, 0),
+            EstimateSettings(),
+            boundable=True,
+            policy="ceiling",
+            ceiling=ceiling,
+            reasoning=reasoning,
+            token_space=lambda: space,
+        )
 
-    def test_answer_plus_learned_reasoning(self) -> None:
-        """max_tokens keeps its room and reasoning gets its p99; the hold is input + that bound."""
-        plan = self._plan({"max_tokens": 1_000}, reasoning=6_000)
-        assert plan.bound == 7_000
-        assert plan.body["max_completion_tokens"] == 7_000
-        assert plan.estimate.total == 7_100
+    def test_default_answer_plus_learned_reasoning(self) -> None:
+        """The default answer keeps its room and reasoning gets its p99; the hold is input + that bound."""
+        plan = self._plan({}, reasoning=6_000)
+        assert plan.bound == 10_096
+        assert plan.body["max_completion_tokens"] == 10_096
+        assert plan.estimate.total == 10_196
 
-    def test_default_answer_and_floor(self) -> None:
-        """No max_tokens: Ark's default 4,096 answer; a model that never reasons keeps max(answer, floor)."""
+    def test_floor(self) -> None:
+        """A model that never reasons keeps max(default answer, floor)."""
         assert self._plan({}, reasoning=0).bound == 4_096
-        assert self._plan({"max_tokens": 10}, reasoning=0).bound == 4_096
 
-    def test_no_history_takes_the_seed_fallback(self) -> None:
-        """Nothing learned yet: PREBLOCK_RESERVE_TOKENS."""
-        assert self._plan({}, reasoning=None).bound == PREBLOCK_RESERVE_TOKENS
+    def test_no_history_takes_the_default_answer_plus_the_floor(self) -> None:
+        """Nothing learned yet: 4,096 + 4,096, small and exact (no longer the seed's 50,000)."""
+        assert self._plan({}, reasoning=None).bound == 8_192
+
+    def test_never_above_the_requests_own_worst_case(self) -> None:
+        """The default answer + the model's reasoning ceiling is what the request could ever cost unbounded."""
+        assert self._plan({}, reasoning=60_000, ceiling=1_000).bound == 5_096
+        assert self._plan({}, reasoning=None, ceiling=0).bound == 4_096  # a model that does not reason
+        assert self._plan({}, reasoning=200_000, ceiling=10**6).bound == MAX_OUTPUT_TOKENS
 
     def test_fitted_to_the_room_but_not_below_the_floor(self) -> None:
         """A bound the cap's settled usage cannot hold shrinks to the room, not under the floor while
         the room holds the floor."""
-        assert self._plan({}, reasoning=None, space=20_100).bound == 20_000
+        assert self._plan({}, reasoning=20_000, space=20_100).bound == 20_000
         assert self._plan({}, reasoning=0, space=4_196).bound == 4_096
-        assert self._plan({}, reasoning=None, space=4_000_000).bound == PREBLOCK_RESERVE_TOKENS
+        assert self._plan({}, reasoning=None, space=4_000_000).bound == 8_192
 
     def test_a_caps_last_room_is_offered_rather_than_refused(self) -> None:
-        """Below the floor, the call gets all the room left if that holds its own answer (its max_tokens,
-        or TAIL_MIN_TOKENS without one): sent bounded there, not refused; below that, the floor as before."""
+        """Below the floor, the call gets all the room left if that holds TAIL_MIN_TOKENS: sent bounded there,
+        not refused; below that, the floor as before."""
         assert self._plan({}, reasoning=3_000, space=1_600).bound == 1_500
-        assert self._plan({"max_tokens": 1_000}, reasoning=3_000, space=1_600).bound == 1_500
-        assert self._plan({"max_tokens": 2_000}, reasoning=3_000, space=1_600).bound == 4_096
         assert self._plan({}, reasoning=3_000, space=100 + TAIL_MIN_TOKENS).bound == TAIL_MIN_TOKENS
         assert self._plan({}, reasoning=3_000, space=99 + TAIL_MIN_TOKENS).bound == 4_096
 
@@ -178,20 +194,19 @@ class TestPlanOutput:
         body = {"model": "m", "messages": []}
 
         def bound(cap: int) -> int | None:
-            settings = EstimateSettings()
-            return plan_output("chat", body, Estimate(100, 0), settings, True, 3_000, lambda: 1_600, lambda: cap).bound
+            return plan_output(
+                "chat",
+                body,
+                Estimate(100, 0),
+                EstimateSettings(),
+                boundable=True,
+                policy="ceiling",
+                ceiling=32_768,
+                reasoning=3_000,
+                token_space=lambda: 1_600,
+                token_cap=lambda: cap,
+            ).bound
 
         assert bound(100_000) == 1_500
         assert bound(100 + 4_096) == 1_500
         assert bound(99 + 4_096) == 4_096
-
-    def test_never_below_the_callers_answer(self) -> None:
-        """Ark's 65,536 caps what we add, not an answer the caller asked for."""
-        assert self._plan({"max_tokens": 300_000}, reasoning=5_000).bound == 300_000
-        assert self._plan({"max_tokens": 60_000}, reasoning=30_000).bound == MAX_OUTPUT_TOKENS
-
-    def test_not_boundable_reserves_the_seed_fallback(self) -> None:
-        """--no-bound or a bot: the body goes out unchanged and the hold covers 50,000 of reasoning."""
-        plan = self._plan({"max_tokens": 64}, reasoning=100, boundable=False)
-        assert plan.bound is None and "max_completion_tokens" not in plan.body
-        assert plan.estimate.output_allowance == PREBLOCK_RESERVE_TOKENS

@@ -137,13 +137,14 @@ def test_a_settle_is_written_beside_its_note_and_read_with_its_draw(tmp_path: Pa
     was read of a slot still settled at close lands: a settle lands before the notes of calls still in flight."""
     notes = DrawNotes(str(tmp_path), encode)
     assert notes.write(_draw("a")) and notes.write(_draw("b"))
-    assert notes.settle("a", encode(_settle("a"), ("m", 64, 1), with_draw=False))
+    assert notes.settle("a", encode(_settle("a"), ("m", 64, 1, "added", False), with_draw=False))
     assert not notes.settle("a", encode(_settle("a"), with_draw=False))  # once: the slot is the wrapper's now
     assert not notes.settle("unknown", encode(_settle("unknown"), with_draw=False))
     assert not notes.settle("b", b"x" * SLOT_BYTES)  # too long: it goes as a datagram, its note stays
     (name,) = note_files(str(tmp_path))
     mapped = (tmp_path / name).read_bytes()
-    assert settled_slots(mapped) == [1] and read_settled(mapped, 1, decode) == (_settle("a"), ("m", 64, 1))
+    assert settled_slots(mapped) == [1]
+    assert read_settled(mapped, 1, decode) == (_settle("a"), ("m", 64, 1, "added", False))
     assert read_notes(str(tmp_path), decode) == ([_settle("a"), _draw("b")], True)
 
 

@@ -24,10 +24,12 @@ RUN = "guard-unit"
 JSON = {"content-type": "application/json"}
 
 
-def body(model: str = "deepseek-v4-flash", max_tokens: int = 100) -> bytes:
-    return json.dumps(
-        {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
-    ).encode()
+def body(model: str = "deepseek-v4-flash", max_tokens: int | None = 100) -> bytes:
+    """A chat request; ``max_tokens=None``: one that sets no output bound (the guard adds its own)."""
+    request: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    if max_tokens is not None:
+        request["max_tokens"] = max_tokens
+    return json.dumps(request).encode()
 
 
 def answer(prompt: int, completion: int) -> bytes:
@@ -143,20 +145,22 @@ class TestLifecycle:
         self, ledger: SQLiteLedger, tmp_path: Path, background_settle: bool
     ) -> None:
         """No wrapper to hand it to: the guard writes the event itself, once per bounded call however it ends
-        (settled, failed), with this process's pid; a call whose whole output the caller bounded has none."""
+        (settled, failed), with this process's pid, how the bound was set (added to a request with none, or in
+        place of its max_tokens) and whether it cut the call short; a call that bounded itself has none."""
         log = tmp_path / "events.jsonl"
-        settings = Settings(base_url=(BASE,), run_id=RUN, events_log=str(log))
+        settings = Settings(base_url=(BASE,), run_id=RUN, events_log=str(log), reasoning_reserve="cut")
         guard = Guard(settings, ledger, background_settle=background_settle)
-        settled, failed = guard.begin("POST", URL, JSON, body()), guard.begin("POST", URL, JSON, body())
+        settled, failed = guard.begin("POST", URL, JSON, body(max_tokens=None)), guard.begin("POST", URL, JSON, body())
         assert settled is not None and failed is not None
         assert read_events(log).bounded_calls == 0  # recorded when the call ends, with its settle
-        respond(settled, 200, answer(12, 30))
+        respond(settled, 200, answer(12, 8_192))  # stopped at the bound the guard added (cold: 4,096 + floor)
         failed.failed(ConnectionError("refused"), sent=False)
         own = guard.begin("POST", URL, JSON, bounded(64))
         assert own is not None
         respond(own, 200, answer(12, 30))
         events = read_events(log)
         assert (events.bounded_calls, events.bounded_by_model) == (2, {"deepseek-v4-flash": 2})
+        assert (events.bounds, events.cut) == ({"added": 1, "replaced": 1}, {"added": 1})
         assert {json.loads(line)["pid"] for line in log.read_text().splitlines()} == {os.getpid()}
         assert guard.flush(5)
 
@@ -264,15 +268,38 @@ class TestRefittedAttempt:
         from quotawrap.audit import aggregate
 
         mine = make_guard(cap_tokens=9_000, wait=0)
-        first = mine.begin("POST", URL, JSON, body(max_tokens=64))
+        first = mine.begin("POST", URL, JSON, body(max_tokens=None))
         assert first is not None and first.blocked is None
         respond(first, 200, answer(10, 10))  # this guard has seen the run's counters: nearly all room free
-        other = make_guard(cap_tokens=9_000, wait=0).begin("POST", URL, JSON, body(max_tokens=64))
+        other = make_guard(cap_tokens=9_000, wait=0).begin("POST", URL, JSON, body(max_tokens=None))
         assert other is not None and other.blocked is None
         respond(other, 200, answer(10, 4_990))  # another process settles most of the room meanwhile
-        refitted = mine.begin("POST", URL, JSON, body(max_tokens=64))
+        refitted = mine.begin("POST", URL, JSON, body(max_tokens=None))
         assert refitted is not None and refitted.blocked is None
         records = ledger.call_records(run_id=RUN)
         assert [r.state for r in records].count("blocked") == 1  # the attempt fitted to the old counters
         [row] = aggregate(records)
         assert (row["calls"], row["blocked_calls"]) == (3, 0)
+        assert (row["bounded_calls"], row["replaced_max_tokens_calls"]) == (3, 0)  # the refit kept its mark
+
+    def test_a_reserve_the_cap_can_no_longer_hold_is_sent_cut_rather_than_refused(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        """A max_tokens call planned at max_tokens + the reasoning ceiling from counters another process has
+        since outgrown: refused once, then, planned again, sent with its max_tokens as max_completion_tokens
+        (the cap can never hold the ceiling now) instead of refused for good."""
+        model = "doubao-seed-1-6-251015"  # reasoning ceiling 32,768
+        mine = make_guard(cap_tokens=40_000, wait=0)
+        first = mine.begin("POST", URL, JSON, body(model, max_tokens=64))
+        assert first is not None and first.blocked is None and first.new_body is None  # 64 + 32,768 fits
+        respond(first, 200, answer(10, 10))
+        other = make_guard(cap_tokens=40_000, wait=0).begin("POST", URL, JSON, body(model, max_tokens=None))
+        assert other is not None and other.blocked is None
+        respond(other, 200, answer(10, 8_000))  # another process settles a fifth of the cap meanwhile
+        late = mine.begin("POST", URL, JSON, body(model, max_tokens=64))
+        assert late is not None and late.blocked is None
+        assert late.new_body is not None
+        sent = json.loads(late.new_body)
+        assert "max_tokens" not in sent and sent["max_completion_tokens"] == 64
+        records = ledger.call_records(run_id=RUN)
+        assert [r.state for r in records].count("blocked") == 1  # the attempt planned from the old counters

@@ -359,6 +359,20 @@ def test_a_bound_the_request_named_already_is_encoded_anew(request: dict[str, An
     assert endpoints.encode_added(endpoints.encode_body(request), request, body) == endpoints.encode_body(body)
 
 
+@settings(max_examples=100, deadline=None)
+@given(_requests, st.one_of(st.none(), st.integers(0, 2**31)), st.integers(1, 2**31))
+def test_a_bound_sent_in_place_of_max_tokens_leaves_no_max_tokens_in_the_bytes(
+    request: dict[str, Any], max_tokens: int | None, bound: int
+) -> None:
+    """The bound replaces the caller's max_tokens (Ark refuses both): the bytes sent hold the bound alone."""
+    request = {**request, "max_tokens": max_tokens}
+    body = estimate.bounded("chat", request, bound)
+    for raw in (endpoints.encode_body(request), json.dumps(request).encode(), None):
+        sent = json.loads(endpoints.encode_added(raw, request, body))
+        assert "max_tokens" not in sent and sent["max_completion_tokens"] == bound
+        assert sent == {**{k: v for k, v in request.items() if k != "max_tokens"}, "max_completion_tokens": bound}
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.text(max_size=8), st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True)), _finite_json)
 def test_a_member_is_written_as_the_encoder_writes_it(key: str, value: Any) -> None:

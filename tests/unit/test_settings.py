@@ -45,6 +45,7 @@ def _passes(option: Option, value: Any) -> bool:
 # Text options whose rule allows only a few shapes: generated in those shapes, not filtered into them.
 _SHAPED: dict[str, st.SearchStrategy[Any]] = {
     "unknown_price": st.sampled_from(["conservative", "error"]),
+    "reasoning_reserve": st.sampled_from(["ceiling", "learned", "cut"]),
     "run_id": st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,30}", fullmatch=True),
     "store": _ENV_TEXT.filter(lambda text: "://" not in text and not text.startswith("sqlite:")),
     "package_match": st.lists(st.tuples(_ITEM, _ITEM).map("=".join), max_size=4).map(tuple),
@@ -178,6 +179,13 @@ class TestBoolParsing:
         """QUOTAWRAP_WATCH=yes is watch mode."""
         assert Settings.from_env({"QUOTAWRAP_WATCH": "yes"}).watch is True
 
+    def test_reasoning_reserve_from_env_and_its_rule(self) -> None:
+        """QUOTAWRAP_REASONING_RESERVE picks the policy (default ceiling); anything else names the option."""
+        assert Settings().reasoning_reserve == "ceiling"
+        assert Settings.from_env({"QUOTAWRAP_REASONING_RESERVE": "cut"}).reasoning_reserve == "cut"
+        with pytest.raises(ConfigError, match=r"--reasoning-reserve.*ceiling, learned, cut"):
+            Settings.from_env({"QUOTAWRAP_REASONING_RESERVE": "generous"})
+
 
 class TestConfigFile:
     def test_missing_file_is_no_error(self, tmp_path: Path) -> None:
@@ -198,6 +206,12 @@ class TestConfigFile:
             "hold_ttl": 60.0,
             "base_url": ("http://a/v1", "http://b/v1"),
         }
+
+    def test_reasoning_reserve_in_the_file(self, tmp_path: Path) -> None:
+        """The shape-4 policy is a setting like the others: quotawrap.toml may name it."""
+        path = tmp_path / "quotawrap.toml"
+        path.write_text('reasoning-reserve = "learned"\n')
+        assert load_config_file(path) == {"reasoning_reserve": "learned"}
 
     def test_unknown_key_is_an_error(self, tmp_path: Path) -> None:
         """A misspelt setting is refused, naming the file and the key."""

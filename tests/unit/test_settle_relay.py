@@ -88,7 +88,10 @@ def test_a_settle_survives_the_datagram_exactly() -> None:
         Settle("h3", "settle", None, 0.1, 0),
     ):
         assert decode(encode(settle)) == (settle, None)
-    assert decode(encode(Settle("h4", "release"), ("m", 4096, 77))) == (Settle("h4", "release"), ("m", 4096, 77))
+    bound = ("m", 64, 77, "replaced", True)
+    assert decode(encode(Settle("h4", "release"), bound)) == (Settle("h4", "release"), bound)
+    older = encode(Settle("h4", "release"), ("m", 4096, 77))  # type: ignore[arg-type]  # an older child's
+    assert decode(older) == (Settle("h4", "release"), ("m", 4096, 77, "added", False))
     six = marshal.dumps(marshal.loads(encode(Settle("h5", "settle", full, 0.5, 9)))[:6])  # an older child's
     assert decode(six) == (Settle("h5", "settle", full, 0.5, 9), None)
     with pytest.raises((ValueError, TypeError, EOFError)):
@@ -102,26 +105,29 @@ def test_the_bound_events_that_come_with_settles_are_recorded_by_the_wrapper(tmp
     log = tmp_path / "events.jsonl"
     relay = Relay(relay_path(str(tmp_path)), lambda: cast(Ledger, ledger), [].append, EventLog(str(log)))
     sender = Sender(relay.path)
-    assert sender.send(Settle("h1", "settle", usage(10), 0.1, 0), ("m", 4096, 4242))
+    assert sender.send(Settle("h1", "settle", usage(10), 0.1, 0), ("m", 64, 4242, "replaced", True))
     assert sender.send(Settle("h2", "settle", usage(10), 0.1, 0))  # not bounded: no event
-    assert sender.send(Settle("h3", "release"), ("n", 512, 4243))
+    assert sender.send(Settle("h3", "release"), ("n", 512, 4243, "added", False))
+    assert sender.send(Settle("h4", "release"), ("n", 512, 4244))  # type: ignore[arg-type]  # an older child's
     relay.close()
-    assert ledger.landed == ["h1", "h2", "h3"]
+    assert ledger.landed == ["h1", "h2", "h3", "h4"]
     events = read_events(log)
-    assert events.bounded_calls == 2
-    assert events.bounded_by_model == {"m": 1, "n": 1}
-    assert [json.loads(line)["pid"] for line in log.read_text().splitlines()] == [4242, 4243]
+    assert events.bounded_calls == 3
+    assert events.bounded_by_model == {"m": 1, "n": 2}
+    assert (events.bounds, events.cut, events.cut_by_model) == ({"replaced": 1, "added": 2}, {"replaced": 1}, {"m": 1})
+    assert [json.loads(line)["pid"] for line in log.read_text().splitlines()] == [4242, 4243, 4244]
 
 
 def test_a_bound_event_the_wrapper_does_not_take_is_recorded_by_the_child(sqlite: Ledger, tmp_path: Path) -> None:
     """No wrapper socket: Settler.submit says so, and the guard writes the bound event itself."""
     settler = Settler(lambda: sqlite, relay=Sender(str(tmp_path / "gone.sock")))
     hold = sqlite.reserve(request(400), limits(run_cap=10_000)).hold_id
-    assert not settler.submit(Settle(hold, "settle", usage(40), 0.1, 0), None, ("m", 64, 1))
+    assert not settler.submit(Settle(hold, "settle", usage(40), 0.1, 0), None, ("m", 64, 1, "added", False))
     assert settler.flush(5)
     relay = _relay(tmp_path, Recording())
     try:
-        assert Settler(lambda: sqlite, relay=Sender(relay.path)).submit(Settle("h", "release"), None, ("m", 64, 1))
+        bound = ("m", 64, 1, "added", False)
+        assert Settler(lambda: sqlite, relay=Sender(relay.path)).submit(Settle("h", "release"), None, bound)
     finally:
         relay.close()
 
@@ -425,7 +431,7 @@ def test_a_drawn_calls_settle_is_collected_from_its_slot_and_the_slot_freed(tmp_
     drawn = Drawn("adv", 100, 10, "chat", None, 1.0, 2.0)
     settle = Settle("call-1", "settle", usage(10), 0.1, 7, None, drawn)
     assert notes.write(Settle("call-1", "draw", drawn=drawn))
-    assert sender.send(settle, ("m", 64, 1)) and sender.unsynced == 1
+    assert sender.send(settle, ("m", 64, 1, "added", True)) and sender.unsynced == 1
     assert sender.sync(5.0)  # its own datagram: the settle written before it has landed by the answer
     assert ledger.landed == ["call-1"] and ledger.batches[0][0] == settle
     (name,) = note_files(str(tmp_path))

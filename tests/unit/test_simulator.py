@@ -343,6 +343,18 @@ class TestCaps:
         assert (details["reasoning_tokens"], body["usage"]["completion_tokens"]) == (8, 10)
         assert body["choices"][0]["message"]["content"] == "tok tok "
 
+    def test_both_bounds_are_refused_as_ark_refuses_them(self, sim: ArkSimulator, client: httpx.Client) -> None:
+        """max_tokens beside max_completion_tokens: Ark's 400 (as quoted in HKUDS/nanobot#2548), nothing billed."""
+        response = chat(client, max_tokens=64, max_completion_tokens=500)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert (error["code"], error["param"], error["type"]) == ("InvalidParameter", "max_tokens", "BadRequest")
+        assert error["message"].startswith(
+            "The parameter `max_tokens` specified in the request are not valid: max_tokens and max_completion_tokens"
+            " cannot be set at the same time. Request id: "
+        )
+        assert sim.billed_total() == 0
+
 
 class TestFaults:
     def test_cut_stream_breaks_and_bills_in_full(self, sim: ArkSimulator, client: httpx.Client) -> None:

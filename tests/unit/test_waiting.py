@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from quotawrap.ledger.base import ModelTotals, RunTotals
 from quotawrap.live import wait_line
 from quotawrap.report import format_summary, run_report
@@ -39,6 +41,7 @@ class TestEvents:
         assert (events.admitted_after_wait, events.refused_after_wait, events.waiting_now) == (1, 1, 1)
         assert events.superseded_by_model == {"m": 3}
         assert events.bounded_by_model == {"m": 1}
+        assert (events.bounds, events.cut) == ({"added": 1}, {})  # an older line: it only ever added, said no cut
         assert (events.wait_p50, events.wait_p99) == (0.5, 2.0)
 
     def test_tail_reads_only_what_was_appended(self, tmp_path: Path) -> None:
@@ -60,14 +63,25 @@ class TestEvents:
         """``bounds`` keeps its last line encoded: each line is the one ``write`` makes of the same event,
         one write or several, and a different model, bound or process gets its own."""
         kept, written = EventLog(str(tmp_path / "kept.jsonl")), EventLog(str(tmp_path / "written.jsonl"))
-        events = [("m", 4096, 7), ("m", 4096, 7), ("m", 512, 7), ("n", 512, 7), ("m", 512, 8), ("m", 512, 8)]
+        events = [
+            ("m", 4096, 7, "added", False),
+            ("m", 4096, 7, "added", False),
+            ("m", 512, 7, "added", False),
+            ("n", 512, 7, "added", False),
+            ("m", 512, 8, "added", False),
+            ("m", 512, 8, "added", True),
+            ("m", 64, 8, "replaced", True),
+        ]
         kept.bounds(events[:1])
         kept.bounds(events[1:])
         kept.bounds([])  # nothing to write
-        for model, bound, pid in events:
-            written.write({"ev": "bound", "model": model, "bound": bound, "pid": pid})
+        for model, bound, pid, how, cut in events:
+            written.write({"ev": "bound", "model": model, "bound": bound, "pid": pid, "how": how, "cut": cut})
         assert (tmp_path / "kept.jsonl").read_bytes() == (tmp_path / "written.jsonl").read_bytes()
-        assert read_events(tmp_path / "kept.jsonl").bounded_by_model == {"m": 5, "n": 1}
+        read = read_events(tmp_path / "kept.jsonl")
+        assert read.bounded_by_model == {"m": 6, "n": 1}
+        assert (read.bounds, read.cut) == ({"added": 6, "replaced": 1}, {"added": 1, "replaced": 1})
+        assert (read.replaced_by_model, read.cut_by_model) == ({"m": 1}, {"m": 2})
 
     def test_directory_made_once_and_again_if_removed(self, tmp_path: Path) -> None:
         """A bounded call writes a line each: the directory is made on the first, and again if it went."""
@@ -144,7 +158,46 @@ class TestReport:
         assert report["waits"]["waited_calls"] == 1
         text = format_summary(report)
         assert "1 call(s) waited for room" in text and "p99 0.25s" in text
-        assert "1 call(s) left their whole output open" in text
+        assert "1 call(s) that may think set no output bound: sent with max_completion_tokens" in text
+
+    @pytest.mark.parametrize("policy", ["ceiling", "cut"])
+    def test_each_way_the_guard_bounded_calls_has_its_line_and_its_cuts(self, policy: str) -> None:
+        """Calls that set no bound and calls whose max_tokens went out as the bound are told apart, each with
+        the calls cut short at the guard's bound, in the summary and the report's JSON (per model too)."""
+        totals = RunTotals("r", {"m": ModelTotals(calls=5), "n": ModelTotals(calls=1)})
+        bound = [
+            {"ev": "bound", "model": "m", "bound": 8192, "how": "added", "cut": False},
+            {"ev": "bound", "model": "m", "bound": 8192, "how": "added", "cut": True},
+            {"ev": "bound", "model": "m", "bound": 64, "how": "replaced", "cut": True},
+            {"ev": "bound", "model": "n", "bound": 64, "how": "replaced", "cut": False},
+        ]
+        report = run_report(
+            totals, settings=Settings(reasoning_reserve=policy), exit_code=0, events=summarize(_lines(*bound))
+        )
+        assert report["bounds"] == {
+            "reasoning_reserve": policy,
+            "added": 2,
+            "replaced": 2,
+            "added_cut": 1,
+            "replaced_cut": 1,
+        }
+        assert (report["totals"]["bounded_calls"], report["totals"]["cut_by_bound_calls"]) == (4, 2)
+        assert report["totals"]["replaced_max_tokens_calls"] == 2
+        model = report["models"]["m"]
+        assert (model["bounded_calls"], model["replaced_max_tokens_calls"], model["cut_by_bound_calls"]) == (3, 1, 2)
+        lines = format_summary(report).splitlines()
+        added = next(line for line in lines if "set no output bound" in line)
+        replaced = next(line for line in lines if "set max_tokens" in line)
+        assert added.startswith("  2 call(s)") and "1 cut short there" in added
+        assert replaced.startswith("  2 call(s)") and "as max_completion_tokens" in replaced
+        assert "1 cut short there" in replaced
+        assert ("--reasoning-reserve cut" in replaced) is (policy == "cut")
+        assert not any("left their whole output open" in line for line in lines)
+
+    def test_no_bound_line_without_bounded_calls(self) -> None:
+        """A run whose calls the guard did not change says nothing about bounds."""
+        report = run_report(RunTotals("r", {"m": ModelTotals(calls=1)}), settings=Settings(), exit_code=0)
+        assert "bound" not in format_summary(report)
 
     def test_live_wait_line(self) -> None:
         """The live view's line says who waits now and how long waits took; nothing before any wait."""

@@ -42,8 +42,7 @@ def request(args: argparse.Namespace, i: int) -> tuple[dict, dict[str, str], boo
         elif choice == 1:
             kwargs["max_tokens"] = 8_000
         stream = i % 2 == 1
-    else:
-        kwargs["max_tokens"] = 64
+    # otherwise no bound at all: the guard adds its own (the learned allowance), which each call holds
     return kwargs, headers, stream
 
 
@@ -125,18 +124,18 @@ def abandon(how: str) -> None:
         asyncio.run(_cancelled(kwargs, headers))
     elif how in ("break-and-keep", "break-keep-resume"):
         # the commonest abandon: `stream` stays referenced while the program makes its next call
-        stream = client.chat.completions.create(**kwargs, extra_headers=headers, max_tokens=500)
+        stream = client.chat.completions.create(**kwargs, extra_headers=headers)
         seen = []
         for n, chunk in enumerate(stream):
             seen.append(chunk)
             if n == 2:
                 break
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}], max_tokens=64)
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}])
         record: dict[str, object] = {"abandoned": how}
         if how == "break-keep-resume":
             # the next call had room: nothing waited for the read-ahead, which may still be under way
             seen.extend(stream)  # the rest, from the read-ahead's buffer (and the upstream if it is not done)
-            control = list(client.chat.completions.create(**kwargs, extra_headers=headers, max_tokens=500))
+            control = list(client.chat.completions.create(**kwargs, extra_headers=headers))
             record["identical"] = [_text(c) for c in seen] == [_text(c) for c in control]
             record["chunks"] = len(seen)
         emit(**record, in_flight=in_flight())
@@ -160,14 +159,14 @@ def _text(chunk: object) -> str:
 
 async def _kept_async(kwargs: dict, headers: dict[str, str]) -> None:
     client = openai.AsyncOpenAI(base_url=URL, api_key="sk-test", max_retries=0)
-    stream = await client.chat.completions.create(**kwargs, extra_headers=headers, max_tokens=500)
+    stream = await client.chat.completions.create(**kwargs, extra_headers=headers)
     n = 0
     async for _ in stream:
         n += 1
         if n == 3:
             break
     # the same task calls again while `stream` is still referenced
-    await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}], max_tokens=64)
+    await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}])
     emit(abandoned="break-and-keep-async", in_flight=await asyncio.to_thread(in_flight))
     del stream
     await client.close()
@@ -178,7 +177,7 @@ def _left_by_thread(client: openai.OpenAI, kwargs: dict, headers: dict[str, str]
     left, done = threading.Event(), threading.Event()
 
     def leaver() -> None:
-        stream = client.chat.completions.create(**kwargs, extra_headers=headers, max_tokens=500)
+        stream = client.chat.completions.create(**kwargs, extra_headers=headers)
         for n, _ in enumerate(stream):
             if n == 2:
                 break
@@ -189,7 +188,7 @@ def _left_by_thread(client: openai.OpenAI, kwargs: dict, headers: dict[str, str]
     thread = threading.Thread(target=leaver)
     thread.start()
     left.wait()
-    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}], max_tokens=64)
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "next"}])
     emit(abandoned="left-by-thread", in_flight=in_flight())
     done.set()
     thread.join()

@@ -459,7 +459,15 @@ class SQLiteLedger:
                 )
                 .fetchall()
             )
-        return [(minute * 60.0, cumulative) for minute, cumulative in rows]
+        # A minute whose settles netted to nothing (charged whole, then its late usage came back) repeats
+        # the total before it: one by one it leaves such a point, batched it leaves none, and it says nothing.
+        series: list[tuple[float, int]] = []
+        previous = 0
+        for minute, cumulative in rows:
+            if cumulative != previous:
+                series.append((minute * 60.0, cumulative))
+            previous = cumulative
+        return series
 
     def sync_history(self, model: str, day: str) -> list[tuple[float, int]]:
         with self._errors("read"):

@@ -132,9 +132,10 @@ _DOC_ERRORS: Final = "https://www.volcengine.com/docs/82379/1299023 (公共错�
 _DOC_CHAT: Final = "https://www.volcengine.com/docs/82379/1494384 (对话(Chat) API)"
 _DOC_THINKING: Final = "https://www.volcengine.com/docs/82379/1449737 (深度思考)"
 _PROBE: Final = (
-    "a probe report of ark-code-latest on /api/coding/v3 (summarised answers, 2026), "
-    "in a public code repository; see /work/shared/notes/ark-contract.md"
+    "a live probe report of ark-code-latest on /api/coding/v3 (2026, answers summarised) "
+    "quoted in public code found by code search (repository not recorded)"
 )
+_QUOTED: Final = "quoted in public code found by code search (repository not recorded)"
 _OH_MY_PI: Final = "https://github.com/can1357/oh-my-pi/pull/9610 (live probe, 2026-08-24)"
 
 
@@ -186,7 +187,7 @@ RULES: Final[Mapping[str, Rule]] = {
             param="",
             message="The API key or AK/SK in the request is missing or invalid.",
             label="SEEN",
-            source=f"{_DOC_ERRORS}; a live 401 body in a public code repository (see the notes)",
+            source=f"{_DOC_ERRORS}; a live 401 body {_QUOTED}",
             example={"model": _MODEL, "messages": HELLO},
             with_key=False,
             lenient=True,
@@ -253,7 +254,7 @@ RULES: Final[Mapping[str, Rule]] = {
             param="messages",
             message=_PARAM_INVALID + "expected a list of object, but got `{value}` instead.",
             label="SEEN",
-            source="a log of Ark answers in a public code repository (see the notes); param inferred",
+            source=f"a log of Ark answers {_QUOTED}; param inferred",
             example={"model": _MODEL, "messages": "hi"},
             values={"name": "messages", "value": '"hi"'},
             lenient=True,
@@ -280,10 +281,7 @@ RULES: Final[Mapping[str, Rule]] = {
             message=_PARAM_INVALID
             + "invalid value: `{role}`, supported values are: `system`, `assistant`, `user`, `tool`.",
             label="SEEN",
-            source=(
-                f"{_OH_MY_PI}; the full body from the Agent Plan endpoint (2026-09-04), "
-                "in a public code repository (see the notes)"
-            ),
+            source=(f"{_OH_MY_PI}; the full body from the Agent Plan endpoint (2026-09-04) {_QUOTED}"),
             example={"model": _MODEL, "messages": [{"role": "developer", "content": "be brief"}, *HELLO]},
             values={"name": "messages.role", "role": "developer"},
         ),
@@ -342,8 +340,13 @@ RULES: Final[Mapping[str, Rule]] = {
                 low,
                 high,
                 ("inferred", "SEEN" if name == "temperature" else "inferred"),
-                f"{_DOC_CHAT} (range); {_PROBE} (temperature 5: 'decimal above maximum value, expected a value "
-                "<= 2'); the rest of the wording as the SEEN integer bounds",
+                f"{_DOC_CHAT} (range); "
+                + (
+                    f"{_PROBE} (temperature 5: 'decimal above maximum value, expected a value <= 2'); "
+                    "the rest as the integer bounds"
+                    if name == "temperature"
+                    else "wording as temperature's"
+                ),
             )
         ),
         Rule(
@@ -410,7 +413,7 @@ RULES: Final[Mapping[str, Rule]] = {
             message=_PARAM_INVALID + "value `{value}` is invalid.",
             label="SEEN",
             source="https://github.com/anomalyco/models.dev/pull/5564 (accepted set); a coding-plan answer "
-            "in a public code repository (wording); param inferred",
+            f"{_QUOTED} (wording); param inferred",
             example={"model": _MODEL, "messages": HELLO, "reasoning_effort": "disabled"},
             values={"name": "reasoning_effort", "value": "disabled"},
         ),
@@ -442,7 +445,10 @@ RULES: Final[Mapping[str, Rule]] = {
             param="",
             message="Reasoning model does not support n > 1, logit_bias, logprobs, top_logprobs",
             label="SEEN",
-            source=f"{_PROBE}; {_DOC_CHAT} (thinking models support none of them); param inferred",
+            source=(
+                f"{_PROBE}; a litellm capture on doubao-seed-1-8-251228 and a note that it happens whenever "
+                f"thinking is not disabled, both {_QUOTED}; {_DOC_CHAT}; param inferred"
+            ),
             example={"model": _MODEL, "messages": HELLO, "logprobs": True},
             note="Ark judges by model; the simulator treats every call that does not disable thinking as reasoning",
         ),
@@ -456,7 +462,7 @@ RULES: Final[Mapping[str, Rule]] = {
             message=_NOT_FOUND,
             label="SEEN",
             source=(
-                "a live 404 for doubao-seed-1-6 in a public code repository; "
+                f"a live 404 for doubao-seed-1-6 {_QUOTED}; "
                 "https://github.com/anomalyco/opencode/pull/45992 (doubao-seed-2.1-pro)"
             ),
             enforced=False,
@@ -662,7 +668,7 @@ def _answer(rule: Rule) -> str:
     if not rule.enforced:
         return f"{rule.status} `{rule.code}`"
     error = rule.expected()
-    return f"{error.status} `{error.code}`, param `{error.param}`, type `{rule.type}`"
+    return f"{error.status} `{error.code}`, param `{json.dumps(error.param)}`, type `{rule.type}`"
 
 
 def render_markdown(rules: Iterable[Rule] | None = None) -> str:

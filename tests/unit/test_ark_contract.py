@@ -92,11 +92,11 @@ class TestTheTable:
             assert rule.enforced or rule.note, rule.key
 
     def test_the_doc_shows_the_table(self) -> None:
-        """docs/ark-contract.md carries the rows as the code has them (rewrite: python -m tests.unit.test_ark_contract)."""
+        """docs/ark-contract.md has the code's rows (python -m tests.unit.test_ark_contract rewrites it)."""
         assert doc_table() == render_markdown()
 
     def test_the_issue_rules_are_in_it(self) -> None:
-        """Both bounds, max_completion_tokens out of range, stream_options without stream, thinking types, unknown models."""
+        """The rules asked for: both bounds, max_completion_tokens range, stream_options, thinking, unknown ids."""
         assert {
             "both_bounds",
             "max_completion_tokens_above",
@@ -262,7 +262,7 @@ class TestCommandLine:
         return line.rsplit(" ", 1)[-1]
 
     def test_endpoint_model_and_lenient_options(self, tmp_path: Path) -> None:
-        """--endpoint serves an ep id as its model, --model adds an id, --config reads settings; --lenient accepts all."""
+        """--endpoint maps an ep id, --model adds an id, --config reads settings; --lenient serves any model."""
         settings = tmp_path / "sim.json"
         settings.write_text('{"endpoints": {"ep-20250603-file": "deepseek-v3-2-251201"}, "reply_tokens": 3}')
         proc = self.run_simulate(

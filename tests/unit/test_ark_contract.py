@@ -192,14 +192,11 @@ class TestEndpointIds:
     def test_a_streamed_endpoint_call_names_the_model_in_every_chunk(self, sim: ArkSimulator) -> None:
         """Every chunk of a stream by endpoint id names the foundation model, as Ark's captured streams do."""
         client = openai.OpenAI(base_url=sim.url, api_key="x", max_retries=0)
-        chunks = list(
-            client.chat.completions.create(
-                model=ENDPOINT,
-                messages=HELLO,  # type: ignore[arg-type]
-                stream=True,
-                stream_options={"include_usage": True},
-            )
+        messages: Any = HELLO
+        stream = client.chat.completions.create(
+            model=ENDPOINT, messages=messages, stream=True, stream_options={"include_usage": True}
         )
+        chunks = list(stream)
         assert {chunk.model for chunk in chunks} == {FOUNDATION}
 
     def test_endpoints_and_model_ids_of_one_model_share_its_bill(self, sim: ArkSimulator) -> None:
@@ -271,9 +268,11 @@ class TestCommandLine:
         lenient = self.run_simulate("--lenient")
         try:
             url, lenient_url = self.served(proc), self.served(lenient)
-            post = lambda base, model: httpx.post(  # noqa: E731
-                base + "/chat/completions", json={"model": model, "messages": HELLO}, headers=AUTH, timeout=10
-            )
+
+            def post(base: str, model: str) -> httpx.Response:
+                body = {"model": model, "messages": HELLO}
+                return httpx.post(base + "/chat/completions", json=body, headers=AUTH, timeout=10)
+
             assert post(url, ENDPOINT).json()["model"] == FOUNDATION
             by_file = post(url, "ep-20250603-file").json()
             assert (by_file["model"], by_file["usage"]["completion_tokens"]) == ("deepseek-v3-2-251201", 3)

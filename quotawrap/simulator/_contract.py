@@ -118,7 +118,7 @@ _THINKING_TYPES: Final = frozenset({"enabled", "disabled", "auto"})
 _THINKING_FORCED: Final = ("doubao-seed-1-6-thinking",)
 MAX_COMPLETION_TOKENS: Final = 65536
 
-HELLO: Final = [{"role": "user", "content": "hi"}]
+_HELLO: Final = [{"role": "user", "content": "hi"}]
 _MODEL: Final = "doubao-seed-1-6-250615"
 
 _PARAM_INVALID: Final = "The parameter `{name}` specified in the request are not valid: "
@@ -158,7 +158,7 @@ def _range_rules(
                 message=template,
                 label=label,
                 source=source,
-                example={"model": _MODEL, "messages": HELLO, name: value},
+                example={"model": _MODEL, "messages": _HELLO, name: value},
                 values={"name": name, "kind": kind, "limit": limit, "value": value},
                 lenient=kind == "integer" and key == "below",  # the simulator cannot plan a negative bound
                 note=note,
@@ -188,7 +188,7 @@ RULES: Final[Mapping[str, Rule]] = {
             message="The API key or AK/SK in the request is missing or invalid.",
             label="SEEN",
             source=f"{_DOC_ERRORS}; a live 401 body {_QUOTED}",
-            example={"model": _MODEL, "messages": HELLO},
+            example={"model": _MODEL, "messages": _HELLO},
             with_key=False,
             lenient=True,
         ),
@@ -201,7 +201,7 @@ RULES: Final[Mapping[str, Rule]] = {
             message=MISSING_MESSAGE,
             label="DOC",
             source=f"{_DOC_ERRORS}; param inferred",
-            example={"messages": HELLO},
+            example={"messages": _HELLO},
             values={"name": "model"},
             lenient=True,
         ),
@@ -217,7 +217,7 @@ RULES: Final[Mapping[str, Rule]] = {
                 "https://github.com/cloudwego/eino/issues/107 (doubao-1.5-pro-32k), "
                 "https://github.com/CherryHQ/cherry-studio/issues/3389 (DeepSeek-R1)"
             ),
-            example={"model": "doubao-seed-9-9-990101", "messages": HELLO},
+            example={"model": "doubao-seed-9-9-990101", "messages": _HELLO},
             values={"model": "doubao-seed-9-9-990101"},
             note="known: the bundled price table's families, `--model`, and `--endpoint` ids",
         ),
@@ -230,7 +230,7 @@ RULES: Final[Mapping[str, Rule]] = {
             message=_NOT_FOUND,
             label="SEEN",
             source=f"{_DOC_ERRORS} (the message names 'model or endpoint'); bodies as for unknown models",
-            example={"model": "ep-20250101000000-nope", "messages": HELLO},
+            example={"model": "ep-20250101000000-nope", "messages": _HELLO},
             values={"model": "ep-20250101000000-nope"},
         ),
         Rule(
@@ -282,7 +282,7 @@ RULES: Final[Mapping[str, Rule]] = {
             + "invalid value: `{role}`, supported values are: `system`, `assistant`, `user`, `tool`.",
             label="SEEN",
             source=(f"{_OH_MY_PI}; the full body from the Agent Plan endpoint (2026-09-04) {_QUOTED}"),
-            example={"model": _MODEL, "messages": [{"role": "developer", "content": "be brief"}, *HELLO]},
+            example={"model": _MODEL, "messages": [{"role": "developer", "content": "be brief"}, *_HELLO]},
             values={"name": "messages.role", "role": "developer"},
         ),
         Rule(
@@ -297,7 +297,7 @@ RULES: Final[Mapping[str, Rule]] = {
                 "https://github.com/HKUDS/nanobot/issues/2548, https://github.com/Tencent/WeKnora/issues/3014; "
                 f"{_DOC_THINKING} (不可同时设置，会直接报错)"
             ),
-            example={"model": _MODEL, "messages": HELLO, "max_tokens": 64, "max_completion_tokens": 50000},
+            example={"model": _MODEL, "messages": _HELLO, "max_tokens": 64, "max_completion_tokens": 50000},
             values={"name": "max_tokens"},
         ),
         Rule(
@@ -309,7 +309,7 @@ RULES: Final[Mapping[str, Rule]] = {
             message=_PARAM_INVALID + "expected an integer, but got `{value}` instead.",
             label="inferred",
             source="wording of the SEEN type errors (embeddings `input[0]`: 'expected a string, but got ...')",
-            example={"model": _MODEL, "messages": HELLO, "max_tokens": "64"},
+            example={"model": _MODEL, "messages": _HELLO, "max_tokens": "64"},
             values={"name": "max_tokens", "value": '"64"'},
             lenient=True,
         ),
@@ -361,7 +361,7 @@ RULES: Final[Mapping[str, Rule]] = {
                 f"{_DOC_CHAT} (当 stream 为 true 时，可设置 stream_options); Ark's answer not seen: "
                 "code, param and message inferred (OpenAI refuses it with 400 too)"
             ),
-            example={"model": _MODEL, "messages": HELLO, "stream_options": {"include_usage": True}},
+            example={"model": _MODEL, "messages": _HELLO, "stream_options": {"include_usage": True}},
             values={"name": "stream_options"},
         ),
         Rule(
@@ -373,7 +373,7 @@ RULES: Final[Mapping[str, Rule]] = {
             message=_UNSUPPORTED_THINKING,
             label="SEEN",
             source=f"{_OH_MY_PI}; https://github.com/CherryHQ/cherry-studio/issues/7508 (wording); param inferred",
-            example={"model": _MODEL, "messages": HELLO, "thinking": {"type": "adaptive"}},
+            example={"model": _MODEL, "messages": _HELLO, "thinking": {"type": "adaptive"}},
             values={"type": "adaptive"},
         ),
         Rule(
@@ -385,7 +385,7 @@ RULES: Final[Mapping[str, Rule]] = {
             message=_UNSUPPORTED_THINKING,
             label="SEEN",
             source=f"{_OH_MY_PI}; https://github.com/anomalyco/models.dev/pull/5518 (11 of 12 models); {_DOC_THINKING}",
-            example={"model": "deepseek-v3-2-251201", "messages": HELLO, "thinking": {"type": "auto"}},
+            example={"model": "deepseek-v3-2-251201", "messages": _HELLO, "thinking": {"type": "auto"}},
             values={"type": "auto"},
         ),
         Rule(
@@ -399,7 +399,7 @@ RULES: Final[Mapping[str, Rule]] = {
             source="https://github.com/CherryHQ/cherry-studio/issues/7508, /7593; param inferred",
             example={
                 "model": "doubao-seed-1-6-thinking-250715",
-                "messages": HELLO,
+                "messages": _HELLO,
                 "thinking": {"type": "disabled"},
             },
             values={"type": "disabled"},
@@ -414,7 +414,7 @@ RULES: Final[Mapping[str, Rule]] = {
             label="SEEN",
             source="https://github.com/anomalyco/models.dev/pull/5564 (accepted set); a coding-plan answer "
             f"{_QUOTED} (wording); param inferred",
-            example={"model": _MODEL, "messages": HELLO, "reasoning_effort": "disabled"},
+            example={"model": _MODEL, "messages": _HELLO, "reasoning_effort": "disabled"},
             values={"name": "reasoning_effort", "value": "disabled"},
         ),
         Rule(
@@ -431,7 +431,7 @@ RULES: Final[Mapping[str, Rule]] = {
             ),
             example={
                 "model": _MODEL,
-                "messages": HELLO,
+                "messages": _HELLO,
                 "reasoning_effort": "high",
                 "thinking": {"type": "disabled"},
             },
@@ -449,7 +449,7 @@ RULES: Final[Mapping[str, Rule]] = {
                 f"{_PROBE}; a litellm capture on doubao-seed-1-8-251228 and a note that it happens whenever "
                 f"thinking is not disabled, both {_QUOTED}; {_DOC_CHAT}; param inferred"
             ),
-            example={"model": _MODEL, "messages": HELLO, "logprobs": True},
+            example={"model": _MODEL, "messages": _HELLO, "logprobs": True},
             note="Ark judges by model; the simulator treats every call that does not disable thinking as reasoning",
         ),
         # Known, not enforced: written down so nobody relies on the simulator for them.

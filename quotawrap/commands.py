@@ -124,13 +124,65 @@ def serve_command(host: str, port: int, **values: Any) -> None:
 @click.option(
     "--reasoning-tokens", type=click.IntRange(0), default=None, help="Reasoning tokens per call (0: no thinking)."
 )
-def simulate_command(host: str, port: int, **overrides: Any) -> None:
-    """Serve a local Ark-compatible API (chat, responses, embeddings, billing) for offline runs."""
-    import dataclasses
+@click.option(
+    "--endpoint",
+    "endpoints",
+    multiple=True,
+    metavar="EP=MODEL-VERSION",
+    help="Serve this endpoint id as that foundation model, e.g. ep-20250101-abc=doubao-seed-1-6-250615 (repeatable).",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="ID",
+    help="Serve this model id too, beside the price table's (repeatable).",
+)
+@click.option("--lenient", is_flag=True, help="Accept any model and parameter (default: validate as Ark does).")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="JSON object of simulator settings (POST /_sim/config's fields); options given here win.",
+)
+def simulate_command(
+    host: str,
+    port: int,
+    endpoints: tuple[str, ...],
+    models: tuple[str, ...],
+    lenient: bool,
+    config_file: str | None,
+    **overrides: Any,
+) -> None:
+    """Serve a local Ark-compatible API (chat, responses, embeddings, billing) for offline runs.
 
-    from .simulator import SimConfig, run_forever, serve
+    It refuses what Ark refuses, with Ark's error bodies (docs/ark-contract.md); --lenient turns that off.
+    """
+    import json
 
-    config = dataclasses.replace(SimConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    from .simulator import SimConfig, SimConfigError, run_forever, serve
+    from .simulator._config import apply_patch
+
+    patch: Any = {}
+    if config_file:
+        try:
+            with open(config_file, encoding="utf-8") as handle:
+                patch = json.load(handle)
+        except (OSError, ValueError) as exc:
+            fail(f"simulate: cannot read --config {config_file}: {exc}", EXIT_USAGE)
+        if not isinstance(patch, dict):
+            fail(f"simulate: --config {config_file} must hold a JSON object of settings", EXIT_USAGE)
+    try:
+        config = apply_patch(SimConfig(), patch)
+        config = apply_patch(config, {k: v for k, v in overrides.items() if v is not None})
+        config = apply_patch(
+            config, {"endpoints": [*config.endpoints, *endpoints], "models": [*config.models, *models]}
+        )
+        if lenient:
+            config = apply_patch(config, {"strict": False})
+    except SimConfigError as exc:
+        fail(f"simulate: {exc.param}: {exc.message}", EXIT_USAGE)
     run_forever(serve(host=host, port=port, config=config))
 
 

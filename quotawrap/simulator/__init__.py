@@ -3,7 +3,9 @@
 It speaks Ark's inference API (chat completions, bots, responses, embeddings, legacy completions,
 streams with include_usage / chunk_include_usage), counts usage itself, injects faults on demand,
 keeps an honest bill of every token a real provider would charge, and serves the billing API's
-ListResourcePackages over configurable prepaid packages.
+ListResourcePackages over configurable prepaid packages. It refuses what Ark refuses, with Ark's
+error bodies (the rules and their sources: `_contract.RULES`, docs/ark-contract.md), unless
+`SimConfig.strict` is off; endpoint ids (`SimConfig.endpoints`) answer and bill as their model.
 
     with ArkSimulator() as sim:
         client = openai.OpenAI(base_url=sim.url, api_key="x")

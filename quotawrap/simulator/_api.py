@@ -13,6 +13,16 @@ from typing import Any
 from .._records import Record
 from . import _payloads as payloads
 from ._config import SimConfig
+from ._contract import (
+    ArkError,
+    check_chat,
+    check_count,
+    check_messages,
+    check_required,
+    check_thinking,
+    served_model,
+    status_type,
+)
 from ._plan import (
     Plan,
     chat_prompt_tokens,
@@ -26,32 +36,6 @@ from ._plan import (
 __all__ = ["API_PREFIX", "ENDPOINTS", "ArkError", "Generation", "fault_error", "status_type"]
 
 API_PREFIX = "/api/v3"
-
-_STATUS_TYPES = {
-    400: "BadRequest",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    429: "TooManyRequests",
-    500: "InternalServerError",
-}
-
-
-def status_type(status: int) -> str:
-    """Ark's error `type` for an HTTP status (the status name, per Ark's error table)."""
-    return _STATUS_TYPES.get(status, "InternalServerError")
-
-
-class ArkError(Exception):
-    """An answer in Ark's error shape; the server adds the request id to the message."""
-
-    def __init__(self, status: int, code: str, message: str, param: str = "") -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.param = param
 
 
 _FAULT_ERRORS = {
@@ -91,24 +75,22 @@ class Generation(Record, frozen=True):
     frames: Callable[[bool], list[bytes]]  # with_usage -> SSE frames
 
 
-def _model(body: dict[str, Any]) -> str:
-    model = body.get("model")
-    if model is None or model == "":
-        raise ArkError(400, "MissingParameter", "The request failed because it is missing `model` parameter.", "model")
+def _model(body: dict[str, Any], cfg: SimConfig, *, bot: bool = False) -> str:
+    """The model that serves the request (an endpoint id's foundation model); Ark's 4xx when there is none."""
+    model = check_required(body, "model")
     if not isinstance(model, str):
-        raise ArkError(400, "InvalidParameter", "A parameter specified in the request is not valid: model", "model")
-    return model
+        raise _invalid("model", f"expected a string, but got `{model!r}` instead.")
+    return served_model(model, cfg, bot=bot)
 
 
 def _required(body: dict[str, Any], name: str) -> Any:
-    if body.get(name) is None:
-        message = f"The request failed because it is missing `{name}` parameter."
-        raise ArkError(400, "MissingParameter", message, name)
-    return body[name]
+    return check_required(body, name)
 
 
 def _invalid(name: str, why: str) -> ArkError:
-    return ArkError(400, "InvalidParameter", f"A parameter specified in the request is not valid: {name} {why}", name)
+    return ArkError(
+        400, "InvalidParameter", f"The parameter `{name}` specified in the request are not valid: {why}", name
+    )
 
 
 def _opt_count(body: dict[str, Any], name: str) -> int | None:
@@ -116,7 +98,7 @@ def _opt_count(body: dict[str, Any], name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _invalid(name, "must be a non-negative integer")
+        raise _invalid(name, f"expected a non-negative integer, but got `{value!r}` instead.")
     return value
 
 
@@ -131,22 +113,12 @@ def _stream(body: dict[str, Any]) -> bool:
     return bool(stream)
 
 
-def _chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int, context_tokens: int = 0) -> Generation:
-    model = _model(body)
-    messages = _required(body, "messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise _invalid("messages", "must be a non-empty list of message objects")
-    max_tokens = _opt_count(body, "max_tokens")
-    max_completion_tokens = _opt_count(body, "max_completion_tokens")
-    if max_tokens is not None and max_completion_tokens is not None:
-        # Ark's answer, as production reports quote it (HKUDS/nanobot#2548; docs/82379/1449737: 不可同时设置)
-        why = "max_tokens and max_completion_tokens cannot be set at the same time."
-        raise ArkError(
-            400,
-            "InvalidParameter",
-            f"The parameter `max_tokens` specified in the request are not valid: {why}",
-            "max_tokens",
-        )
+def _chat(
+    body: dict[str, Any], cfg: SimConfig, ident: str, created: int, context_tokens: int = 0, *, bot: bool = False
+) -> Generation:
+    model = _model(body, cfg, bot=bot)
+    messages = check_messages(body, cfg)
+    max_tokens, max_completion_tokens = check_chat(body, model, cfg)
     plan = plan_generation(
         chat_prompt_tokens(model, messages) + context_tokens,
         reply_tokens=cfg.reply_tokens,
@@ -155,7 +127,7 @@ def _chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int, contex
         max_total=max_completion_tokens,
     )
     options = body.get("stream_options")
-    chat_id = f"021{ident}"
+    chat_id = f"02{ident}"  # Ark's chat ids are its request ids
     return Generation(
         model=model,
         plan=plan,
@@ -175,13 +147,13 @@ def _chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int, contex
 
 
 def _completions(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
-    model = _model(body)
+    model = _model(body, cfg)
     prompt = _required(body, "prompt")
     plan = plan_generation(
         text_prompt_tokens(model, prompt),
         reply_tokens=cfg.reply_tokens,
         reasoning_tokens=0,  # legacy completions never think
-        max_tokens=_opt_count(body, "max_tokens"),
+        max_tokens=check_count(body, "max_tokens", cfg),
     )
     options = body.get("stream_options")
     cmpl_id = f"cmpl-{ident}"
@@ -203,11 +175,12 @@ def _completions(body: dict[str, Any], cfg: SimConfig, ident: str, created: int)
 
 
 def _responses(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
-    model = _model(body)
+    model = _model(body, cfg)
     input_ = _required(body, "input")
     if not isinstance(input_, (str, list)):
-        raise _invalid("input", "must be a string or a list of items")
-    max_output_tokens = _opt_count(body, "max_output_tokens")
+        raise _invalid("input", "expected a string or a list of items.")
+    max_output_tokens = check_count(body, "max_output_tokens", cfg)
+    check_thinking(body, model, cfg)
     plan = plan_generation(
         responses_prompt_tokens(model, input_, body.get("instructions")),
         reply_tokens=cfg.reply_tokens,
@@ -234,17 +207,17 @@ def _responses(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -
 
 
 def _embeddings(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
-    model = _model(body)
+    model = _model(body, cfg)
     input_ = _required(body, "input")
     if isinstance(input_, list) and not input_:
-        raise _invalid("input", "must not be empty")
+        raise _invalid("input", "expected a non-empty list.")
     inputs = [one if isinstance(one, str) else str(one) for one in (input_ if isinstance(input_, list) else [input_])]
     if isinstance(input_, list) and input_ and all(isinstance(x, int) for x in input_):
         inputs = [str(input_)]  # one pre-tokenised input
     prompt = embedding_prompt_tokens(model, input_)
     plan = Plan(prompt, 0, 0, truncated=False)
     base64_format = body.get("encoding_format") == "base64"
-    emb_id = f"021{ident}"
+    emb_id = f"02{ident}"
 
     def render(with_usage: bool) -> dict[str, Any]:
         return payloads.embedding_response(
@@ -262,7 +235,7 @@ Endpoint = Callable[[dict[str, Any], SimConfig, str, int], Generation]
 
 def _bot_chat(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
     """Chat, plus Ark's ``bot_usage``: the model calls and the plugin (web_search) calls behind it."""
-    generation = _chat(body, cfg, ident, created)
+    generation = _chat(body, cfg, ident, created, bot=True)
     plan = generation.plan
     bot_usage: dict[str, Any] = {
         "model_usage": [

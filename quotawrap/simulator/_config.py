@@ -15,6 +15,7 @@ from .._records import Record
 
 __all__ = [
     "FAULTS",
+    "THINKING_AUTO_MODELS",
     "PackageSpec",
     "SimConfig",
     "SimConfigError",
@@ -28,6 +29,10 @@ __all__ = [
 FAULTS = frozenset({"error_500", "error_429", "error_400", "cut", "no_usage", "implausible_usage", "hang"})
 HEADER_PREFIX = "x-sim-"
 _UTC_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+# Ark's 深度思考 doc (volcengine 82379/1449737, Dec 2025) lists thinking "auto" for these two; a 2026 probe of
+# twelve models (anomalyco/models.dev#5518) saw only doubao-seed-1-6-flash-250828 accept it.
+THINKING_AUTO_MODELS = ("doubao-seed-1-6-250615", "doubao-1-5-thinking-pro-m-250428", "doubao-seed-1-6-flash-250828")
 
 
 class SimConfigError(ValueError):
@@ -125,6 +130,10 @@ class SimConfig(Record, frozen=True):
     bot_searches: int = 0  # web_search plugin calls each bots answer reports in bot_usage.action_usage
     redirect_to: str | None = None  # answer inference POSTs with a 307 to this base URL + the same path
     require_auth: bool = True  # False: serve requests without a bearer key (clients drop it on cross-origin redirects)
+    strict: bool = True  # validate requests as Ark does (docs/ark-contract.md); False: accept any model and value
+    models: tuple[str, ...] = ()  # model ids served besides the bundled price table's (each also as a family prefix)
+    endpoints: tuple[tuple[str, str], ...] = ()  # (endpoint id, foundation model id "<name>-<version>") pairs
+    thinking_auto_models: tuple[str, ...] = THINKING_AUTO_MODELS  # models that accept thinking {"type": "auto"}
 
     def __post_init__(self) -> None:
         for name in ("latency_s", "chunk_delay_s", "hang_s", "balance_lag_s", "task_s"):
@@ -141,12 +150,25 @@ class SimConfig(Record, frozen=True):
             raise SimConfigError("fault", f"must be one of {sorted(FAULTS)} or null, got {self.fault!r}")
         # Accept plain dicts/lists for convenience; store an immutable tuple of specs.
         object.__setattr__(self, "packages", tuple(PackageSpec.from_json(p) for p in self.packages))
+        object.__setattr__(self, "models", _names("models", self.models))
+        object.__setattr__(self, "thinking_auto_models", _names("thinking_auto_models", self.thinking_auto_models))
+        object.__setattr__(self, "endpoints", _endpoints("endpoints", self.endpoints))
 
     def to_json(self) -> dict[str, Any]:
         """The config as a JSON object (what `GET /_sim/config` returns)."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["packages"] = [p.to_json() for p in self.packages]
+        data["models"] = list(self.models)
+        data["thinking_auto_models"] = list(self.thinking_auto_models)
+        data["endpoints"] = dict(self.endpoints)
         return data
+
+    def endpoint_model(self, model: str) -> str | None:
+        """The foundation model an endpoint id serves, or None when `model` is no endpoint configured here."""
+        for endpoint, served in self.endpoints:
+            if endpoint == model:
+                return served
+        return None
 
 
 def _float(param: str, value: Any) -> float:
@@ -198,6 +220,40 @@ def _opt_int(param: str, value: Any) -> int | None:
     return _int(param, value)
 
 
+def _names(param: str, value: Any) -> tuple[str, ...]:
+    """Model ids from a list, or from one comma-separated string (a header or a command line)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
+        raise SimConfigError(param, f"expected a list of model ids, got {value!r}")
+    return tuple(item.strip() for item in items if item.strip())
+
+
+def _endpoints(param: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """Endpoint ids and the foundation model each serves: {"ep-...": "model-version"}, ["ep-...=model-version"],
+    a comma-separated string of those, or (endpoint, model) pairs."""
+    if isinstance(value, str):
+        value = [item for item in value.split(",") if item.strip()]
+    if isinstance(value, Mapping):
+        items: list[Any] = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise SimConfigError(param, f"expected {{endpoint id: model}} or ['ep-...=model-version'], got {value!r}")
+    found: dict[str, str] = {}
+    for item in items:
+        pair = item.split("=", 1) if isinstance(item, str) else item
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(isinstance(p, str) for p in pair):
+            raise SimConfigError(param, f"expected ep-...=MODEL-VERSION, got {item!r}")
+        endpoint, model = pair[0].strip(), pair[1].strip()
+        if not endpoint.startswith("ep-") or not model:
+            shown = f"{endpoint}={model}"
+            raise SimConfigError(
+                param, f"expected ep-...=MODEL-VERSION (Ark endpoint ids start with ep-), got {shown!r}"
+            )
+        found[endpoint] = model
+    return tuple(sorted(found.items()))
+
+
 def _packages(param: str, value: Any) -> tuple[PackageSpec, ...]:
     if not isinstance(value, (list, tuple)):
         raise SimConfigError(param, "expected a list of packages")
@@ -221,6 +277,10 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "bot_searches": _int,
     "redirect_to": _opt_str,
     "require_auth": _bool,
+    "strict": _bool,
+    "models": _names,
+    "endpoints": _endpoints,
+    "thinking_auto_models": _names,
 }
 assert set(_COERCE) == {f.name for f in dataclasses.fields(SimConfig)}, "every field needs a coercer"
 

@@ -27,6 +27,7 @@ from .._records import Record
 from . import _payloads as payloads
 from ._api import API_PREFIX, ArkError, Generation, _invalid, _model, _opt_count, _required, _stream
 from ._config import SimConfig
+from ._contract import check_messages
 from ._plan import Plan, chat_prompt_tokens
 
 __all__ = ["MEDIA_ENDPOINTS", "TASKS_PATH", "TaskBook", "image_pixels"]
@@ -67,7 +68,7 @@ def image_pixels(size: object) -> tuple[int, int]:
 
 
 def _images(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
-    model = _model(body)
+    model = _model(body, cfg)
     _required(body, "prompt")
     width, height = image_pixels(body.get("size"))
     count = 1
@@ -106,10 +107,8 @@ def _images(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> G
 
 
 def _context_create(body: dict[str, Any], cfg: SimConfig, ident: str, created: int) -> Generation:
-    model = _model(body)
-    messages = _required(body, "messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise _invalid("messages", "must be a non-empty list of message objects")
+    model = _model(body, cfg)
+    messages = check_messages(body, cfg)
     ttl = _opt_count(body, "ttl") or 86400
     mode = body.get("mode") or "session"
     prompt = chat_prompt_tokens(model, messages)
@@ -185,7 +184,7 @@ class TaskBook:
         self._tasks: dict[str, _Task] = {}
 
     def create(self, body: Mapping[str, Any], cfg: SimConfig, ident: str, now: float) -> dict[str, Any]:
-        model = _model(dict(body))
+        model = _model(dict(body), cfg)
         content = _required(dict(body), "content")
         if not isinstance(content, list) or not content:
             raise _invalid("content", "must be a non-empty list of content items")

@@ -6,7 +6,7 @@ prompt (embedding) = sum of the tokens of each input
 answer             = min(reply_tokens, max_tokens)
 reasoning          = reasoning_tokens, or 0 when the body says thinking: {"type": "disabled"}
 max_completion_tokens / max_output_tokens cap reasoning + answer together, reasoning first
-                     (and, as on Ark, make max_tokens ignored)
+                     (Ark refuses max_tokens beside max_completion_tokens; in lenient mode the latter wins)
 completion         = reasoning + answer;  total = prompt + completion
 """
 

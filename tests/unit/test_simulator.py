@@ -33,6 +33,7 @@ from quotawrap.simulator._plan import chat_prompt_tokens, plan_generation
 from tests.unit.conftest import FakeClock
 
 MODEL = "deepseek-v3-2-251201"
+EMB = "doubao-embedding-text-240715"
 AUTH = {"Authorization": "Bearer test-key"}
 HELLO = [{"role": "user", "content": "hello"}]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -488,17 +489,17 @@ class TestResponsesApi:
 class TestEmbeddings:
     def test_list_input_usage_and_vectors(self, sim: ArkSimulator, client: httpx.Client) -> None:
         """One 8-float vector per input; usage has prompt and total tokens only."""
-        body = client.post("/embeddings", json={"model": "emb", "input": ["a b", "c"]}).json()
+        body = client.post("/embeddings", json={"model": EMB, "input": ["a b", "c"]}).json()
         assert [d["index"] for d in body["data"]] == [0, 1]
         assert all(len(d["embedding"]) == 8 for d in body["data"])
-        expected = count_text("emb", "a b") + count_text("emb", "c")
+        expected = count_text(EMB, "a b") + count_text(EMB, "c")
         assert body["usage"] == {"prompt_tokens": expected, "total_tokens": expected}
-        assert sim.billed_by_model() == {"emb": expected}
+        assert sim.billed_by_model() == {EMB: expected}
 
     def test_base64_encoding(self, client: httpx.Client) -> None:
         """encoding_format base64 returns the same vector as little-endian float32."""
-        floats = client.post("/embeddings", json={"model": "emb", "input": "x"}).json()["data"][0]["embedding"]
-        packed = client.post("/embeddings", json={"model": "emb", "input": "x", "encoding_format": "base64"}).json()
+        floats = client.post("/embeddings", json={"model": EMB, "input": "x"}).json()["data"][0]["embedding"]
+        packed = client.post("/embeddings", json={"model": EMB, "input": "x", "encoding_format": "base64"}).json()
         decoded = struct.unpack("<8f", base64.b64decode(packed["data"][0]["embedding"]))
         assert decoded == pytest.approx(floats, abs=1e-6)
 
@@ -555,7 +556,7 @@ class TestOpenAISdk:
 
     def test_embeddings_default_base64(self, sdk: openai.OpenAI) -> None:
         """openai asks for base64 embeddings by default and decodes them to 8 floats."""
-        response = sdk.embeddings.create(model="emb", input="hello")
+        response = sdk.embeddings.create(model=EMB, input="hello")
         assert len(response.data[0].embedding) == 8
 
     def test_cut_stream_raises(self, sim: ArkSimulator, sdk: openai.OpenAI) -> None:

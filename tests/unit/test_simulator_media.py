@@ -14,6 +14,8 @@ from tests.unit.conftest import FakeClock
 AUTH = {"Authorization": "Bearer sim-key"}
 TASKS = "/contents/generations/tasks"
 VIDEO = "doubao-seedance-1-0-pro-250528"
+IMAGE = "doubao-seedream-4-0-250828"
+CHAT = "doubao-seed-1-6-250615"
 
 
 @pytest.fixture
@@ -37,7 +39,7 @@ def create_task(client: httpx.Client, text: str = "a kite --rs 480p --dur 5") ->
 class TestImages:
     def test_each_image_bills_width_times_height_over_256(self, sim: ArkSimulator, client: httpx.Client) -> None:
         """A 1024x1024 image: usage generated_images 1, 4096 output tokens, billed exactly that."""
-        answer = client.post("/images/generations", json={"model": "m", "prompt": "kite", "size": "1024x1024"}).json()
+        answer = client.post("/images/generations", json={"model": IMAGE, "prompt": "kite", "size": "1024x1024"}).json()
         assert answer["usage"] == {"generated_images": 1, "output_tokens": 4096, "total_tokens": 4096}
         assert answer["data"][0]["size"] == "1024x1024"
         assert sim.billed_total() == 4096
@@ -45,7 +47,7 @@ class TestImages:
     def test_sequential_generation_makes_max_images(self, sim: ArkSimulator, client: httpx.Client) -> None:
         """sequential_image_generation auto with max_images 3 makes (and bills) three 2K images."""
         body = {
-            "model": "m",
+            "model": IMAGE,
             "prompt": "kites",
             "size": "2K",
             "sequential_image_generation": "auto",
@@ -57,7 +59,7 @@ class TestImages:
 
     def test_a_stream_ends_with_the_usage_and_done(self, client: httpx.Client) -> None:
         """Streamed images: one partial_succeeded per image, then completed with usage, then [DONE]."""
-        response = client.post("/images/generations", json={"model": "m", "prompt": "kite", "stream": True})
+        response = client.post("/images/generations", json={"model": IMAGE, "prompt": "kite", "stream": True})
         events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         completed = json.loads(events[-2])
@@ -67,7 +69,7 @@ class TestImages:
 
     def test_a_bad_size_is_a_400_and_never_billed(self, sim: ArkSimulator, client: httpx.Client) -> None:
         """An unreadable size is refused before anything is generated."""
-        response = client.post("/images/generations", json={"model": "m", "prompt": "kite", "size": "huge"})
+        response = client.post("/images/generations", json={"model": IMAGE, "prompt": "kite", "size": "huge"})
         assert response.status_code == 400
         assert sim.billed_total() == 0
 
@@ -75,7 +77,7 @@ class TestImages:
 class TestContextCreate:
     def test_bills_the_prompt_and_echoes_the_context(self, sim: ArkSimulator, client: httpx.Client) -> None:
         """context/create answers id, mode and ttl, with usage of the prompt alone."""
-        body = {"model": "m", "messages": [{"role": "system", "content": "You know kites."}], "ttl": 3600}
+        body = {"model": CHAT, "messages": [{"role": "system", "content": "You know kites."}], "ttl": 3600}
         answer = client.post("/context/create", json=body).json()
         assert answer["id"].startswith("ctx-") and answer["mode"] == "session" and answer["ttl"] == 3600
         assert answer["usage"]["completion_tokens"] == 0
@@ -141,7 +143,7 @@ class TestBatchAndBots:
     def test_batch_chat_answers_and_bills_like_chat(self, sim: ArkSimulator, client: httpx.Client) -> None:
         """/batch/chat/completions has chat's shape and bill."""
         answer = client.post(
-            "/batch/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            "/batch/chat/completions", json={"model": CHAT, "messages": [{"role": "user", "content": "hi"}]}
         )
         assert answer.json()["object"] == "chat.completion"
         assert sim.billed_total() == answer.json()["usage"]["total_tokens"]
@@ -163,14 +165,14 @@ class TestRedirectAndAuth:
     ) -> None:
         """With redirect_to set, an inference POST gets a 307 to that base URL plus its path."""
         sim.configure(redirect_to="http://elsewhere.invalid/api/v3")
-        response = client.post("/chat/completions", json={"model": "m", "messages": []})
+        response = client.post("/chat/completions", json={"model": CHAT, "messages": []})
         assert response.status_code == 307
         assert response.headers["location"] == "http://elsewhere.invalid/api/v3/chat/completions"
         assert sim.billed_total() == 0
 
     def test_require_auth_off_serves_without_a_key(self, sim: ArkSimulator) -> None:
         """A redirect target may serve requests whose key the client dropped on the way."""
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        body = {"model": CHAT, "messages": [{"role": "user", "content": "hi"}]}
         assert httpx.post(sim.url + "/chat/completions", json=body).status_code == 401
         sim.configure(require_auth=False)
         assert httpx.post(sim.url + "/chat/completions", json=body).status_code == 200

@@ -129,7 +129,7 @@ def serve_command(host: str, port: int, **values: Any) -> None:
     "endpoints",
     multiple=True,
     metavar="EP=MODEL-VERSION",
-    help="Serve this endpoint id as that foundation model, e.g. ep-20250101-abc=doubao-seed-1-6-250615 (repeatable).",
+    help="Serve this endpoint id as that foundation model, e.g. ep-20250101-abc=deepseek-v3-2-251201 (repeatable).",
 )
 @click.option(
     "--model",

@@ -71,13 +71,13 @@ def test_demo_runs_the_agent_against_the_simulator(tmp_path: Path) -> None:
 def test_a_model_name_cannot_write_into_the_terminal(tmp_path: Path) -> None:
     """A program (or a provider) names a model with a line break and escape sequences: the run's summary,
     `report`, `sessions` and `status` print it escaped, one row each, never raw."""
-    from quotawrap.simulator import serve
+    from quotawrap.simulator import SimConfig, serve
 
     hostile = "evil\n\x1b[31mRED\x1b[0m\u202etxt"
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path), "MODEL": hostile}
     env.pop("QUOTAWRAP_RUN_ID", None)
     child = Path(__file__).parent / "children" / "one_call.py"
-    with serve() as sim:
+    with serve(config=SimConfig(strict=False)) as sim:  # Ark would 404 such a model; a lenient provider answers
         env["SIM_URL"] = sim.url
         run = subprocess.run(
             [sys.executable, "-m", "quotawrap", "--base-url", sim.url, "--", sys.executable, str(child)],

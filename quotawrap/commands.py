@@ -99,13 +99,23 @@ def serve_command(host: str, port: int, **values: Any) -> None:
 @click.option("--chunk-delay", "chunk_delay_s", type=float, default=None, help="Seconds between stream chunks.")
 @click.option("--reply-tokens", type=int, default=None, help="Answer tokens per call.")
 @click.option("--reasoning-tokens", type=int, default=None, help="Reasoning tokens per call (0: no thinking).")
+@click.option(
+    "--endpoint",
+    "endpoints",
+    multiple=True,
+    metavar="ID=MODEL",
+    help="Serve endpoint ID as foundation model MODEL (<name>-<version>); repeatable.",
+)
 def simulate_command(host: str, port: int, **overrides: Any) -> None:
     """Serve a local Ark-compatible API (chat, responses, embeddings, billing) for offline runs."""
     import dataclasses
 
-    from .simulator import SimConfig, run_forever, serve
+    from .simulator import SimConfig, SimConfigError, run_forever, serve
 
-    config = dataclasses.replace(SimConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        config = dataclasses.replace(SimConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    except SimConfigError as exc:
+        fail(f"simulate: --endpoint {exc.message}", EXIT_USAGE)
     run_forever(serve(host=host, port=port, config=config))
 
 

@@ -32,17 +32,19 @@ from dataclasses import replace
 from typing import Any
 
 from . import endpoints, quota, readahead, refusals
-from ._errors import PolicyRefused, StoreError
+from ._errors import PolicyRefused, QuotawrapError, StoreError
 from ._log import warn
 from .admission import Plan, Room, Wait, plan_output
 from .allowance import AllowanceBook
 from .contexts import ContextCreated, ContextSizes
+from .endpoint_ids import EndpointIds
 from .endpoint_prices import CostRule
 from .estimate import Estimate, EstimateSettings, Kind, estimate_request, unbounded_thinking
 from .guard_books import GuardBooks
 from .guarded_call import CallContext, GuardedCall
+from .identity import UNMAPPED, Identity, answered_model, canonical
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
-from .ledger.base import Decision, Settle, run_cost_key, run_key
+from .ledger.base import Decision, Settle, new_hold_id, run_cost_key, run_key
 from .redact import key_fingerprint
 from .reserving import Call, reserve_steps
 from .settings import Settings
@@ -106,6 +108,10 @@ class Guard(GuardBooks):
         self.contexts = ContextSizes()
         self._redirects = refusals.RedirectMemory(clock)
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
+        # --model names the models to guard as the ledger keys them (quotawrap.identity)
+        self._patterns = tuple(canonical(pattern) for pattern in settings.model)
+        self.endpoint_ids = EndpointIds(lambda: self.ledger)
+        self._outside: set[str] = set()  # models this process said --model leaves unguarded
         self.settler: Settler | None = None
         self.advances: Advances | None = None
         self._draw_notes: DrawNotes | None = None
@@ -322,11 +328,42 @@ class Guard(GuardBooks):
             request = endpoints.parse_json_body(body)
         except (ValueError, RecursionError, MemoryError) as exc:
             return _unreadable(f"quotawrap cannot read this request to {url}, so it cannot guard it: {_reason(exc)}")
-        model = request.get("model")
-        if not isinstance(model, str) or not model:
+        asked = request.get("model")
+        if not isinstance(asked, str) or not asked:
             return _unreadable("quotawrap cannot guard a request without a 'model' string.")
-        if not endpoints.model_matches(model, self.settings.model):
+        try:
+            identity = self.endpoint_ids.resolve(asked)
+            if identity.model == UNMAPPED and identity.endpoint is not None:
+                identity = yield from self._first_answer(asked, identity.endpoint)
+        except PolicyRefused as exc:  # a bad [endpoints] table: the wrapper said so at its start too
+            return _refuse(400, "QuotawrapPolicyRefused", "BadRequest", f"quotawrap refuses a call to {asked}: {exc}.")
+        except StoreError as exc:
+            return _refuse(503, "QuotawrapStoreUnavailable", "ServiceUnavailable", f"{exc}.{_FAIL_OPEN_HINT}")
+        if not self._guards(identity):
+            self._outside_filter(identity.model, found.endpoint)
             return None
+        model = identity.model
+        probe = identity.endpoint if model == UNMAPPED else None
+        call: GuardedCall | None = None
+        try:
+            call = yield from self._admission(method, url, headers, body, found, request, model, identity.endpoint)
+        finally:
+            if probe is not None and (call is None or call.hold_id is None):
+                self.endpoint_ids.probed(probe)  # refused, unguarded or gone: the next unmapped call to it may go
+        return call
+
+    def _admission(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        found: endpoints.Route,
+        request: dict[str, Any],
+        model: str,
+        endpoint_id: str | None,
+    ) -> Generator[float, None, GuardedCall | None]:
+        """The admission of a request to ``model`` (its identity), once it is known to be guarded."""
         key = None  # hashing the body costs more than the rest of the admission's bookkeeping: only with refusals
         if self.retries:
             key = refusals.fingerprint(method, url, body, refusals.caller())
@@ -334,7 +371,7 @@ class Guard(GuardBooks):
             if remembered is not None:
                 return remembered
         try:
-            call = yield from self._reserve(found, url, headers, body, request, model)
+            call = yield from self._reserve(found, url, headers, body, request, model, endpoint_id)
         except PolicyRefused as exc:  # a rule, not an outage: asking again gets the same answer, so never fail-open
             return _refuse(400, "QuotawrapPolicyRefused", "BadRequest", f"quotawrap refuses a call to {model}: {exc}.")
         except StoreError as exc:  # its message names the store with the password hidden (the ledger's rule)
@@ -355,6 +392,37 @@ class Guard(GuardBooks):
         call.route = found
         return call
 
+    def _first_answer(self, asked: str, endpoint: str) -> Generator[float, None, Identity]:
+        """The identity of a call to an endpoint not mapped yet: mapped, once the answer to another call of this
+        process to it came within PROBE_WAIT_S; else UNMAPPED, and this call is the one whose answer will tell."""
+        backoff = _PROBE_POLL_MIN_S
+        while not self.endpoint_ids.probe(endpoint):
+            yield backoff
+            backoff = min(backoff * 2, _PROBE_POLL_MAX_S)
+            identity = self.endpoint_ids.resolve(asked)
+            if identity.model != UNMAPPED:
+                return identity
+        return Identity(UNMAPPED, endpoint)
+
+    def _guards(self, identity: Identity) -> bool:
+        """Whether --model guards calls of this identity: its model (or the endpoint id the request names)
+        matches; a call whose model is not known yet is guarded whatever --model says."""
+        patterns = self._patterns
+        if not patterns or identity.model == UNMAPPED:
+            return True
+        if endpoints.model_matches(identity.model, patterns):
+            return True
+        return identity.endpoint is not None and endpoints.model_matches(identity.endpoint, patterns)
+
+    def _outside_filter(self, model: str, kind: str) -> None:
+        """A call --model leaves unguarded: never silent. Said once per model and process, and recorded for the
+        run's summary (per model, beside --fail-open's)."""
+        if model not in self._outside:
+            self._outside.add(model)
+            names = ", ".join(self.settings.model)
+            warn(f"--model {names} does not name {model}: its calls go out UNGUARDED (counted in the summary)")
+        self._record_unguarded(model, kind, None)
+
     def _recall_refusal(self, key: str) -> GuardedCall | None:
         """An identical retry of a request refused moments ago: the same answer, no new ledger row."""
         answer = self.retries.answer(key, self._clock())
@@ -368,6 +436,7 @@ class Guard(GuardBooks):
         raw: bytes | None,
         request: dict[str, Any],
         model: str,
+        endpoint_id: str | None = None,
     ) -> Generator[float, None, GuardedCall]:
         kind: Kind = found.kind or "chat"
         # Ark's batch client retries every 429 until its timeout (x-should-retry ignored), but never a 403,
@@ -381,7 +450,12 @@ class Guard(GuardBooks):
             verdict, counters = evicted
             return GuardedCall.refused(blocked_response(model, verdict, counters, 0, status=refusal_status))
         try:
-            estimate = self.estimate(kind, request, enforce=enforce)
+            if model == UNMAPPED:  # its tokenizer is not known: a token is at least one UTF-8 byte of any
+                estimate = self.estimate(kind, request, enforce=enforce, count=_utf8_bytes)
+            elif model != request.get("model"):  # counted by the tokenizer of the model it is, not of its name
+                estimate = self.estimate(kind, {**request, "model": model}, enforce=enforce)
+            else:
+                estimate = self.estimate(kind, request, enforce=enforce)
             if found.endpoint == "context_chat":  # the cached context is read too (contexts.py)
                 estimate = replace(
                     estimate, input_tokens=estimate.input_tokens + self.contexts.size(request.get("context_id"))
@@ -390,7 +464,22 @@ class Guard(GuardBooks):
         except (ValueError, RecursionError) as exc:
             return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
         room = self._rooms.get((model, day)) or self._room(model, day)
-        call = Call(found, kind, url, headers, raw, request, model, day, now, enforce, estimate, rule, refusal_status)
+        call = Call(
+            found,
+            kind,
+            url,
+            headers,
+            raw,
+            request,
+            model,
+            day,
+            now,
+            enforce,
+            estimate,
+            rule,
+            refusal_status,
+            endpoint_id,
+        )
         return (yield from reserve_steps(self, call, room))
 
     def _room(self, model: str, day: str) -> Room:
@@ -472,6 +561,10 @@ class Guard(GuardBooks):
         self, call: Call, plan: Plan, hold: HoldRequest, decision: Decision, answer_bound: UsageBound
     ) -> GuardedCall:
         found, kind, request, model, now, rule = call.found, call.kind, call.request, call.model, call.now, call.rule
+        if model == UNMAPPED and call.enforce:
+            short = self._unmapped_short(call.day)
+            if short is not None:
+                return self._unmapped_refused(call, plan, hold, short)
         body = plan.body
         hide = False
         new_body: bytes | None = None
@@ -499,6 +592,9 @@ class Guard(GuardBooks):
             bound=answer_bound,
         )
         guarded.cost_rule = rule
+        if call.endpoint_id is not None:
+            guarded.endpoint_id = call.endpoint_id
+            guarded.probe = call.endpoint_id if model == UNMAPPED else None
         if found.endpoint == "video_task":
             from .tasks import TaskCreated
 
@@ -506,6 +602,84 @@ class Guard(GuardBooks):
         elif found.endpoint == "context":
             guarded.followup = ContextCreated(self.contexts)
         return guarded
+
+    # -- endpoints whose model is not known yet ------------------------------------------------------
+
+    def _unmapped_short(self, day: str) -> tuple[str, quota.Limit, quota.Counters] | None:
+        """Once an unmapped call's hold is taken: a model (of those --model guards) whose day limits cannot hold,
+        besides its own, every unmapped call's hold and charge, with the limit and those counters; None: all can.
+
+        From the moment it was taken, the hold counts in every model's checks (the ledger's rule), and the models
+        and their counters are read after it: a call to a model either saw this hold when it reserved, or is in
+        the counters read here. So once this passes, no model's cap can be passed by it, whichever it is."""
+        ledger = self.ledger
+        models = [m for m in ledger.known_models() if m != UNMAPPED and self._guards(Identity(m))]
+        keys = [model_day_key(m, day) for m in models]
+        unmapped_key = model_day_key(UNMAPPED, day)
+        counters = ledger.counters([*keys, unmapped_key])
+        unmapped = counters[unmapped_key]
+        for model, key in [*zip(models, keys, strict=True), (None, None)]:  # None: a model nobody used today
+            own = counters[key] if key is not None else quota.Counters()
+            seen = quota.Counters(own.settled + unmapped.settled, own.in_flight + unmapped.in_flight)
+            for limit in self.limits_for(ledger.snapshot(model) if model is not None else None, day):
+                if limit.scope == "model_day" and limit.kind == "hold" and seen.settled + seen.in_flight > limit.cap:
+                    return model or "a model not used today", limit, seen
+        return None
+
+    def _unmapped_refused(
+        self, call: Call, plan: Plan, hold: HoldRequest, short: tuple[str, quota.Limit, quota.Counters]
+    ) -> GuardedCall:
+        """Refuse the unmapped call ``short`` found no room for: its hold is given back (as no call of its own),
+        and a refused call's row takes its place in the ledger."""
+        model, limit, seen = short
+        refusal = replace(hold, hold_id=new_hold_id(), waiter=None, ticket=None, can_wait=False)
+        always = quota.Limit(limit.name, "model_day", -1, "hold", limit.detail)
+        try:
+            decision = self.ledger.reserve(refusal, lambda _snapshot: [always])
+            self.ledger.release(hold.hold_id, handed_to=refusal.hold_id)
+        except QuotawrapError as exc:  # the wrapper charges the hold at its end
+            warn(f"could not give back the hold of a refused call to {call.endpoint_id}: {exc}")
+        else:
+            self.audit_refusal(plan, refusal, decision)
+        counters = {"model_day": quota.Counters(seen.settled, max(0, seen.in_flight - hold.reserve))}
+        verdict = quota.Verdict(False, limit)
+        response = blocked_response(model, verdict, counters, hold.reserve, status=call.refusal_status)
+        return GuardedCall.refused(response.with_note(_UNMAPPED_NOTE.format(endpoint=call.endpoint_id)))
+
+    def answered(self, call: GuardedCall, raw: object) -> None:
+        """A call to an endpoint id was answered naming ``raw`` (its ``model``): learn which model the endpoint
+        serves, and hand the call's hold over to that model when it was held as another (unmapped, or an
+        endpoint since moved to another version), so that its settle lands where Ark billed it."""
+        endpoint, model = call.endpoint_id, answered_model(raw)
+        if endpoint is None or model is None:
+            return
+        self.endpoint_ids.learn(endpoint, model)
+        context = call.context
+        if model == call.model or context is None or context.drawn is not None:
+            return  # a call drawn from an advance settles on the advance's model-day (README)
+        hold = HoldRequest(
+            run_id=context.run_id,
+            model=model,
+            day=context.day,
+            reserve=context.reserved,
+            endpoint=context.endpoint,
+            pid=context.pid,
+            host=self._host,
+            expires_at=self._clock() + self.settings.hold_ttl,
+            # taken whatever the limits and lines say: its tokens were admitted as the hold it replaces, which
+            # counted against this model's room too (an unmapped hold counts against every model's)
+            enforce=False,
+            key_fingerprint=context.key_fingerprint,
+            tags=self.tags,
+            reserve_cost=context.reserved_cost,
+        )
+        try:
+            self.ledger.reserve(hold, lambda _snapshot: ())
+            self.ledger.release(context.hold_id, handed_to=hold.hold_id)
+        except QuotawrapError as exc:
+            warn(f"could not move a call to {endpoint} to {model}: {exc}; it settles as {call.model}")
+            return
+        call.moved_to(context._replace(hold_id=hold.hold_id, model=model))
 
     # -- learning and waking ---------------------------------------------------------------------
 
@@ -528,12 +702,22 @@ class Guard(GuardBooks):
             caps.append(self.settings.cap_tokens)
         return min(caps)
 
-    def estimate(self, kind: str, request: Mapping[str, Any], *, enforce: bool = True) -> Estimate:
+    def estimate(
+        self,
+        kind: str,
+        request: Mapping[str, Any],
+        *,
+        enforce: bool = True,
+        count: Callable[[str, str], int] | None = None,
+    ) -> Estimate:
         """The estimate this guard reserves for ``request`` (whoever sizes calls to fit must use it).
 
         ``ValueError`` for a body it cannot judge. With ``enforce``, counting stops once the input
-        passes the smallest cap (the call is refused anyway).
+        passes the smallest cap (the call is refused anyway). ``count``: how to count text instead of the
+        model's tokenizer.
         """
+        if count is not None:
+            return estimate_request(kind, request, self._estimate_settings, count=count)  # type: ignore[arg-type]
         cap = self._token_cap
         # Below this share of the cap the UTF-8 bound is used as is: its surplus over the exact count
         # (held only until the call settles) costs less than that share, and no tokenizer is loaded.
@@ -556,6 +740,13 @@ class Guard(GuardBooks):
 
 
 _FAIL_OPEN_HINT = " or pass --fail-open to let calls through unguarded."
+_UNMAPPED_NOTE = (
+    " The call names {endpoint}, whose model is not known yet (its first answer tells), so it must fit every"
+    ' model\'s room: map it in quotawrap.toml ([endpoints] "{endpoint}" = "<model>-<version>"), or set'
+    " VolcEngine credentials so that the management API lists it, and it counts against its own model only."
+)
+# A call to an endpoint whose first call of this process is out polls for its answer this often (doubling).
+_PROBE_POLL_MIN_S, _PROBE_POLL_MAX_S = 0.01, 0.25
 
 
 def _refuse(status: int, code: str, error_type: str, message: str) -> GuardedCall:

@@ -125,6 +125,7 @@ class SimConfig(Record, frozen=True):
     bot_searches: int = 0  # web_search plugin calls each bots answer reports in bot_usage.action_usage
     redirect_to: str | None = None  # answer inference POSTs with a 307 to this base URL + the same path
     require_auth: bool = True  # False: serve requests without a bearer key (clients drop it on cross-origin redirects)
+    endpoints: tuple[tuple[str, str], ...] = ()  # (endpoint id, foundation model id "<name>-<version>") pairs
 
     def __post_init__(self) -> None:
         for name in ("latency_s", "chunk_delay_s", "hang_s", "balance_lag_s", "task_s"):
@@ -141,12 +142,18 @@ class SimConfig(Record, frozen=True):
             raise SimConfigError("fault", f"must be one of {sorted(FAULTS)} or null, got {self.fault!r}")
         # Accept plain dicts/lists for convenience; store an immutable tuple of specs.
         object.__setattr__(self, "packages", tuple(PackageSpec.from_json(p) for p in self.packages))
+        object.__setattr__(self, "endpoints", _endpoints("endpoints", self.endpoints))
 
     def to_json(self) -> dict[str, Any]:
         """The config as a JSON object (what `GET /_sim/config` returns)."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["packages"] = [p.to_json() for p in self.packages]
+        data["endpoints"] = dict(self.endpoints)
         return data
+
+    def endpoint_model(self, model: str) -> str | None:
+        """The foundation model an endpoint id serves, or None when `model` is no endpoint configured here."""
+        return dict(self.endpoints).get(model)
 
 
 def _float(param: str, value: Any) -> float:
@@ -198,6 +205,23 @@ def _opt_int(param: str, value: Any) -> int | None:
     return _int(param, value)
 
 
+def _endpoints(param: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """Endpoint ids and the foundation model each serves: {"ep-...": "model-version"}, ["ep-...=model-version"],
+    a comma-separated string of those, or (endpoint, model) pairs."""
+    if isinstance(value, str):
+        value = [item for item in value.split(",") if item.strip()]
+    items = list(value.items()) if isinstance(value, Mapping) else value
+    if not isinstance(items, (list, tuple)):
+        raise SimConfigError(param, f"expected endpoint=model pairs, got {value!r}")
+    pairs = []
+    for item in items:
+        endpoint, model = item.partition("=")[::2] if isinstance(item, str) else (*item, "", "")[:2]
+        if not (isinstance(endpoint, str) and isinstance(model, str) and endpoint.strip() and model.strip()):
+            raise SimConfigError(param, f"expected ENDPOINT=MODEL, got {item!r}")
+        pairs.append((endpoint.strip(), model.strip()))
+    return tuple(pairs)
+
+
 def _packages(param: str, value: Any) -> tuple[PackageSpec, ...]:
     if not isinstance(value, (list, tuple)):
         raise SimConfigError(param, "expected a list of packages")
@@ -221,6 +245,7 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "bot_searches": _int,
     "redirect_to": _opt_str,
     "require_auth": _bool,
+    "endpoints": _endpoints,
 }
 assert set(_COERCE) == {f.name for f in dataclasses.fields(SimConfig)}, "every field needs a coercer"
 

@@ -110,7 +110,7 @@ class Guard(GuardBooks):
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
         # --model names the models to guard as the ledger keys them (quotawrap.identity)
         self._patterns = tuple(canonical(pattern) for pattern in settings.model)
-        self.endpoint_ids = EndpointIds(lambda: self.ledger)
+        self.endpoint_ids = EndpointIds(lambda: self.ledger, wall=clock, host=self._host)
         self._outside: set[str] = set()  # models this process said --model leaves unguarded
         self.settler: Settler | None = None
         self.advances: Advances | None = None
@@ -331,10 +331,11 @@ class Guard(GuardBooks):
         asked = request.get("model")
         if not isinstance(asked, str) or not asked:
             return _unreadable("quotawrap cannot guard a request without a 'model' string.")
+        probe = None  # the lease of the one unmapped call out to the endpoint, when this call is it
         try:
             identity = self.endpoint_ids.resolve(asked)
             if identity.model == UNMAPPED and identity.endpoint is not None:
-                identity = yield from self._first_answer(asked, identity.endpoint)
+                identity, probe = yield from self._first_answer(asked, identity.endpoint)
         except PolicyRefused as exc:  # a bad [endpoints] table: the wrapper said so at its start too
             return _refuse(400, "QuotawrapPolicyRefused", "BadRequest", f"quotawrap refuses a call to {asked}: {exc}.")
         except StoreError as exc:
@@ -343,13 +344,15 @@ class Guard(GuardBooks):
             self._outside_filter(identity.model, found.endpoint)
             return None
         model = identity.model
-        probe = identity.endpoint if model == UNMAPPED else None
         call: GuardedCall | None = None
         try:
             call = yield from self._admission(method, url, headers, body, found, request, model, identity.endpoint)
         finally:
-            if probe is not None and (call is None or call.hold_id is None):
-                self.endpoint_ids.probed(probe)  # refused, unguarded or gone: the next unmapped call to it may go
+            if probe is not None and identity.endpoint is not None:
+                if call is None or call.hold_id is None:  # refused, unguarded or gone: the next one may go
+                    self.endpoint_ids.probed(identity.endpoint, probe)
+                else:
+                    call.probe = (identity.endpoint, probe)  # it lets the next one go when it ends
         return call
 
     def _admission(
@@ -392,17 +395,23 @@ class Guard(GuardBooks):
         call.route = found
         return call
 
-    def _first_answer(self, asked: str, endpoint: str) -> Generator[float, None, Identity]:
-        """The identity of a call to an endpoint not mapped yet: mapped, once the answer to another call of this
-        process to it came within PROBE_WAIT_S; else UNMAPPED, and this call is the one whose answer will tell."""
-        backoff = _PROBE_POLL_MIN_S
-        while not self.endpoint_ids.probe(endpoint):
+    def _first_answer(self, asked: str, endpoint: str) -> Generator[float, None, tuple[Identity, str | None]]:
+        """The identity of a call to an endpoint not mapped yet, and its probe: mapped (no probe) once the answer
+        to the call to it that is out (from any process of the ledger) named its model; else UNMAPPED, and this
+        call is the one out, whose answer will tell (the lease's holder, EndpointIds.probe)."""
+        backoff, waited = _PROBE_POLL_MIN_S, False
+        while (probe := self.endpoint_ids.probe(endpoint)) is None:
             yield backoff
-            backoff = min(backoff * 2, _PROBE_POLL_MAX_S)
+            backoff, waited = min(backoff * 2, _PROBE_POLL_MAX_S), True
             identity = self.endpoint_ids.resolve(asked)
             if identity.model != UNMAPPED:
-                return identity
-        return Identity(UNMAPPED, endpoint)
+                return identity, None
+        if waited:  # the call it waited for ended just now: its answer may have named the model
+            identity = self.endpoint_ids.resolve(asked, fresh=True)
+            if identity.model != UNMAPPED:
+                self.endpoint_ids.probed(endpoint, probe)
+                return identity, None
+        return Identity(UNMAPPED, endpoint), probe
 
     def _guards(self, identity: Identity) -> bool:
         """Whether --model guards calls of this identity: its model (or the endpoint id the request names)
@@ -537,11 +546,18 @@ class Guard(GuardBooks):
             enforce=call.enforce,
             key_fingerprint=key_fingerprint(call.headers),
             tags=self.tags,
-            reserve_cost=self.reserve_cost(call.model, plan.estimate, call.rule),
+            reserve_cost=self.reserve_cost(self._priced_as(call), plan.estimate, call.rule),
             waiter=waiter,
             ticket=ticket,
             can_wait=can_wait,
         )
+
+    def _priced_as(self, call: Call) -> str:
+        """What a call's hold is priced as: its model; while an endpoint's model is not known, the endpoint's own
+        entry of the price table ([prices."ep-..."]) if it has one, else the table's default."""
+        if call.model == UNMAPPED and call.endpoint_id is not None and self.prices.price_for(call.endpoint_id):
+            return call.endpoint_id
+        return call.model
 
     def audit_refusal(self, plan: Plan, hold: HoldRequest, decision: Decision) -> None:
         self.audit(CallContext.of_hold(hold, decision, self._clock(), plan.bound), "blocked", None, 0, 0.0)
@@ -592,9 +608,7 @@ class Guard(GuardBooks):
             bound=answer_bound,
         )
         guarded.cost_rule = rule
-        if call.endpoint_id is not None:
-            guarded.endpoint_id = call.endpoint_id
-            guarded.probe = call.endpoint_id if model == UNMAPPED else None
+        guarded.endpoint_id = call.endpoint_id
         if found.endpoint == "video_task":
             from .tasks import TaskCreated
 

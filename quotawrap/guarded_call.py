@@ -146,7 +146,8 @@ class GuardedCall:
     cost_rule: CostRule | None = None
     followup: Followup | None = None
     endpoint_id: str | None = None  # the endpoint id the request named: its answer says which model it serves
-    probe: str | None = None  # that endpoint, when no model was known for it: its end lets the next such call go
+    # (that endpoint, its lease's holder) when no model was known for it: its end lets the next such call go
+    probe: tuple[str, str] | None = None
     _answer_model: object = None  # the model a JSON answer names (model_of_body), read for endpoint calls only
 
     def __init__(
@@ -350,7 +351,7 @@ class GuardedCall:
     def _apply(self, action: str, usage: Usage | None) -> None:
         self._chunks = []
         if self.probe is not None and self._guard is not None:
-            self._guard.endpoint_ids.probed(self.probe)
+            self._guard.endpoint_ids.probed(*self.probe)
         if self.ledger is None or self.hold_id is None or self._guard is None:
             return
         latency = time.monotonic() - self._started

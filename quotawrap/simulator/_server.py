@@ -503,7 +503,10 @@ class _Handler(BaseHTTPRequestHandler):
         def fail(status: int, code: str, message: str) -> None:
             self._send_json(status, {"ResponseMetadata": {**metadata, "Error": {"Code": code, "Message": message}}})
 
-        if action == "ListEndpoints" and version == _ARK_VERSION and self.headers.get("Authorization"):
+        if action == "ListEndpoints" and version == _ARK_VERSION:
+            if not self.headers.get("Authorization"):
+                fail(401, "MissingAuthenticationToken", "The request must contain an Authorization header.")
+                return
             try:
                 result = list_endpoints(sim.config.endpoints, _json_object(raw) if raw.strip() else dict(query))
             except (BillingRequestError, ArkError) as exc:

@@ -44,7 +44,7 @@ from .guard_books import GuardBooks
 from .guarded_call import CallContext, GuardedCall
 from .identity import UNMAPPED, Identity, answered_model, canonical
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
-from .ledger.base import Decision, Settle, new_hold_id, run_cost_key, run_key
+from .ledger.base import Decision, Settle, run_cost_key, run_key
 from .redact import key_fingerprint
 from .reserving import Call, reserve_steps
 from .settings import Settings
@@ -338,8 +338,13 @@ class Guard(GuardBooks):
                 identity, probe = yield from self._first_answer(asked, identity.endpoint)
         except PolicyRefused as exc:  # a bad [endpoints] table: the wrapper said so at its start too
             return _refuse(400, "QuotawrapPolicyRefused", "BadRequest", f"quotawrap refuses a call to {asked}: {exc}.")
-        except StoreError as exc:
-            return _refuse(503, "QuotawrapStoreUnavailable", "ServiceUnavailable", f"{exc}.{_FAIL_OPEN_HINT}")
+        except StoreError as exc:  # the ledger's endpoint pairs or lease: as any reserve, fail closed
+            if self.settings.fail_open:
+                warn(f"{exc}; --fail-open: this call to {asked.strip()} goes out UNGUARDED")
+                self._record_unguarded(canonical(asked), found.endpoint, exc)
+                return None
+            message = f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}. Fix the store,"
+            return _refuse(503, "QuotawrapStoreUnavailable", "ServiceUnavailable", message + _FAIL_OPEN_HINT)
         if not self._guards(identity):
             self._outside_filter(identity.model, found.endpoint)
             return None
@@ -347,6 +352,8 @@ class Guard(GuardBooks):
         call: GuardedCall | None = None
         try:
             call = yield from self._admission(method, url, headers, body, found, request, model, identity.endpoint)
+            if model == UNMAPPED and call is not None and call.hold_id is not None and not self.settings.watch:
+                call = yield from self._room_everywhere(call)
         finally:
             if probe is not None and identity.endpoint is not None:
                 if call is None or call.hold_id is None:  # refused, unguarded or gone: the next one may go
@@ -399,18 +406,18 @@ class Guard(GuardBooks):
         """The identity of a call to an endpoint not mapped yet, and its probe: mapped (no probe) once the answer
         to the call to it that is out (from any process of the ledger) named its model; else UNMAPPED, and this
         call is the one out, whose answer will tell (the lease's holder, EndpointIds.probe)."""
-        backoff, waited = _PROBE_POLL_MIN_S, False
+        backoff = _PROBE_POLL_MIN_S
         while (probe := self.endpoint_ids.probe(endpoint)) is None:
             yield backoff
-            backoff, waited = min(backoff * 2, _PROBE_POLL_MAX_S), True
+            backoff = min(backoff * 2, _PROBE_POLL_MAX_S)
             identity = self.endpoint_ids.resolve(asked)
             if identity.model != UNMAPPED:
                 return identity, None
-        if waited:  # the call it waited for ended just now: its answer may have named the model
-            identity = self.endpoint_ids.resolve(asked, fresh=True)
-            if identity.model != UNMAPPED:
-                self.endpoint_ids.probed(endpoint, probe)
-                return identity, None
+        # the call out before it may have ended just now, its answer naming the model: read the pairs once more
+        identity = self.endpoint_ids.resolve(asked, fresh=True)
+        if identity.model != UNMAPPED:
+            self.endpoint_ids.probed(endpoint, probe)
+            return identity, None
         return Identity(UNMAPPED, endpoint), probe
 
     def _guards(self, identity: Identity) -> bool:
@@ -528,7 +535,10 @@ class Guard(GuardBooks):
         boundable = self.settings.bound and not self.settings.watch
         reasoning = self._allowances.reasoning(model) if boundable else None
         settings = self._estimate_settings
-        return plan_output(kind, request, estimate, settings, boundable, reasoning, room.token_space, room.token_cap)
+        space = room.token_space
+        if model == UNMAPPED:  # it must fit every model's room, not its own alone
+            space = lambda: self._unmapped_space(room.token_space())  # noqa: E731
+        return plan_output(kind, request, estimate, settings, boundable, reasoning, space, room.token_cap)
 
     def hold(
         self, call: Call, plan: Plan, *, pid: int, waiter: str | None, ticket: int | None, can_wait: bool
@@ -577,10 +587,6 @@ class Guard(GuardBooks):
         self, call: Call, plan: Plan, hold: HoldRequest, decision: Decision, answer_bound: UsageBound
     ) -> GuardedCall:
         found, kind, request, model, now, rule = call.found, call.kind, call.request, call.model, call.now, call.rule
-        if model == UNMAPPED and call.enforce:
-            short = self._unmapped_short(call.day)
-            if short is not None:
-                return self._unmapped_refused(call, plan, hold, short)
         body = plan.body
         hide = False
         new_body: bytes | None = None
@@ -619,45 +625,95 @@ class Guard(GuardBooks):
 
     # -- endpoints whose model is not known yet ------------------------------------------------------
 
-    def _unmapped_short(self, day: str) -> tuple[str, quota.Limit, quota.Counters] | None:
-        """Once an unmapped call's hold is taken: a model (of those --model guards) whose day limits cannot hold,
-        besides its own, every unmapped call's hold and charge, with the limit and those counters; None: all can.
-
-        From the moment it was taken, the hold counts in every model's checks (the ledger's rule), and the models
-        and their counters are read after it: a call to a model either saw this hold when it reserved, or is in
-        the counters read here. So once this passes, no model's cap can be passed by it, whichever it is."""
+    def _every_model(self, day: str) -> list[tuple[str | None, list[quota.Limit], quota.Counters]]:
+        """Each model --model guards (None: a model nobody used today), its day's hold limits, and its counters with
+        every unmapped call's hold and charge added: what an unmapped call must fit, whichever model it is."""
         ledger = self.ledger
         models = [m for m in ledger.known_models() if m != UNMAPPED and self._guards(Identity(m))]
         keys = [model_day_key(m, day) for m in models]
         unmapped_key = model_day_key(UNMAPPED, day)
         counters = ledger.counters([*keys, unmapped_key])
         unmapped = counters[unmapped_key]
-        for model, key in [*zip(models, keys, strict=True), (None, None)]:  # None: a model nobody used today
+        found: list[tuple[str | None, list[quota.Limit], quota.Counters]] = []
+        for model, key in [*zip(models, keys, strict=True), (None, None)]:
             own = counters[key] if key is not None else quota.Counters()
             seen = quota.Counters(own.settled + unmapped.settled, own.in_flight + unmapped.in_flight)
-            for limit in self.limits_for(ledger.snapshot(model) if model is not None else None, day):
-                if limit.scope == "model_day" and limit.kind == "hold" and seen.settled + seen.in_flight > limit.cap:
-                    return model or "a model not used today", limit, seen
-        return None
+            limits = self.limits_for(ledger.snapshot(model) if model is not None else None, day)
+            found.append(
+                (model, [limit for limit in limits if limit.scope == "model_day" and limit.kind == "hold"], seen)
+            )
+        return found
+
+    def _unmapped_space(self, own: int | None) -> int | None:
+        """What an unmapped call may reserve at most (quota.token_room): its own limits' room (``own``), and
+        every model's, whichever it turns out to be."""
+        rooms = [] if own is None else [own]
+        for _model, limits, seen in self._every_model(quota.beijing_day(self._clock())):
+            room = quota.token_room(limits, {"model_day": seen})
+            if room is not None:
+                rooms.append(room)
+        return min(rooms) if rooms else None
+
+    def _room_everywhere(self, call: GuardedCall) -> Generator[float, None, GuardedCall]:
+        """An unmapped call whose hold is taken goes out once every model's day limits hold it with the rest,
+        whichever model it turns out to be; it waits for room (--wait) while only calls in flight are in the way.
+
+        From the moment it was taken, the hold counts in every model's checks (the ledger's rule), and the models
+        and their counters are read after it: a call to a model either saw this hold when it reserved, or is in
+        the counters read here. So once this passes, no model's cap can be passed by it."""
+        context = call.context
+        assert context is not None
+        wait_s = self.settings.wait if 0 < self.settings.wait < float("inf") else 0.0
+        deadline, backoff = time.monotonic() + wait_s, _PROBE_POLL_MIN_S
+        while True:
+            short = next(
+                (
+                    (model, limit, seen)
+                    for model, limits, seen in self._every_model(context.day)
+                    for limit in limits
+                    if seen.settled + seen.in_flight > limit.cap
+                ),
+                None,
+            )
+            if short is None:
+                return call
+            _model, limit, seen = short
+            if seen.settled + context.reserved > limit.cap or time.monotonic() >= deadline:  # never, or waited enough
+                return self._unmapped_refused(call, context, short)
+            yield backoff  # only calls in flight are in the way: its hold keeps its place meanwhile
+            backoff = min(backoff * 2, _PROBE_POLL_MAX_S)
 
     def _unmapped_refused(
-        self, call: Call, plan: Plan, hold: HoldRequest, short: tuple[str, quota.Limit, quota.Counters]
+        self, call: GuardedCall, context: CallContext, short: tuple[str | None, quota.Limit, quota.Counters]
     ) -> GuardedCall:
         """Refuse the unmapped call ``short`` found no room for: its hold is given back (as no call of its own),
         and a refused call's row takes its place in the ledger."""
         model, limit, seen = short
-        refusal = replace(hold, hold_id=new_hold_id(), waiter=None, ticket=None, can_wait=False)
-        always = quota.Limit(limit.name, "model_day", -1, "hold", limit.detail)
+        refusal = HoldRequest(
+            run_id=context.run_id,
+            model=UNMAPPED,
+            day=context.day,
+            reserve=context.reserved,
+            endpoint=context.endpoint,
+            pid=context.pid,
+            host=self._host,
+            expires_at=self._clock() + self.settings.hold_ttl,
+            key_fingerprint=context.key_fingerprint,
+            tags=self.tags,
+            reserve_cost=context.reserved_cost,
+        )
+        always = quota.Limit(limit.name, "model_day", -1, "hold", limit.detail)  # refuses whatever it counts
         try:
-            decision = self.ledger.reserve(refusal, lambda _snapshot: [always])
-            self.ledger.release(hold.hold_id, handed_to=refusal.hold_id)
+            self.ledger.reserve(refusal, lambda _snapshot: [always])
+            self.ledger.release(context.hold_id, handed_to=refusal.hold_id)
         except QuotawrapError as exc:  # the wrapper charges the hold at its end
             warn(f"could not give back the hold of a refused call to {call.endpoint_id}: {exc}")
-        else:
-            self.audit_refusal(plan, refusal, decision)
-        counters = {"model_day": quota.Counters(seen.settled, max(0, seen.in_flight - hold.reserve))}
-        verdict = quota.Verdict(False, limit)
-        response = blocked_response(model, verdict, counters, hold.reserve, status=call.refusal_status)
+        blocked = context._replace(hold_id=refusal.hold_id, would_block=True, blocked_by=limit.name)
+        self.audit(blocked, "blocked", None, 0, 0.0)
+        counters = {"model_day": quota.Counters(seen.settled, max(0, seen.in_flight - context.reserved))}
+        status = 403 if context.endpoint.startswith("batch_") else 429
+        name = model or "a model not used today"
+        response = blocked_response(name, quota.Verdict(False, limit), counters, context.reserved, status=status)
         return GuardedCall.refused(response.with_note(_UNMAPPED_NOTE.format(endpoint=call.endpoint_id)))
 
     def answered(self, call: GuardedCall, raw: object) -> None:

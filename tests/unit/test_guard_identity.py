@@ -145,6 +145,25 @@ class TestUnmappedEndpoints:
         filtered = make_guard(daily_cap=1_000, usage_wall=1_000, model=("doubao",))
         assert begin(filtered, EP_B, max_tokens=100).blocked is None
 
+    def test_it_waits_while_only_calls_in_flight_are_in_the_way(
+        self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
+    ) -> None:
+        """A model's calls in flight leave no room for it now, but will: it keeps its hold (its place) and goes out
+        once they settle, within --wait; the model's own new calls count it meanwhile."""
+        guard = make_guard(daily_cap=1_000, usage_wall=1_000, wait=60)
+        flash = begin(guard, FLASH, max_tokens=850)  # with its input and the call below: past 1,000
+        steps = guard.admission("POST", URL, JSON, body(EP_A, max_tokens=150))
+        assert isinstance(next(steps), float)  # waits, holding
+        assert md(ledger, UNMAPPED).in_flight > 150
+        respond(flash, answer(100))
+        with pytest.raises(StopIteration) as done:
+            while True:
+                next(steps)
+        waited = done.value.value
+        assert isinstance(waited, GuardedCall) and waited.blocked is None and waited.model == UNMAPPED
+        respond(waited, answer(120))
+        assert md(ledger, FLASH) == Counters(220, 0) and md(ledger, UNMAPPED) == Counters(0, 0)
+
     def test_an_answer_that_names_no_model_stays_against_every_model(
         self, make_guard: Callable[..., Guard], ledger: SQLiteLedger
     ) -> None:

@@ -32,7 +32,7 @@ def worker(names: list[str], args: argparse.Namespace, wid: int) -> None:
             "model": name,
             "messages": [{"role": "user", "content": f"call {i} of worker {wid}"}],
             "max_tokens": args.max_tokens,
-            "extra_body": {"thinking": {"type": "disabled"}},
+            **({} if args.thinking else {"extra_body": {"thinking": {"type": "disabled"}}}),
         }
         try:
             if stream:
@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--max-calls", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=60)
     parser.add_argument("--keep-going", action="store_true", help="go on after a refusal")
+    parser.add_argument("--thinking", action="store_true", help="leave thinking on (the model's default)")
     args = parser.parse_args()
     args.names = args.names.replace("\\n", "\n")  # a spelling with a newline, passed on a command line
     if not args.processes:

@@ -55,6 +55,24 @@ def _capped(store: str, sim: ArkSimulator, cap: int, report: Path, *model: str) 
 
 
 class TestOneCapPerModel:
+    def test_calls_that_may_think_share_it_too(self, ep_sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+        """The same with thinking left on: each call is bounded by the guard (an unmapped one to fit every model's
+        day), and the three names still share one cap, used nearly whole."""
+        cap = 8_000  # above the thinking floor (4,096): a call that may think needs that much room
+        report = tmp_path / "report.json"
+        result = run_quotawrap(
+            _capped(store, ep_sim, cap, report, "--model", "deepseek-v4-flash"),
+            _agent([EP_A, EP_B, FLASH], "--processes", "2", "--threads", "4", "--thinking", "--max-calls", "80"),
+            env={"SIM_URL": ep_sim.url},
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr
+        answered = Counter(r["name"] for r in _records(result.stdout) if r["outcome"] == "ok")
+        assert set(answered) == {EP_A, EP_B, FLASH}, answered
+        billed = ep_sim.billed_total()
+        assert 0.8 * cap <= billed <= cap and ep_sim.billed_by_model() == {FLASH: billed}
+        assert json.loads(report.read_text())["models"][FLASH]["settled_tokens"] == billed
+
     def test_two_endpoint_ids_and_the_name_share_one_daily_cap(
         self, ep_sim: ArkSimulator, any_store: str, tmp_path: Path
     ) -> None:

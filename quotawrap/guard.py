@@ -112,6 +112,7 @@ class Guard(GuardBooks):
         self._patterns = tuple(canonical(pattern) for pattern in settings.model)
         self.endpoint_ids = EndpointIds(lambda: self.ledger, wall=clock, host=self._host)
         self._outside: set[str] = set()  # models this process said --model leaves unguarded
+        self._planned_models: tuple[float, list[str]] = (-float("inf"), [])  # (when read, models) for the plans
         self.settler: Settler | None = None
         self.advances: Advances | None = None
         self._draw_notes: DrawNotes | None = None
@@ -334,7 +335,8 @@ class Guard(GuardBooks):
         probe = None  # the lease of the one unmapped call out to the endpoint, when this call is it
         try:
             identity = self.endpoint_ids.resolve(asked)
-            if identity.model == UNMAPPED and identity.endpoint is not None:
+            # --watch changes nothing, the timing of calls included: its unmapped calls do not wait for an answer
+            if identity.model == UNMAPPED and identity.endpoint is not None and not self.settings.watch:
                 identity, probe = yield from self._first_answer(asked, identity.endpoint)
         except PolicyRefused as exc:  # a bad [endpoints] table: the wrapper said so at its start too
             return _refuse(400, "QuotawrapPolicyRefused", "BadRequest", f"quotawrap refuses a call to {asked}: {exc}.")
@@ -625,11 +627,14 @@ class Guard(GuardBooks):
 
     # -- endpoints whose model is not known yet ------------------------------------------------------
 
-    def _every_model(self, day: str) -> list[tuple[str | None, list[quota.Limit], quota.Counters]]:
-        """Each model --model guards (None: a model nobody used today), its day's hold limits, and its counters with
+    def _guarded_models(self) -> list[str]:
+        """The ledger's models (every one it has a call or a balance of) that --model guards."""
+        return [m for m in self.ledger.known_models() if m != UNMAPPED and self._guards(Identity(m))]
+
+    def _every_model(self, day: str, models: list[str]) -> list[tuple[str | None, list[quota.Limit], quota.Counters]]:
+        """Each of ``models`` and None (a model nobody used today), its day's hold limits, and its counters with
         every unmapped call's hold and charge added: what an unmapped call must fit, whichever model it is."""
         ledger = self.ledger
-        models = [m for m in ledger.known_models() if m != UNMAPPED and self._guards(Identity(m))]
         keys = [model_day_key(m, day) for m in models]
         unmapped_key = model_day_key(UNMAPPED, day)
         counters = ledger.counters([*keys, unmapped_key])
@@ -648,7 +653,10 @@ class Guard(GuardBooks):
         """What an unmapped call may reserve at most (quota.token_room): its own limits' room (``own``), and
         every model's, whichever it turns out to be."""
         rooms = [] if own is None else [own]
-        for _model, limits, seen in self._every_model(quota.beijing_day(self._clock())):
+        now = self._clock()
+        if now - self._planned_models[0] >= _SNAPSHOT_TTL_S:  # a plan only sizes the call: the check comes after
+            self._planned_models = (now, self._guarded_models())
+        for _model, limits, seen in self._every_model(quota.beijing_day(now), self._planned_models[1]):
             room = quota.token_room(limits, {"model_day": seen})
             if room is not None:
                 rooms.append(room)
@@ -665,11 +673,13 @@ class Guard(GuardBooks):
         assert context is not None
         wait_s = self.settings.wait if 0 < self.settings.wait < float("inf") else 0.0
         deadline, backoff = time.monotonic() + wait_s, _PROBE_POLL_MIN_S
+        # read once, after the hold: a model first used later reserved after it, and counted it
+        models = self._guarded_models()
         while True:
             short = next(
                 (
                     (model, limit, seen)
-                    for model, limits, seen in self._every_model(context.day)
+                    for model, limits, seen in self._every_model(context.day, models)
                     for limit in limits
                     if seen.settled + seen.in_flight > limit.cap
                 ),

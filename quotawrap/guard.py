@@ -112,7 +112,6 @@ class Guard(GuardBooks):
         self._patterns = tuple(canonical(pattern) for pattern in settings.model)
         self.endpoint_ids = EndpointIds(lambda: self.ledger, wall=clock, host=self._host)
         self._outside: set[str] = set()  # models this process said --model leaves unguarded
-        self._planned_models: tuple[float, list[str]] = (-float("inf"), [])  # (when read, models) for the plans
         self.settler: Settler | None = None
         self.advances: Advances | None = None
         self._draw_notes: DrawNotes | None = None
@@ -540,6 +539,11 @@ class Guard(GuardBooks):
         space = room.token_space
         if model == UNMAPPED:  # it must fit every model's room, not its own alone
             space = lambda: self._unmapped_space(room.token_space())  # noqa: E731
+            if boundable and reasoning is None:
+                # Not the no-history fallback, which would take every model's whole day for one call: the most
+                # any guarded model learned, else the thinking floor alone (its first answer tells the model).
+                learned = [self._allowances.reasoning(m) for m in self._guarded_models()]
+                reasoning = max((r for r in learned if r is not None), default=0)
         return plan_output(kind, request, estimate, settings, boundable, reasoning, space, room.token_cap)
 
     def hold(
@@ -653,10 +657,7 @@ class Guard(GuardBooks):
         """What an unmapped call may reserve at most (quota.token_room): its own limits' room (``own``), and
         every model's, whichever it turns out to be."""
         rooms = [] if own is None else [own]
-        now = self._clock()
-        if now - self._planned_models[0] >= _SNAPSHOT_TTL_S:  # a plan only sizes the call: the check comes after
-            self._planned_models = (now, self._guarded_models())
-        for _model, limits, seen in self._every_model(quota.beijing_day(now), self._planned_models[1]):
+        for _model, limits, seen in self._every_model(quota.beijing_day(self._clock()), self._guarded_models()):
             room = quota.token_room(limits, {"model_day": seen})
             if room is not None:
                 rooms.append(room)

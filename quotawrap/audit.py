@@ -247,4 +247,9 @@ def _went_around_markdown(totals: Mapping[str, Any]) -> list[str]:
         items.append(
             f"- **{totals['unguarded_calls']} call(s) went out UNGUARDED** while the store was down (--fail-open)"
         )
+    if totals.get("outside_filter_calls"):
+        items.append(
+            f"- **{totals['outside_filter_calls']} call(s) went out UNGUARDED**: --model does not name their model"
+            " (`outside_filter_calls` per model in the report JSON)"
+        )
     return ["", "**Not everything went through the guard:**", *items] if items else []

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from ._errors import BalanceUnavailable, ConfigError
+from .identity import canonical
 from .quota import Package
 from .settings import ACCESS_KEY_VARIABLES, sync_source  # every run asks: it lives with the options
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BalanceUnavailable",
     "match_model",
+    "openapi_client",
     "packages_from_items",
     "parse_balance_args",
     "read_balance_command",
@@ -94,22 +96,10 @@ def read_billing_api(
     """
     try:
         import volcenginesdkbilling
-        import volcenginesdkcore
         from volcenginesdkbilling.models import ListResourcePackagesRequest
     except ImportError as exc:
         raise BalanceUnavailable("the billing API needs the VolcEngine SDK: pip install 'quotawrap[volc]'") from exc
-    ak, sk = _credential(ACCESS_KEY_VARIABLES), _credential(SECRET_KEY_VARIABLES)
-    if not ak or not sk:
-        raise BalanceUnavailable(
-            f"no VolcEngine credentials: set {ACCESS_KEY_VARIABLES[0]} and {SECRET_KEY_VARIABLES[0]}"
-        )
-    config = volcenginesdkcore.Configuration()
-    config.ak, config.sk, config.region = ak, sk, region
-    config.auto_retry = False
-    if endpoint:
-        scheme, _, host = endpoint.partition("://")
-        config.scheme, config.host = (scheme, host.rstrip("/")) if host else ("https", scheme.rstrip("/"))
-    api = volcenginesdkbilling.BILLINGApi(volcenginesdkcore.ApiClient(config))
+    api = volcenginesdkbilling.BILLINGApi(openapi_client(endpoint, region))
     items: list[dict[str, Any]] = []
     token = ""
     try:
@@ -129,6 +119,28 @@ def read_billing_api(
     return packages_from_items(items, models, package_match or {})
 
 
+def openapi_client(endpoint: str | None = None, region: str = "cn-beijing") -> Any:
+    """The VolcEngine OpenAPI client (``volcenginesdkcore.ApiClient``) every management call signs with: the
+    billing API's, the ark management API's. ``endpoint`` (``http://127.0.0.1:PORT``) points it at another
+    host, e.g. the simulator. BalanceUnavailable without the SDK or credentials."""
+    try:
+        import volcenginesdkcore
+    except ImportError as exc:
+        raise BalanceUnavailable("the VolcEngine OpenAPI needs its SDK: pip install 'quotawrap[volc]'") from exc
+    ak, sk = _credential(ACCESS_KEY_VARIABLES), _credential(SECRET_KEY_VARIABLES)
+    if not ak or not sk:
+        raise BalanceUnavailable(
+            f"no VolcEngine credentials: set {ACCESS_KEY_VARIABLES[0]} and {SECRET_KEY_VARIABLES[0]}"
+        )
+    config = volcenginesdkcore.Configuration()
+    config.ak, config.sk, config.region = ak, sk, region
+    config.auto_retry = False
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        config.scheme, config.host = (scheme, host.rstrip("/")) if host else ("https", scheme.rstrip("/"))
+    return volcenginesdkcore.ApiClient(config)
+
+
 def _item_dict(entry: Any) -> dict[str, Any]:
     """SDK model object -> the wire's field names (the SDK's attribute_map maps snake to Pascal)."""
     data = entry.to_dict()
@@ -143,6 +155,7 @@ def parse_balance_args(values: Sequence[str], flag: str = "--balance") -> dict[s
         try:
             if not sep or not model:
                 raise ValueError
+            model = canonical(model)  # the ledger keys models so (quotawrap.identity)
             balances[model] = int(number.replace(",", "").replace("_", ""))
         except ValueError:
             raise ConfigError(f"{flag} expects MODEL=TOKENS, got {value!r}") from None
@@ -163,7 +176,7 @@ def read_balance_command(command: str, timeout_s: float = 60.0) -> dict[str, int
     try:
         if text.startswith("{"):
             data = json.loads(text)
-            return {str(model): int(tokens) for model, tokens in data.items()}
+            return {canonical(str(model)): int(tokens) for model, tokens in data.items()}
         return parse_balance_args([line.strip() for line in text.splitlines() if line.strip()])
     except (ValueError, TypeError, ConfigError) as exc:
         raise BalanceUnavailable(f"balance command {command!r} printed something unreadable: {exc}") from exc

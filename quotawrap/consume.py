@@ -123,14 +123,16 @@ class ConsumeResult(Record):
 def consume_models(ledger: Ledger, settings: Settings, today: str) -> list[str]:
     """The exact ids given with --model; else the models with a balance synced today (matching any pattern)."""
     from .endpoints import model_matches
+    from .identity import canonical
 
-    exact = [m for m in settings.model if not any(ch in m for ch in "*?[")]
+    patterns = [canonical(m) for m in settings.model]  # as the ledger keys models
+    exact = [m for m in patterns if not any(ch in m for ch in "*?[")]
     if exact:
         return exact
     return [
         m
         for m in ledger.known_models()
-        if (s := ledger.snapshot(m)) is not None and s.day == today and model_matches(m, settings.model)
+        if (s := ledger.snapshot(m)) is not None and s.day == today and model_matches(m, patterns)
     ]
 
 

@@ -37,10 +37,12 @@ from ._log import warn
 from .admission import Plan, Room, Wait, bound_mark, plan_output
 from .allowance import AllowanceBook
 from .contexts import ContextCreated, ContextSizes
+from .endpoint_ids import EndpointIds
 from .endpoint_prices import CostRule
 from .estimate import Estimate, EstimateSettings, Kind, ReasoningReserve, estimate_request, unbounded_thinking
 from .guard_books import GuardBooks
 from .guarded_call import CallContext, GuardedCall
+from .identity import UNMAPPED, Identity, answered_model, canonical
 from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
 from .ledger.base import Decision, Settle, ledger_clock, new_hold_id, run_cost_key, run_key
 from .model_limits import reasoning_ceiling
@@ -109,6 +111,10 @@ class Guard(GuardBooks):
         self.contexts = ContextSizes()
         self._redirects = refusals.RedirectMemory(self.clock)
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
+        # --model names the models to guard as the ledger keys them (quotawrap.identity)
+        self._patterns = tuple(canonical(pattern) for pattern in settings.model)
+        self.endpoint_ids = EndpointIds(lambda: self.ledger, wall=self.clock, host=self._host)
+        self._outside: set[str] = set()  # models this process said --model leaves unguarded
         self.settler: Settler | None = None
         self.advances: Advances | None = None
         self._draw_notes: DrawNotes | None = None
@@ -342,11 +348,53 @@ class Guard(GuardBooks):
             request = endpoints.parse_json_body(body)
         except (ValueError, RecursionError, MemoryError) as exc:
             return _unreadable(f"quotawrap cannot read this request to {url}, so it cannot guard it: {_reason(exc)}")
-        model = request.get("model")
-        if not isinstance(model, str) or not model:
+        asked = request.get("model")
+        if not isinstance(asked, str) or not asked:
             return _unreadable("quotawrap cannot guard a request without a 'model' string.")
-        if not endpoints.model_matches(model, self.settings.model):
+        probe = None  # the lease of the one unmapped call out to the endpoint, when this call is it
+        try:
+            identity = self.endpoint_ids.resolve(asked)
+            # --watch changes nothing, the timing of calls included: its unmapped calls do not wait for an answer
+            if identity.model == UNMAPPED and identity.endpoint is not None and not self.settings.watch:
+                identity, probe = yield from self._first_answer(asked, identity.endpoint)
+        except PolicyRefused as exc:  # a bad [endpoints] table: the wrapper said so at its start too
+            return _refuse(400, "QuotawrapPolicyRefused", "BadRequest", f"quotawrap refuses a call to {asked}: {exc}.")
+        except StoreError as exc:  # the ledger's endpoint pairs or lease: as any reserve, fail closed
+            if self.settings.fail_open:
+                warn(f"{exc}; --fail-open: this call to {asked.strip()} goes out UNGUARDED")
+                self._record_unguarded(canonical(asked), found.endpoint, exc)
+                return None
+            message = f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}. Fix the store,"
+            return _refuse(503, "QuotawrapStoreUnavailable", "ServiceUnavailable", message + _FAIL_OPEN_HINT)
+        if not self._guards(identity):
+            self._outside_filter(identity.model, found.endpoint)
             return None
+        model = identity.model
+        call: GuardedCall | None = None
+        try:
+            call = yield from self._admission(method, url, headers, body, found, request, model, identity.endpoint)
+            if model == UNMAPPED and call is not None and call.hold_id is not None and not self.settings.watch:
+                call = yield from self._room_everywhere(call)
+        finally:
+            if probe is not None and identity.endpoint is not None:
+                if call is None or call.hold_id is None:  # refused, unguarded or gone: the next one may go
+                    self.endpoint_ids.probed(identity.endpoint, probe)
+                else:
+                    call.probe = (identity.endpoint, probe)  # it lets the next one go when it ends
+        return call
+
+    def _admission(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        found: endpoints.Route,
+        request: dict[str, Any],
+        model: str,
+        endpoint_id: str | None,
+    ) -> Generator[float, None, GuardedCall | None]:
+        """The admission of a request to ``model`` (its identity), once it is known to be guarded."""
         key = None  # hashing the body costs more than the rest of the admission's bookkeeping: only with refusals
         if self.retries:
             key = refusals.fingerprint(method, url, body, refusals.caller())
@@ -354,7 +402,7 @@ class Guard(GuardBooks):
             if remembered is not None:
                 return remembered
         try:
-            call = yield from self._reserve(found, url, headers, body, request, model)
+            call = yield from self._reserve(found, url, headers, body, request, model, endpoint_id)
         except PolicyRefused as exc:  # a rule, not an outage: asking again gets the same answer, so never fail-open
             return _refuse(400, "QuotawrapPolicyRefused", "BadRequest", f"quotawrap refuses a call to {model}: {exc}.")
         except StoreError as exc:  # its message names the store with the password hidden (the ledger's rule)
@@ -375,6 +423,43 @@ class Guard(GuardBooks):
         call.route = found
         return call
 
+    def _first_answer(self, asked: str, endpoint: str) -> Generator[float, None, tuple[Identity, str | None]]:
+        """The identity of a call to an endpoint not mapped yet, and its probe: mapped (no probe) once the answer
+        to the call to it that is out (from any process of the ledger) named its model; else UNMAPPED, and this
+        call is the one out, whose answer will tell (the lease's holder, EndpointIds.probe)."""
+        backoff = _PROBE_POLL_MIN_S
+        while (probe := self.endpoint_ids.probe(endpoint)) is None:
+            yield backoff
+            backoff = min(backoff * 2, _PROBE_POLL_MAX_S)
+            identity = self.endpoint_ids.resolve(asked)
+            if identity.model != UNMAPPED:
+                return identity, None
+        # the call out before it may have ended just now, its answer naming the model: read the pairs once more
+        identity = self.endpoint_ids.resolve(asked, fresh=True)
+        if identity.model != UNMAPPED:
+            self.endpoint_ids.probed(endpoint, probe)
+            return identity, None
+        return Identity(UNMAPPED, endpoint), probe
+
+    def _guards(self, identity: Identity) -> bool:
+        """Whether --model guards calls of this identity: its model (or the endpoint id the request names)
+        matches; a call whose model is not known yet is guarded whatever --model says."""
+        patterns = self._patterns
+        if not patterns or identity.model == UNMAPPED:
+            return True
+        if endpoints.model_matches(identity.model, patterns):
+            return True
+        return identity.endpoint is not None and endpoints.model_matches(identity.endpoint, patterns)
+
+    def _outside_filter(self, model: str, kind: str) -> None:
+        """A call --model leaves unguarded: never silent. Said once per model and process, and recorded for the
+        run's summary (per model, beside --fail-open's)."""
+        if model not in self._outside:
+            self._outside.add(model)
+            names = ", ".join(self.settings.model)
+            warn(f"--model {names} does not name {model}: its calls go out UNGUARDED (counted in the summary)")
+        self._record_unguarded(model, kind, None)
+
     def _recall_refusal(self, key: str) -> GuardedCall | None:
         """An identical retry of a request refused moments ago: the same answer, no new ledger row."""
         answer = self.retries.answer(key, self._clock())
@@ -388,6 +473,7 @@ class Guard(GuardBooks):
         raw: bytes | None,
         request: dict[str, Any],
         model: str,
+        endpoint_id: str | None = None,
     ) -> Generator[float, None, GuardedCall]:
         kind: Kind = found.kind or "chat"
         # Ark's batch client retries every 429 until its timeout (x-should-retry ignored), but never a 403,
@@ -401,7 +487,12 @@ class Guard(GuardBooks):
             verdict, counters = evicted
             return GuardedCall.refused(blocked_response(model, verdict, counters, 0, status=refusal_status))
         try:
-            estimate = self.estimate(kind, request, enforce=enforce)
+            if model == UNMAPPED:  # its tokenizer is not known: a token is at least one UTF-8 byte of any
+                estimate = self.estimate(kind, request, enforce=enforce, count=_utf8_bytes)
+            elif model != request.get("model"):  # counted by the tokenizer of the model it is, not of its name
+                estimate = self.estimate(kind, {**request, "model": model}, enforce=enforce)
+            else:
+                estimate = self.estimate(kind, request, enforce=enforce)
             if found.endpoint == "context_chat":  # the cached context is read too (contexts.py)
                 estimate = replace(
                     estimate, input_tokens=estimate.input_tokens + self.contexts.size(request.get("context_id"))
@@ -410,7 +501,22 @@ class Guard(GuardBooks):
         except (ValueError, RecursionError) as exc:
             return _unreadable(f"quotawrap cannot estimate this request to {model}: {_reason(exc)}")
         room = self._rooms.get((model, day)) or self._room(model, day)
-        call = Call(found, kind, url, headers, raw, request, model, day, now, enforce, estimate, rule, refusal_status)
+        call = Call(
+            found,
+            kind,
+            url,
+            headers,
+            raw,
+            request,
+            model,
+            day,
+            now,
+            enforce,
+            estimate,
+            rule,
+            refusal_status,
+            endpoint_id,
+        )
         return (yield from reserve_steps(self, call, room))
 
     def _room(self, model: str, day: str) -> Room:
@@ -450,6 +556,15 @@ class Guard(GuardBooks):
         boundable = self.settings.bound and not self.settings.watch
         policy = self._reasoning_reserve
         learns = boundable and (policy == "learned" or kind != "chat" or not request.get("max_tokens"))
+        reasoning = self._allowances.reasoning(model) if learns else None
+        space = room.token_space
+        if model == UNMAPPED:  # it must fit every model's room, not its own alone
+            space = lambda: self._unmapped_space(room.token_space())  # noqa: E731
+            if learns and reasoning is None:
+                # Not a whole day's bound for one call: the most any guarded model learned, else the thinking floor
+                # alone (its first answer tells the model).
+                learned = [self._allowances.reasoning(m) for m in self._guarded_models()]
+                reasoning = max((r for r in learned if r is not None), default=0)
         return plan_output(
             kind,
             request,
@@ -458,8 +573,8 @@ class Guard(GuardBooks):
             boundable=boundable,
             policy=policy,
             ceiling=reasoning_ceiling(model),
-            reasoning=self._allowances.reasoning(model) if learns else None,
-            token_space=room.token_space,
+            reasoning=reasoning,
+            token_space=space,
             token_cap=room.token_cap,
         )
 
@@ -492,12 +607,19 @@ class Guard(GuardBooks):
             enforce=call.enforce,
             key_fingerprint=key_fingerprint(call.headers),
             tags=self.tags,
-            reserve_cost=self.reserve_cost(call.model, plan.estimate, call.rule),
+            reserve_cost=self.reserve_cost(self._priced_as(call), plan.estimate, call.rule),
             waiter=waiter,
             ticket=ticket,
             can_wait=can_wait,
             hold_id=hold_id,
         )
+
+    def _priced_as(self, call: Call) -> str:
+        """What a call's hold is priced as: its model; while an endpoint's model is not known, the endpoint's own
+        entry of the price table ([prices."ep-..."]) if it has one, else the table's default."""
+        if call.model == UNMAPPED and call.endpoint_id is not None and self.prices.price_for(call.endpoint_id):
+            return call.endpoint_id
+        return call.model
 
     def audit_refusal(self, plan: Plan, hold: HoldRequest, decision: Decision) -> None:
         self.audit(CallContext.of_hold(hold, decision, self._clock(), plan.bound), "blocked", None, 0, 0.0)
@@ -544,6 +666,7 @@ class Guard(GuardBooks):
             bound=answer_bound,
         )
         guarded.cost_rule = rule
+        guarded.endpoint_id = call.endpoint_id
         if found.endpoint == "video_task":
             from .tasks import TaskCreated
 
@@ -551,6 +674,139 @@ class Guard(GuardBooks):
         elif found.endpoint == "context":
             guarded.followup = ContextCreated(self.contexts)
         return guarded
+
+    # -- endpoints whose model is not known yet ------------------------------------------------------
+
+    def _guarded_models(self) -> list[str]:
+        """The ledger's models (every one it has a call or a balance of) that --model guards."""
+        return [m for m in self.ledger.known_models() if m != UNMAPPED and self._guards(Identity(m))]
+
+    def _every_model(self, day: str, models: list[str]) -> list[tuple[str | None, list[quota.Limit], quota.Counters]]:
+        """Each of ``models`` and None (a model nobody used today), its day's hold limits, and its counters with
+        every unmapped call's hold and charge added: what an unmapped call must fit, whichever model it is."""
+        ledger = self.ledger
+        keys = [model_day_key(m, day) for m in models]
+        unmapped_key = model_day_key(UNMAPPED, day)
+        counters = ledger.counters([*keys, unmapped_key])
+        unmapped = counters[unmapped_key]
+        found: list[tuple[str | None, list[quota.Limit], quota.Counters]] = []
+        for model, key in [*zip(models, keys, strict=True), (None, None)]:
+            own = counters[key] if key is not None else quota.Counters()
+            seen = quota.Counters(own.settled + unmapped.settled, own.in_flight + unmapped.in_flight)
+            limits = self.limits_for(ledger.snapshot(model) if model is not None else None, day)
+            found.append(
+                (model, [limit for limit in limits if limit.scope == "model_day" and limit.kind == "hold"], seen)
+            )
+        return found
+
+    def _unmapped_space(self, own: int | None) -> int | None:
+        """What an unmapped call may reserve at most (quota.token_room): its own limits' room (``own``), and
+        every model's, whichever it turns out to be."""
+        rooms = [] if own is None else [own]
+        for _model, limits, seen in self._every_model(quota.beijing_day(self._clock()), self._guarded_models()):
+            room = quota.token_room(limits, {"model_day": seen})
+            if room is not None:
+                rooms.append(room)
+        return min(rooms) if rooms else None
+
+    def _room_everywhere(self, call: GuardedCall) -> Generator[float, None, GuardedCall]:
+        """An unmapped call whose hold is taken goes out once every model's day limits hold it with the rest,
+        whichever model it turns out to be; it waits for room (--wait) while only calls in flight are in the way.
+
+        From the moment it was taken, the hold counts in every model's checks (the ledger's rule), and the models
+        and their counters are read after it: a call to a model either saw this hold when it reserved, or is in
+        the counters read here. So once this passes, no model's cap can be passed by it."""
+        context = call.context
+        assert context is not None
+        wait_s = self.settings.wait if 0 < self.settings.wait < float("inf") else 0.0
+        deadline, backoff = time.monotonic() + wait_s, _PROBE_POLL_MIN_S
+        # read once, after the hold: a model first used later reserved after it, and counted it
+        models = self._guarded_models()
+        while True:
+            short = next(
+                (
+                    (model, limit, seen)
+                    for model, limits, seen in self._every_model(context.day, models)
+                    for limit in limits
+                    if seen.settled + seen.in_flight > limit.cap
+                ),
+                None,
+            )
+            if short is None:
+                return call
+            _model, limit, seen = short
+            if seen.settled + context.reserved > limit.cap or time.monotonic() >= deadline:  # never, or waited enough
+                return self._unmapped_refused(call, context, short)
+            yield backoff  # only calls in flight are in the way: its hold keeps its place meanwhile
+            backoff = min(backoff * 2, _PROBE_POLL_MAX_S)
+
+    def _unmapped_refused(
+        self, call: GuardedCall, context: CallContext, short: tuple[str | None, quota.Limit, quota.Counters]
+    ) -> GuardedCall:
+        """Refuse the unmapped call ``short`` found no room for: its hold is given back (as no call of its own),
+        and a refused call's row takes its place in the ledger."""
+        model, limit, seen = short
+        refusal = HoldRequest(
+            run_id=context.run_id,
+            model=UNMAPPED,
+            day=context.day,
+            reserve=context.reserved,
+            endpoint=context.endpoint,
+            pid=context.pid,
+            host=self._host,
+            expires_at=self._clock() + self.settings.hold_ttl,
+            key_fingerprint=context.key_fingerprint,
+            tags=self.tags,
+            reserve_cost=context.reserved_cost,
+        )
+        always = quota.Limit(limit.name, "model_day", -1, "hold", limit.detail)  # refuses whatever it counts
+        try:
+            self.ledger.reserve(refusal, lambda _snapshot: [always])
+            self.ledger.release(context.hold_id, handed_to=refusal.hold_id)
+        except QuotawrapError as exc:  # the wrapper charges the hold at its end
+            warn(f"could not give back the hold of a refused call to {call.endpoint_id}: {exc}")
+        blocked = context._replace(hold_id=refusal.hold_id, would_block=True, blocked_by=limit.name)
+        self.audit(blocked, "blocked", None, 0, 0.0)
+        counters = {"model_day": quota.Counters(seen.settled, max(0, seen.in_flight - context.reserved))}
+        status = 403 if context.endpoint.startswith("batch_") else 429
+        name = model or "a model not used today"
+        response = blocked_response(name, quota.Verdict(False, limit), counters, context.reserved, status=status)
+        return GuardedCall.refused(response.with_note(_UNMAPPED_NOTE.format(endpoint=call.endpoint_id)))
+
+    def answered(self, call: GuardedCall, raw: object) -> None:
+        """A call to an endpoint id was answered naming ``raw`` (its ``model``): learn which model the endpoint
+        serves, and hand the call's hold over to that model when it was held as another (unmapped, or an
+        endpoint since moved to another version), so that its settle lands where Ark billed it."""
+        endpoint, model = call.endpoint_id, answered_model(raw)
+        if endpoint is None or model is None:
+            return
+        self.endpoint_ids.learn(endpoint, model)
+        context = call.context
+        if model == call.model or context is None or context.drawn is not None:
+            return  # a call drawn from an advance settles on the advance's model-day (README)
+        hold = HoldRequest(
+            run_id=context.run_id,
+            model=model,
+            day=context.day,
+            reserve=context.reserved,
+            endpoint=context.endpoint,
+            pid=context.pid,
+            host=self._host,
+            expires_at=self._clock() + self.settings.hold_ttl,
+            # taken whatever the limits and lines say: its tokens were admitted as the hold it replaces, which
+            # counted against this model's room too (an unmapped hold counts against every model's)
+            enforce=False,
+            key_fingerprint=context.key_fingerprint,
+            tags=self.tags,
+            reserve_cost=context.reserved_cost,
+        )
+        try:
+            self.ledger.reserve(hold, lambda _snapshot: ())
+            self.ledger.release(context.hold_id, handed_to=hold.hold_id)
+        except QuotawrapError as exc:
+            warn(f"could not move a call to {endpoint} to {model}: {exc}; it settles as {call.model}")
+            return
+        call.moved_to(context._replace(hold_id=hold.hold_id, model=model))
 
     # -- learning and waking ---------------------------------------------------------------------
 
@@ -573,12 +829,22 @@ class Guard(GuardBooks):
             caps.append(self.settings.cap_tokens)
         return min(caps)
 
-    def estimate(self, kind: str, request: Mapping[str, Any], *, enforce: bool = True) -> Estimate:
+    def estimate(
+        self,
+        kind: str,
+        request: Mapping[str, Any],
+        *,
+        enforce: bool = True,
+        count: Callable[[str, str], int] | None = None,
+    ) -> Estimate:
         """The estimate this guard reserves for ``request`` (whoever sizes calls to fit must use it).
 
         ``ValueError`` for a body it cannot judge. With ``enforce``, counting stops once the input
-        passes the smallest cap (the call is refused anyway).
+        passes the smallest cap (the call is refused anyway). ``count``: how to count text instead of the
+        model's tokenizer.
         """
+        if count is not None:
+            return estimate_request(kind, request, self._estimate_settings, count=count)  # type: ignore[arg-type]
         cap = self._token_cap
         # Below this share of the cap the UTF-8 bound is used as is: its surplus over the exact count
         # (held only until the call settles) costs less than that share, and no tokenizer is loaded.
@@ -601,6 +867,13 @@ class Guard(GuardBooks):
 
 
 _FAIL_OPEN_HINT = " or pass --fail-open to let calls through unguarded."
+_UNMAPPED_NOTE = (
+    " The call names {endpoint}, whose model is not known yet (its first answer tells), so it must fit every"
+    ' model\'s room: map it in quotawrap.toml ([endpoints] "{endpoint}" = "<model>-<version>"), or set'
+    " VolcEngine credentials so that the management API lists it, and it counts against its own model only."
+)
+# A call to an endpoint whose first call of this process is out polls for its answer this often (doubling).
+_PROBE_POLL_MIN_S, _PROBE_POLL_MAX_S = 0.01, 0.25
 
 
 def _refuse(status: int, code: str, error_type: str, message: str) -> GuardedCall:

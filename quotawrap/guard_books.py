@@ -34,8 +34,9 @@ class GuardBooks:
     _prices: PriceTable | None
     _reserve_costs: dict[tuple[object, ...], int]  # made on the first reserve_cost
 
-    def _record_unguarded(self, model: str, kind: str, error: Exception) -> None:
-        """--fail-open is never silent: each call let through goes into a JSONL the wrapper reports."""
+    def _record_unguarded(self, model: str, kind: str, error: Exception | None) -> None:
+        """A call let through unguarded is never silent: it goes into a JSONL the wrapper reports. ``error``: the
+        store's, under --fail-open; None: --model does not name the model (``reason`` says which)."""
         if not self.settings.unguarded_log:
             return
         line = {
@@ -44,7 +45,8 @@ class GuardBooks:
             "model": model,
             "endpoint": kind,
             "pid": os.getpid(),
-            "error": str(error),
+            "reason": "fail-open" if error is not None else "model-filter",
+            "error": str(error) if error is not None else None,
         }
         try:
             from .files import append_private, private_dir

@@ -23,7 +23,7 @@ from .endpoint_prices import CostRule
 from .ledger import HoldRequest, Ledger
 from .ledger.base import CallRecord, CallState, Decision, Drawn, Settle
 from .synthetic import SyntheticResponse
-from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, usage_from_body
+from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, model_of_body, usage_from_body
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -150,6 +150,10 @@ class GuardedCall:
     route: endpoints.Route | None = None
     cost_rule: CostRule | None = None
     followup: Followup | None = None
+    endpoint_id: str | None = None  # the endpoint id the request named: its answer says which model it serves
+    # (that endpoint, its lease's holder) when no model was known for it: its end lets the next such call go
+    probe: tuple[str, str] | None = None
+    _answer_model: object = None  # the model a JSON answer names (model_of_body), read for endpoint calls only
 
     def __init__(
         self,
@@ -300,6 +304,8 @@ class GuardedCall:
         if not complete:
             return ("release", None) if self._status >= 400 else ("charge", None)
         body = b"".join(self._chunks)
+        if self.endpoint_id is not None:
+            self._answer_model = model_of_body(body)
         usage = self._believed(usage_from_body(body))
         if usage is not None:
             return "settle", usage
@@ -332,6 +338,12 @@ class GuardedCall:
             action, usage = "charge", None
         if self.hold_id is None:
             return
+        if self.endpoint_id is not None and self._guard is not None and action != "release":
+            answered = self._sse.model if self._sse is not None else self._answer_model
+            try:  # learned and moved to the model it is, before the settle is priced and lands
+                self._guard.answered(self, answered)
+            except Exception as exc:  # never the caller's problem: it settles where it was held
+                warn(f"could not learn the model of {self.endpoint_id} ({type(exc).__name__}: {exc})")
         if self.anomaly is not None:
             warn(
                 f"usage anomaly in the answer of a call to {self.model}: {self.anomaly};"
@@ -343,6 +355,8 @@ class GuardedCall:
 
     def _apply(self, action: str, usage: Usage | None) -> None:
         self._chunks = []
+        if self.probe is not None and self._guard is not None:
+            self._guard.endpoint_ids.probed(*self.probe)
         if self.ledger is None or self.hold_id is None or self._guard is None:
             return
         latency = time.monotonic() - self._started
@@ -366,6 +380,16 @@ class GuardedCall:
         drawn = None if self._context is None else self._context.drawn
         settle = Settle(self.hold_id, event, usage, latency, cost, self.anomaly, drawn)
         self._guard.land(settle, landed, self._bound_event(usage))
+
+    @property
+    def context(self) -> CallContext | None:
+        return self._context
+
+    def moved_to(self, context: CallContext) -> None:
+        """The call's hold was handed over to another (its answer named another model): it settles that one."""
+        self._context = context
+        self.hold_id = context.hold_id
+        self.model = context.model
 
     def _bound_event(self, usage: Usage | None = None) -> BoundEvent | None:
         """The call's ``bound`` event, None unless the guard bounded it; cut short when its ``usage`` says so."""

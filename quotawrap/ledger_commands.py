@@ -224,6 +224,7 @@ def sync_command(
         if loop:
             sync_loop = SyncLoop(ledger, settings, on_error=lambda m: echo(m, err=True))
             click.echo("quotawrap sync: looping; Ctrl-C to stop", err=True)
+            sync_loop.list_endpoints()
             try:
                 while True:
                     for model, snap in sync_loop.tick().items():
@@ -233,6 +234,9 @@ def sync_command(
                 return
         for model, snap in sync_once(ledger, settings, now).items():
             echo(f"{model}: balance {snap.balance:,} at usage {snap.usage_at_sync:,} ({snap.source})")
+        listing = SyncLoop(ledger, settings, on_error=lambda m: echo(m, err=True))
+        for endpoint, model in sorted(listing.list_endpoints().items()):
+            echo(f"{endpoint}: serves {model} (ark management API)")
     except QuotawrapError as exc:
         fail(with_cure(exc), exit_code(exc))
 

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from ._errors import ConfigError, UnknownPrice
 from ._records import Record
+from .identity import canonical
 from .money import UNKNOWN_PRICE_POLICIES, Cost, UnknownPricePolicy, micro_cny
 from .usage import Usage
 
@@ -239,8 +240,9 @@ _UNSEEN: Final = object()
 
 
 def normalize_model(model: str) -> str:
-    """Ark writes versions both ways (doubao-seed-1.6, doubao-seed-1-6-250615): compare in one form."""
-    return model.strip().lower().replace(".", "-").replace("_", "-")
+    """Ark writes versions both ways (doubao-seed-1.6, doubao-seed-1-6-250615): compare in one form, the
+    model's identity (``identity.canonical``) with dots and underscores as dashes."""
+    return canonical(model).replace(".", "-").replace("_", "-")
 
 
 def longest_prefix(key: str, keys: Collection[str]) -> str | None:

@@ -14,6 +14,7 @@ from ._log import printable, summary_head
 from .admission import ADDED, REPLACED
 from .audit import anomalous_line
 from .files import append_private, write_private
+from .identity import UNMAPPED
 from .ledger import Ledger, ModelTotals, RunTotals
 from .ledger.base import CallRecord, DayAggregate
 from .money import format_cny
@@ -41,17 +42,21 @@ _COLUMNS = (
 )
 
 
-def read_unguarded(path: str | os.PathLike[str] | None) -> dict[str, int]:
-    """Calls per model that ``--fail-open`` let through unguarded (recorded by the children)."""
+def read_unguarded(path: str | os.PathLike[str] | None, reason: str = "fail-open") -> dict[str, int]:
+    """Calls per model let through unguarded, as the children recorded them: by ``--fail-open`` (the store was
+    unreachable), or, with ``reason="model-filter"``, because ``--model`` does not name their model."""
     counts: dict[str, int] = {}
     if not path or not Path(path).is_file():
         return counts
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
-            model = str(json.loads(line)["model"])
-        except (ValueError, KeyError, TypeError):
-            model = "(unreadable record)"
-        counts[model] = counts.get(model, 0) + 1
+            record = json.loads(line)
+            model = str(record["model"])
+            why = record.get("reason") or "fail-open"  # records written before there were two reasons
+        except (ValueError, KeyError, TypeError, AttributeError):
+            model, why = "(unreadable record)", "fail-open"
+        if why == reason:
+            counts[model] = counts.get(model, 0) + 1
     return counts
 
 
@@ -66,16 +71,25 @@ def run_report(
     unguarded_processes: Sequence[Mapping[str, Any]] = (),
     connections: Sequence[Mapping[str, Any]] = (),
     events: RunEvents | None = None,
+    outside_filter: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The run's summary as data; token counts are tokens, costs ``cost_micro_cny`` (micro-CNY, the name and
     unit ``quotawrap report --format json`` uses; the ledger's ``settled_cost``).
+
+    ``outside_filter``: calls per model that went out unguarded because ``--model`` does not name the model
+    (``outside_filter_calls``, per model and in the totals).
 
     A call that waited for room may have left refused attempts in the ledger before it was admitted
     (``events.superseded_by_model``): they are not refusals of the program's calls, so ``blocked``
     counts calls the program was answered 429, not attempts.
     """
     events = events or RunEvents()
-    models = {name: dataclasses.asdict(model) for name, model in totals.models.items()}
+    models = {
+        name: dataclasses.asdict(model)
+        for name, model in totals.models.items()
+        # the unmapped endpoints' row once each of their calls moved to the model it is: nothing of its own
+        if name != UNMAPPED or model != ModelTotals()
+    }
     for name, model in models.items():
         model["blocked_calls"] = max(0, model["blocked_calls"] - events.superseded_by_model.get(name, 0))
         model["bounded_calls"] = events.bounded_by_model.get(name, 0)
@@ -84,12 +98,17 @@ def run_report(
     unguarded = dict(unguarded or {})
     for name, count in unguarded.items():
         models.setdefault(name, dataclasses.asdict(ModelTotals()))["unguarded_calls"] = count
+    outside = dict(outside_filter or {})
+    for name, count in outside.items():
+        models.setdefault(name, dataclasses.asdict(ModelTotals()))["outside_filter_calls"] = count
     for model in models.values():
         model.setdefault("unguarded_calls", 0)
+        model.setdefault("outside_filter_calls", 0)
     summed = dataclasses.asdict(totals.totals)
     for counts in (*models.values(), summed):  # a new model of --fail-open's log has its zero too
         counts["cost_micro_cny"] = counts.pop("settled_cost")
     summed["unguarded_calls"] = sum(unguarded.values())
+    summed["outside_filter_calls"] = sum(outside.values())
     # What went around the guard: Python processes without the hook, connections no client made.
     summed["unguarded_processes"] = [dict(process) for process in unguarded_processes]
     summed["refused_connections"] = sum(1 for c in connections if not c.get("allowed"))
@@ -106,6 +125,7 @@ def run_report(
         "command_exit_code": exit_code,
         "mode": "watch" if settings.watch else "enforce",
         "limits": {"cap_tokens": settings.cap_tokens, "cap_cost": settings.cap_cost},
+        "model_filter": list(settings.model),
         "tags": dict(tags or {}),
         "models": models,
         "totals": summed,
@@ -149,14 +169,26 @@ def format_summary(report: dict[str, Any]) -> str:
         names = {name: printable(name) for name in report["models"]}  # a model name is the program's or provider's
         width = max(len("model"), *(len(shown) for shown in names.values()))
         header = "  " + "model".ljust(width) + "".join(f"  {title:>10}" for _, title in _COLUMNS)
+        went_unguarded = any(_unguarded(model) for model in report["models"].values())
         if watch:
             header += f"  {'would-block':>11}"
+        if went_unguarded:
+            header += f"  {'UNGUARDED':>10}"
         lines.append(header)
         for name, model in sorted(report["models"].items()):
             row = "  " + names[name].ljust(width) + "".join(f"  {model[key]:>10,}" for key, _ in _COLUMNS)
             if watch:
                 row += f"  {model['would_block_calls']:>11,}"
+            if went_unguarded:
+                row += f"  {_unguarded(model):>10,}"
             lines.append(row)
+    filters = ", ".join(report.get("model_filter") or ()) or "(none)"
+    for name, model in sorted(report["models"].items()):
+        if model.get("outside_filter_calls"):
+            lines.append(
+                f"  {model['outside_filter_calls']} call(s) to {name} went out UNGUARDED: --model {filters}"
+                " does not name that model (its tokens are in no total above)"
+            )
     waits = report.get("waits") or {}
     if waits.get("waited_calls"):
         lines.append(
@@ -224,10 +256,19 @@ def _bound_lines(bounds: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _unguarded(model: Mapping[str, Any]) -> int:
+    """A model's calls that went out unguarded (--fail-open, or outside --model)."""
+    return int(model.get("unguarded_calls", 0)) + int(model.get("outside_filter_calls", 0))
+
+
 def _went_around(totals: dict[str, Any]) -> bool:
-    """Calls the totals cannot include: unguarded processes, connections or --fail-open calls."""
+    """Calls the totals cannot include: unguarded processes, connections, --fail-open calls or calls to models
+    --model does not name."""
     return bool(
-        totals.get("unguarded_processes") or totals.get("unguarded_connections") or totals.get("unguarded_calls")
+        totals.get("unguarded_processes")
+        or totals.get("unguarded_connections")
+        or totals.get("unguarded_calls")
+        or totals.get("outside_filter_calls")
     )
 
 

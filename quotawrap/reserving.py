@@ -31,6 +31,7 @@ from .advances import ENDPOINTS
 from .endpoint_prices import CostRule
 from .estimate import Estimate, Kind, usage_bound
 from .guarded_call import GuardedCall
+from .identity import UNMAPPED
 from .ledger import HoldRequest
 from .ledger.base import Decision, Settle
 from .ledger.lines import LEASE_S
@@ -79,6 +80,7 @@ class Call(NamedTuple):
     estimate: Estimate
     rule: CostRule
     refusal_status: int
+    endpoint_id: str | None = None  # the endpoint id the request names (quotawrap.identity), if any
 
 
 def queued_poll(ahead: int) -> QueuedPause:
@@ -101,6 +103,7 @@ def _admit(guard: Guard, call: Call, room: Room, hold: HoldRequest, *, first: bo
         and first
         and call.enforce
         and call.found.endpoint in ENDPOINTS
+        and call.model != UNMAPPED  # its hold must be checked against every model's room (Guard.admitted)
         and getattr(guard.ledger, "takes_advances", False)  # a Ledger written before advances takes none
         and not advances.declined  # its store refuses every advance (Redis Cluster): no limits to read for one
     ):

@@ -79,8 +79,11 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
 
     run_id = settings.run_id or new_run_id()
     settings = settings.replace(run_id=run_id, store=store)
-    if settings.fail_open and not settings.unguarded_log:
+    if (settings.fail_open or settings.model) and not settings.unguarded_log:
+        # the calls --fail-open, or a --model that does not name their model, let through: for the summary
         settings = settings.replace(unguarded_log=default_unguarded_log(run_id))
+    if _has_config_file():
+        _check_endpoints_table()
     own_events_log = not settings.events_log  # ours to delete once the summary has read it
     if own_events_log:
         settings = settings.replace(events_log=default_events_log(run_id))
@@ -104,6 +107,23 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
     with contextlib.suppress(Exception):  # the books are closed: nothing is left to lose
         ledger.close()
     _finish(settings, result, tags, own_events_log=own_events_log, nested=nested)
+
+
+def _has_config_file() -> bool:
+    from .config_file import config_path
+
+    return config_path() is not None
+
+
+def _check_endpoints_table() -> None:
+    """quotawrap.toml's ``[endpoints]`` is read by each guarded process at its first endpoint call: a table it
+    cannot read is said here, before the child starts (exit 2), rather than as a refusal of every such call."""
+    from .endpoint_ids import configured_endpoints
+
+    try:
+        configured_endpoints()
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
 
 
 def _freeze_what_start_up_made() -> None:
@@ -218,6 +238,7 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
         result.totals is None  # no process of the run opened the ledger: nothing was held, called or waited
         and not (settings.quiet or nested or settings.fail_open or settings.report_json or step_summary)
         and not (result.unguarded_processes or result.connections)
+        and not (settings.unguarded_log and os.path.exists(settings.unguarded_log))  # calls --model let by
     ):
         from ._log import NO_COST, summary_head
 
@@ -241,6 +262,7 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
         exit_code=result.exit_code,
         tags=tags,
         unguarded=read_unguarded(settings.unguarded_log),
+        outside_filter=read_unguarded(settings.unguarded_log, "model-filter"),
         store_error=result.store_error,
         unguarded_processes=[process.as_dict() for process in result.unguarded_processes],
         connections=result.connections,

@@ -14,6 +14,7 @@ from .allowance import HISTORY_S, model_reasoning
 from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
 from .estimate import MAX_OUTPUT_TOKENS
 from .expiry import keep_alive_daily_usage
+from .identity import UNMAPPED
 from .ledger import Ledger, model_day_key
 from .ledger.base import RunRecord, pid_alive
 from .model_limits import limits_for, reasoning_ceiling
@@ -54,8 +55,13 @@ def model_status(
     today = [r for r in recent if r.day == day and r.state != "blocked"]
     bounded = {row["key"]: row for row in aggregate(today, "model")}
     rows = []
+    # what calls to endpoints whose model is not known yet hold and were charged counts against every model
+    unmapped = ledger.counters([model_day_key(UNMAPPED, day)])[model_day_key(UNMAPPED, day)]
     for model in ledger.known_models():
         counters = ledger.counters([model_day_key(model, day)])[model_day_key(model, day)]
+        if model == UNMAPPED and counters == quota.Counters():
+            continue  # every unmapped call of today moved to the model it is
+        also = unmapped.settled + unmapped.in_flight if model != UNMAPPED else 0
         stored = ledger.snapshot(model)
         snapshot = stored if stored is not None and stored.day == day else None
         limits = quota.model_day_limits(snapshot, qsettings, today=day)
@@ -72,7 +78,7 @@ def model_status(
                 "effective_limit": hold.cap,
                 "binding": hold.name,
                 "limit_detail": hold.detail,
-                "headroom": max(0, hold.cap - counters.settled - counters.in_flight),
+                "headroom": max(0, hold.cap - counters.settled - counters.in_flight - also),
                 "evicted": evicted is not None,
                 "evicted_by": evicted.name if evicted else None,
                 "evicted_detail": evicted.detail if evicted else None,
@@ -228,11 +234,13 @@ def expiry_warnings(ledger: Ledger, settings: Settings, now: float) -> list[str]
     the expiry, and a guarded agent is the moment someone looks.
     """
     from .endpoints import model_matches
+    from .identity import canonical
 
     window = settings.expiry_warning_days
     lines = []
+    patterns = [canonical(pattern) for pattern in settings.model]  # as the ledger keys models
     for model in ledger.known_models():
-        if settings.model and not model_matches(model, settings.model):
+        if patterns and not model_matches(model, patterns):
             continue
         for advice in keep_alive_daily_usage(ledger.packages(model), now, window, settings.daily_cap):
             lines.append(

@@ -31,6 +31,7 @@ from ._log import warn
 from ._records import Record
 from .balance import BalanceUnavailable, read_balance_command, read_billing_api, sync_source
 from .expiry import expiring_before
+from .identity import UNMAPPED, canonical
 from .ledger import Ledger, model_day_key
 from .ledger.base import ledger_clock
 from .settings import Settings
@@ -100,8 +101,9 @@ def record_b0(ledger: Ledger, model: str, b0: int, now: float) -> quota.Snapshot
 
 
 def candidate_models(ledger: Ledger, settings: Settings) -> list[str]:
-    exact = [m for m in settings.model if not any(ch in m for ch in "*?[")]
-    return sorted({*exact, *ledger.known_models(), *settings.package_matches})
+    exact = [canonical(m) for m in settings.model if not any(ch in m for ch in "*?[")]
+    named = [canonical(m) for m in settings.package_matches]
+    return sorted({*exact, *ledger.known_models(), *named} - {UNMAPPED})
 
 
 def sync_once(
@@ -130,7 +132,7 @@ def sync_once(
             packages = read_billing_api(
                 candidate_models(ledger, settings),
                 endpoint=settings.billing_endpoint,
-                package_match=settings.package_matches,
+                package_match={canonical(model): text for model, text in settings.package_matches.items()},
             )
         finally:
             ledger.release_lease(BILLING_LEASE, holder)
@@ -232,10 +234,24 @@ class SyncLoop(Record):
         self._thread.start()
 
     def _run(self) -> None:
+        self.list_endpoints()
         while True:
             self.tick()
             if self._stop.wait(self.check_every_s):
                 return
+
+    def list_endpoints(self) -> dict[str, str]:
+        """With the billing API as source (VolcEngine credentials), keep the account's endpoint ids and their
+        models in the ledger (quotawrap.ark_endpoints); a failure is said and changes nothing."""
+        if sync_source(self.settings) != "billing-api":
+            return {}
+        from .ark_endpoints import sync_endpoints
+
+        try:
+            return sync_endpoints(self.ledger, self.settings)
+        except QuotawrapError as exc:
+            self.on_error(f"endpoint listing failed ({exc}); endpoint ids are learned from their first answers")
+            return {}
 
     def stop(self) -> None:
         self._stop.set()

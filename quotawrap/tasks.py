@@ -117,7 +117,8 @@ class TaskPolled:
                     return
                 if usage is None:
                     return  # no usage yet: charged its hold at run end, rather than guessed now
-                model = task.get("model") if isinstance(task.get("model"), str) else ""
+                named = task.get("model")  # the model as the ledger keys it (an endpoint id resolved)
+                model = self._guard.endpoint_ids.resolve(named).model if isinstance(named, str) and named else ""
                 cost = self._guard.actual_cost(model, usage, CostRule("video_task")) if model else None
                 ledger.settle(task_hold_id(task_id), usage, cost=cost)
             elif state in _UNBILLED:

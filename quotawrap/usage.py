@@ -46,6 +46,8 @@ __all__ = [
     "UsageBound",
     "check_usage",
     "is_event_stream",
+    "model_in_payload",
+    "model_of_body",
     "usage_from_body",
     "usage_from_mapping",
 ]
@@ -268,6 +270,25 @@ def _usage_at(holder: Mapping[str, Any]) -> Usage | None:
     return usage_from_mapping(usage) if type(usage) is dict or isinstance(usage, Mapping) else None
 
 
+def model_in_payload(obj: Mapping[str, Any]) -> object:
+    """The ``model`` an answer names (what Ark used: quotawrap.identity): at the top level (chat, completions,
+    embeddings, a Responses body), or in the Response a Responses stream event wraps."""
+    model = obj.get("model")
+    response = obj.get("response")
+    if model is None and isinstance(response, Mapping):
+        model = response.get("model")
+    return model
+
+
+def model_of_body(body: bytes) -> object:
+    """:func:`model_in_payload` of a complete JSON body; None when it is not a JSON object. Never raises."""
+    try:
+        obj = json_bytes.loads(body)
+    except Exception:  # a guard must not break the caller over a body it cannot read
+        return None
+    return model_in_payload(obj) if isinstance(obj, dict) else None
+
+
 def usage_from_body(body: bytes | str | Mapping[str, Any]) -> Usage | None:
     """Usage of a complete JSON response body; None when it has none or is not JSON. Never raises."""
     try:
@@ -340,6 +361,7 @@ class SSEUsageReader:
     max_held_bytes: int = 64 * 1024
 
     usage: Usage | None  # the largest usable usage seen (cumulative reports grow; a smaller later one never wins)
+    model: object = None  # the model named by the last event parsed (the usage chunk names it): model_in_payload
     done: bool  # saw [DONE] or a terminal Responses event (completed / failed / incomplete)
     error: Mapping[str, Any] | None  # the payload of the last error event
     events: int  # events that carried data, [DONE] and hidden ones included
@@ -535,6 +557,9 @@ class SSEUsageReader:
         return self._absorb(obj, name)
 
     def _absorb(self, obj: dict[str, Any], name: bytes) -> bool:
+        model = model_in_payload(obj)
+        if model is not None:
+            self.model = model
         kind = obj.get("type")
         if kind in _TERMINAL_TYPES:
             self.done = True

@@ -25,6 +25,7 @@ PURE: frozenset[str] = frozenset(
         "quotawrap.expiry",
         "quotawrap.usage",
         "quotawrap.endpoints",
+        "quotawrap.identity",
         "quotawrap.money",
         "quotawrap.media",
         "quotawrap.ledger.holds",

@@ -384,6 +384,17 @@ class Ledger(Protocol):
 
     def known_models(self) -> list[str]: ...
 
+    # -- endpoint ids: which model each inference endpoint serves, shared by every process and host
+
+    def endpoint_models(self) -> dict[str, str]:
+        """Every endpoint id -> model id pair kept (canonical; see quotawrap.identity)."""
+        ...
+
+    def put_endpoint_models(self, models: Mapping[str, str]) -> None:
+        """Keep these pairs; an endpoint's pair replaces the one it had (an endpoint may move to another
+        version)."""
+        ...
+
     def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool: ...
 
     def release_lease(self, name: str, holder: str) -> None: ...

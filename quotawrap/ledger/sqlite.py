@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
@@ -498,6 +498,22 @@ class SQLiteLedger:
         with self._errors("read"):
             rows = self._conn().execute(KNOWN_MODELS).fetchall()
         return [model for (model,) in rows]
+
+    def endpoint_models(self) -> dict[str, str]:
+        """Every endpoint id -> model id pair kept (learned from answers, or listed by the management API)."""
+        with self._errors("read"):
+            return dict(self._conn().execute("SELECT endpoint, model FROM endpoints").fetchall())
+
+    def put_endpoint_models(self, models: Mapping[str, str]) -> None:
+        """Keep these endpoint id -> model id pairs; an endpoint's pair replaces the one it had."""
+        if not models:
+            return
+        now = self._clock()
+        with self._write("endpoints") as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO endpoints VALUES (?, ?, ?)",
+                [(endpoint, model, now) for endpoint, model in models.items()],
+            )
 
     def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
         """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""

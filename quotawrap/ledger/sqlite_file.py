@@ -133,6 +133,7 @@ CREATE TABLE IF NOT EXISTS packages (
     model TEXT PRIMARY KEY, synced_at REAL NOT NULL, packages TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, until REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS endpoints (endpoint TEXT PRIMARY KEY, model TEXT NOT NULL, updated_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS usage_series (
     model TEXT NOT NULL, day TEXT NOT NULL, minute INTEGER NOT NULL, cumulative INTEGER NOT NULL,
     PRIMARY KEY (model, day, minute)

@@ -13,11 +13,12 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ..identity import UNMAPPED
 from ..quota import Counters, Snapshot
 from ..usage import Usage
 from .base import ADVANCE, ADVANCE_CLOSED, Drawn, Settle, pid_alive
 from .holds import Deltas, Step, clamp, step
-from .scopes import ModelDay, Run, RunCost, parse_counter_key
+from .scopes import ModelDay, Run, RunCost, model_day_key, parse_counter_key
 from .sqlite_file import CALL_COLUMNS
 from .sqlite_lines import WaiterRow
 
@@ -64,23 +65,26 @@ IN_FLIGHT = {
     "model_day": ("reserved", "model = ? AND day = ?"),
 }
 _SUMS = ", ".join(
-    f"SUM(CASE WHEN {condition.replace('?', '{}')} THEN {column} END)" for column, condition in IN_FLIGHT.values()
-).format("?6", "?6", "?4", "?7")  # run, run_cost, model_day: the reserve's parameters below
+    f"SUM(CASE WHEN {condition.replace('?', '{}')} THEN {column} END)"
+    for column, condition in (*IN_FLIGHT.values(), IN_FLIGHT["model_day"])
+).format("?6", "?6", "?4", "?7", "?9", "?7")  # run, run_cost, model_day, unmapped: the reserve's parameters below
 
 # Everything a reserve reads, in one statement. ``key IN (...)`` builds a temporary index on every run,
 # so the lookups are equalities joined by UNION ALL. Parameters: the run, model-day and run-cost counter
 # keys (the run and model-day keys name the call's two waiting lines too), the model, whether the lines
-# are read (the call enforces), the run id, the day. Rows: (0, key, settled), (1, the snapshot's fields),
-# (2, line, ticket, waiter, until), (3, the run's, the run's cost and the model-day's in flight): one per
-# counter, snapshot and waiter found, and always the last.
+# are read (the call enforces), the run id, the day, the unmapped endpoints' model-day key and model. Rows:
+# (0, key, settled), (1, the snapshot's fields), (2, line, ticket, waiter, until), (3, the run's, the run's
+# cost, the model-day's and the unmapped endpoints' in flight): one per counter, snapshot and waiter found,
+# and always the last.
 _RESERVE_READS = f"""
 SELECT 0, key, settled, NULL, NULL, NULL, NULL FROM counters WHERE key = ?1
 UNION ALL SELECT 0, key, settled, NULL, NULL, NULL, NULL FROM counters WHERE key = ?2
 UNION ALL SELECT 0, key, settled, NULL, NULL, NULL, NULL FROM counters WHERE key = ?3
+UNION ALL SELECT 0, key, settled, NULL, NULL, NULL, NULL FROM counters WHERE key = ?8
 UNION ALL SELECT 1, {SNAPSHOT_COLUMNS} FROM snapshots WHERE model = ?4
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?1
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?2
-UNION ALL SELECT 3, {_SUMS}, NULL, NULL, NULL FROM holds
+UNION ALL SELECT 3, {_SUMS}, NULL, NULL FROM holds
 """
 
 
@@ -88,13 +92,17 @@ def read_for_reserve(
     conn: sqlite3.Connection, scopes: Mapping[str, str], call: tuple[str, str, str], enforce: bool
 ) -> tuple[dict[str, Counters], Snapshot | None, list[WaiterRow]]:
     """The counters of ``scopes`` (scope_keys of ``call``, its (run, model, day); missing ones read as zero),
-    the model's snapshot, and the rows of the call's two waiting lines (none unless it enforces)."""
+    the model's snapshot, and the rows of the call's two waiting lines (none unless it enforces).
+
+    A model's model-day counters include the calls to endpoints whose model is not known yet (their model-day
+    is UNMAPPED's): any of them may turn out to be this model (README, "One identity per model")."""
     run_id, model, day = call
     settled: dict[str, int] = {}
-    in_flight = (0, 0, 0)
+    in_flight = (0, 0, 0, 0)
     snapshot: Snapshot | None = None
     waiting: list[WaiterRow] = []
-    params = (scopes["run"], scopes["model_day"], scopes["run_cost"], model, enforce, run_id, day)
+    unmapped = model_day_key(UNMAPPED, day)
+    params = (scopes["run"], scopes["model_day"], scopes["run_cost"], model, enforce, run_id, day, unmapped, UNMAPPED)
     for kind, *row in conn.execute(_RESERVE_READS, params):
         if kind == 0:
             settled[row[0]] = row[1]
@@ -103,9 +111,12 @@ def read_for_reserve(
         elif kind == 2:
             waiting.append((row[0], row[1], row[2], row[3]))
         else:
-            in_flight = (row[0] or 0, row[1] or 0, row[2] or 0)
-    held = dict(zip(IN_FLIGHT, in_flight, strict=True))
+            in_flight = (row[0] or 0, row[1] or 0, row[2] or 0, row[3] or 0)
+    held = dict(zip(IN_FLIGHT, in_flight, strict=False))
     counters = {scope: Counters(settled.get(key, 0), held[scope]) for scope, key in scopes.items()}
+    if model != UNMAPPED:
+        own = counters["model_day"]
+        counters["model_day"] = Counters(own.settled + settled.get(unmapped, 0), own.in_flight + in_flight[3])
     return counters, snapshot, waiting
 
 

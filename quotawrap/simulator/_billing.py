@@ -33,6 +33,7 @@ __all__ = [
     "BillBook",
     "BillRecord",
     "BillingRequestError",
+    "list_endpoints",
     "list_resource_packages",
     "report_packages",
     "settled_until",
@@ -238,3 +239,22 @@ def list_resource_packages(items: Sequence[dict[str, str]], request: Mapping[str
     page = selected[offset : offset + limit]
     next_token = str(offset + limit) if offset + limit < len(selected) else ""
     return {"List": page, "NextToken": next_token}
+
+
+def list_endpoints(endpoints: Sequence[tuple[str, str]], request: Mapping[str, Any]) -> dict[str, Any]:
+    """The `Result` of the ark management API's ListEndpoints over the simulator's (endpoint, model) pairs,
+    a page (PageNumber from 1, PageSize) at a time; a model id "<name>-<version>" is its FoundationModel."""
+    try:
+        number, size = int(request.get("PageNumber") or 1), int(request.get("PageSize") or 10)
+    except (TypeError, ValueError):
+        raise BillingRequestError("InvalidParameter", "PageNumber and PageSize must be integers") from None
+    if number < 1 or not 1 <= size <= 100:
+        raise BillingRequestError("InvalidParameter", "PageNumber must be >= 1 and PageSize in [1, 100]")
+    items = []
+    for endpoint, model in endpoints[(number - 1) * size : number * size]:
+        name, _, version = model.rpartition("-")
+        foundation = {"Name": name, "ModelVersion": version} if name else {"Name": model, "ModelVersion": ""}
+        items.append(
+            {"Id": endpoint, "Name": endpoint, "Status": "Running", "ModelReference": {"FoundationModel": foundation}}
+        )
+    return {"Items": items, "PageNumber": number, "PageSize": size, "TotalCount": len(endpoints)}

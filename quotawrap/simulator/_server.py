@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from urllib.parse import parse_qs, urlsplit
 
 from ._api import API_PREFIX, ENDPOINTS, ArkError, Generation, fault_error, status_type
-from ._billing import BillBook, BillingRequestError, BillRecord, list_resource_packages, report_packages
+from ._billing import BillBook, BillingRequestError, BillRecord, list_endpoints, list_resource_packages, report_packages
 from ._config import PackageSpec, SimConfig, SimConfigError, apply_headers, apply_patch
 from ._media import MEDIA_ENDPOINTS, TASKS_PATH, TaskBook
 from ._payloads import ark_error
@@ -35,6 +35,7 @@ __all__ = ["ArkSimulator", "run_forever", "serve"]
 Clock = Callable[[], float]
 _JSON = "application/json; charset=utf-8"
 _BILLING_VERSION = "2022-01-01"
+_ARK_VERSION = "2024-01-01"  # the ark management API's (ListEndpoints)
 
 
 class ArkSimulator:
@@ -395,7 +396,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "POST":
             raise ArkError(405, "MethodNotAllowed", f"{self.command} is not allowed on {path}.")
         config = self._checked_config()
-        body = _json_object(raw)
+        body = _served(_json_object(raw), config)
         generation = endpoint(body, config, ident, int(sim.clock()))
         if config.latency_s and sim._stopping.wait(config.latency_s):
             raise ArkError(500, "InternalServiceError", "The simulator is shutting down.")
@@ -500,6 +501,17 @@ class _Handler(BaseHTTPRequestHandler):
         def fail(status: int, code: str, message: str) -> None:
             self._send_json(status, {"ResponseMetadata": {**metadata, "Error": {"Code": code, "Message": message}}})
 
+        if action == "ListEndpoints" and version == _ARK_VERSION:
+            if not self.headers.get("Authorization"):
+                fail(401, "MissingAuthenticationToken", "The request must contain an Authorization header.")
+                return
+            try:
+                result = list_endpoints(sim.config.endpoints, _json_object(raw) if raw.strip() else dict(query))
+            except (BillingRequestError, ArkError) as exc:
+                fail(400, "InvalidParameter", exc.message)
+                return
+            self._send_json(200, {"ResponseMetadata": {**metadata, "Service": "ark"}, "Result": result})
+            return
         if action != "ListResourcePackages" or version != _BILLING_VERSION:
             fail(404, "InvalidActionOrVersion", f"Could not find operation {action} for version {version}")
             return
@@ -516,6 +528,14 @@ class _Handler(BaseHTTPRequestHandler):
             fail(400, "InvalidParameter", error.message)
             return
         self._send_json(200, {"ResponseMetadata": metadata, "Result": result})
+
+
+def _served(body: dict[str, Any], config: SimConfig) -> dict[str, Any]:
+    """A call through an endpoint id is served by the endpoint's foundation model: Ark answers with that
+    model's id in `model` ("本次请求实际使用的模型名称和版本", the Chat API doc) and bills it as that model."""
+    model = body.get("model")
+    served = config.endpoint_model(model) if isinstance(model, str) else None
+    return body if served is None else {**body, "model": served}
 
 
 def _has_bearer(header: str | None) -> bool:

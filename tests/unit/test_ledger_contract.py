@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from quotawrap._errors import StoreError
 from quotawrap.advances import Advances
 from quotawrap.audit import aggregate
+from quotawrap.identity import UNMAPPED
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import ADVANCE, HoldRequest, RunRecord, Settle, model_day_key, run_cost_key, run_key
 from quotawrap.ledger.holds import MAX_CHARGE
@@ -535,6 +536,66 @@ class TestCountersAndTotals:
             run_key("nobody"): Counters(),
             "md:2000-01-01:x": Counters(),
         }
+
+
+class TestEndpointModels:
+    EP_A, EP_B = "ep-20250101123456-abcde", "ep-20250202123456-fghij"
+
+    def test_every_process_reads_the_pairs_kept(self, ledger: Ledger, ledger_url: str) -> None:
+        """Pairs kept by one process are read by another; an endpoint's newer pair replaces its older one."""
+        assert ledger.endpoint_models() == {}
+        ledger.put_endpoint_models({self.EP_A: "deepseek-v4-flash-260425", self.EP_B: "doubao-seed-1-6-250615"})
+        ledger.put_endpoint_models({})
+        other = open_ledger(ledger_url)
+        try:
+            assert other.endpoint_models() == {
+                self.EP_A: "deepseek-v4-flash-260425",
+                self.EP_B: "doubao-seed-1-6-250615",
+            }
+            other.put_endpoint_models({self.EP_A: "deepseek-v4-flash-260731"})
+        finally:
+            other.close()
+        assert ledger.endpoint_models()[self.EP_A] == "deepseek-v4-flash-260731"
+
+
+class TestUnmappedEndpoints:
+    """Calls to an endpoint whose model is not known yet are held on UNMAPPED's model-day, and what they
+    hold and were charged counts against every model's day limits (any of them may be that model)."""
+
+    def test_their_holds_count_against_every_model(self, ledger: Ledger) -> None:
+        """A model's cap leaves room for the unmapped holds in flight, for every model, until they end."""
+        unmapped = ledger.reserve(request(400, model=UNMAPPED), limits(daily=1000))
+        assert unmapped.held
+        for model in (MODEL, "other-model"):
+            refused = ledger.reserve(request(601, model=model), limits(daily=1000))
+            assert not refused.held and refused.counters["model_day"] == Counters(0, 400)
+        held = ledger.reserve(request(600, model=MODEL), limits(daily=1000))
+        assert held.held and held.counters["model_day"] == Counters(0, 400)
+        assert md(ledger) == Counters(0, 600)  # the model's own counters are its own
+        ledger.release(unmapped.hold_id)
+        assert ledger.reserve(request(400, model=MODEL), limits(daily=1000)).held
+
+    def test_what_they_were_charged_counts_against_every_model(self, ledger: Ledger) -> None:
+        """An unmapped call charged whole (its model never told) stays against every model's day."""
+        unmapped = ledger.reserve(request(300, model=UNMAPPED), limits(daily=1000))
+        ledger.settle(unmapped.hold_id, None)
+        assert md(ledger, UNMAPPED) == Counters(300, 0)
+        assert not ledger.reserve(request(701, model="other-model"), limits(daily=1000)).held
+        assert ledger.reserve(request(700, model="other-model"), limits(daily=1000)).held
+
+    def test_their_own_model_day_is_counted_once(self, ledger: Ledger) -> None:
+        """The unmapped calls' own check counts their holds once."""
+        assert ledger.reserve(request(600, model=UNMAPPED), limits(daily=1000)).held
+        assert not ledger.reserve(request(401, model=UNMAPPED), limits(daily=1000)).held
+        assert ledger.reserve(request(400, model=UNMAPPED), limits(daily=1000)).held
+
+    def test_other_days_are_not_counted(self, ledger: Ledger, ledger_url: str) -> None:
+        """Yesterday's unmapped holds do not count against today's caps."""
+        if isinstance(ledger, RedisLedger):  # on its own clock a Redis ledger takes the days it is given
+            ledger = RedisLedger(ledger_url, clock=time.time)
+        yesterday = beijing_day(time.time() - 86_400)
+        assert ledger.reserve(request(900, model=UNMAPPED, day=yesterday), limits(daily=1000)).held
+        assert ledger.reserve(request(1000), limits(daily=1000)).held
 
 
 class TestSnapshots:
@@ -1149,6 +1210,15 @@ class TestCluster:
         assert advances.take(request(100), 0.0, limits(daily=5000), [], seen) is None and advances.declined
         assert advances.take(request(100), 0.0, limits(daily=5000), [], seen) is None
         assert len(asked) == 1 and (md(ledger), rc(ledger)) == before
+
+    def test_unmapped_holds_count_on_cluster(self, cluster_url: str) -> None:
+        """On Cluster the unmapped endpoints' counters (another slot) are read before the model-day script."""
+        ledger = RedisLedger(cluster_url)
+        unmapped = ledger.reserve(request(400, model=UNMAPPED), limits(daily=1000))
+        assert unmapped.held and not ledger.reserve(request(601), limits(daily=1000)).held
+        ledger.settle(unmapped.hold_id, usage(100))
+        assert ledger.reserve(request(900), limits(daily=1000)).held
+        assert md(ledger) == Counters(0, 900)
 
     def test_waiting_lines_on_cluster(self, cluster_url: str) -> None:
         """The lines on Cluster: the run slot's line in the gate, the model-day's in its own script."""

@@ -209,6 +209,24 @@ class TestRefusesWhatIsNotALedger:
         assert old.counters([model_day_key(MODEL, DAY)])[model_day_key(MODEL, DAY)] == Counters(55, 0)
         old.close()
 
+    def test_a_ledger_made_before_endpoint_ids_opens_and_keeps_them(self, tmp_path: Path) -> None:
+        """A ledger file of the same schema made before the endpoints table existed opens, keeps its data and
+        gets the table: no migration step, no version change (older quotawrap still opens it)."""
+        path = tmp_path / "ledger.sqlite3"
+        with sqlite3.connect(path) as conn:
+            conn.executescript(_SCHEMA + f"INSERT INTO meta VALUES ('schema', '{SCHEMA_VERSION}');")
+            conn.execute("DROP TABLE endpoints")
+            conn.execute("INSERT INTO counters VALUES (?, 40)", (model_day_key(MODEL, DAY),))
+        conn.close()
+        ledger = SQLiteLedger(path)
+        assert ledger.endpoint_models() == {}
+        ledger.put_endpoint_models({"ep-20250101123456-abcde": MODEL})
+        assert ledger.endpoint_models() == {"ep-20250101123456-abcde": MODEL}
+        assert ledger.counters([model_day_key(MODEL, DAY)])[model_day_key(MODEL, DAY)] == Counters(40, 0)
+        ledger.close()
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (SCHEMA_VERSION,)
+
     @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
     def test_concurrent_first_opens(self, tmp_path: Path) -> None:
         """Processes racing to create one new ledger all succeed: none sees tables without the schema mark."""

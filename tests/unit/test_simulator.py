@@ -704,6 +704,57 @@ class TestControlApi:
         assert body["report"][0]["AvailableAmount"] == "500000"
 
 
+class TestEndpoints:
+    EP = "ep-20250101123456-abcde"
+
+    def test_an_endpoint_is_served_as_its_foundation_model(self) -> None:
+        """A call through an endpoint id is answered with the foundation model's id, streamed or not, and billed
+        as that model; a call naming the model itself is the same model."""
+        with ArkSimulator(SimConfig(endpoints=((self.EP, "deepseek-v4-flash-260425"),))) as ep_sim:
+            with httpx.Client(base_url=ep_sim.url, headers=AUTH, timeout=10) as http:
+                plain = http.post("/chat/completions", json={"model": self.EP, "messages": HELLO}).json()
+                chunks = stream_chunks(http, model=self.EP)
+            assert plain["model"] == "deepseek-v4-flash-260425"
+            assert {chunk["model"] for chunk in chunks if chunk != "[DONE]"} == {"deepseek-v4-flash-260425"}
+            assert set(ep_sim.billed_by_model()) == {"deepseek-v4-flash-260425"}
+
+    @pytest.mark.parametrize(
+        "given",
+        [
+            ["ep-1=m-1", "ep-2=m-2"],
+            "ep-1=m-1,ep-2=m-2",
+            {"ep-1": "m-1", "ep-2": "m-2"},
+            [("ep-1", "m-1"), ("ep-2", "m-2")],
+        ],
+    )
+    def test_pairs_are_read_in_every_form(self, given: Any) -> None:
+        """The command line's ID=MODEL, a JSON object, a header's comma list, or pairs."""
+        assert SimConfig(endpoints=given).endpoints == (("ep-1", "m-1"), ("ep-2", "m-2"))
+
+    def test_a_pair_that_is_none_is_refused(self) -> None:
+        """ID=MODEL with either side missing is a config error naming the field."""
+        with pytest.raises(SimConfigError, match="endpoints"):
+            SimConfig(endpoints=("ep-1",))
+
+    def test_the_management_api_lists_them(self) -> None:
+        """ListEndpoints (service ark, 2024-01-01) pages the pairs, each model split into Name and ModelVersion."""
+        pairs = tuple((f"ep-{i}", f"deepseek-v4-flash-26042{i}") for i in range(3))
+        with ArkSimulator(SimConfig(endpoints=pairs)) as ep_sim:
+            url = ep_sim.base_url + "/?Action=ListEndpoints&Version=2024-01-01"
+            headers = {"Authorization": "HMAC-SHA256 Credential=AK/20260101/cn-beijing/ark/request"}
+            first = httpx.post(url, json={"PageNumber": 1, "PageSize": 2}, headers=headers).json()["Result"]
+            second = httpx.post(url, json={"PageNumber": 2, "PageSize": 2}, headers=headers).json()["Result"]
+            unsigned = httpx.post(url, json={})
+        assert first["TotalCount"] == 3 and [item["Id"] for item in first["Items"] + second["Items"]] == [
+            "ep-0",
+            "ep-1",
+            "ep-2",
+        ]
+        foundation = first["Items"][0]["ModelReference"]["FoundationModel"]
+        assert foundation == {"Name": "deepseek-v4-flash", "ModelVersion": "260420"}
+        assert unsigned.status_code == 401
+
+
 class TestBillingApi:
     @pytest.fixture
     def billed_sim(self, clock: FakeClock) -> Iterator[ArkSimulator]:

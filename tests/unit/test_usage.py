@@ -20,6 +20,7 @@ from quotawrap.usage import (
     _worth_parsing,
     check_usage,
     is_event_stream,
+    model_of_body,
     usage_from_body,
     usage_from_mapping,
 )
@@ -374,6 +375,22 @@ OPENAI_STREAM = (
 USAGE_EVENT = _event(_usage_chunk(11, 7))
 
 
+class TestModelOfBody:
+    @pytest.mark.parametrize(
+        ("body", "model"),
+        [
+            (b'{"model": "deepseek-v4-flash-260425", "usage": {}}', "deepseek-v4-flash-260425"),
+            (b'{"response": {"model": "m-1"}}', "m-1"),
+            (b'{"usage": {}}', None),
+            (b"[1]", None),
+            (b"not json", None),
+        ],
+    )
+    def test_table(self, body: bytes, model: str | None) -> None:
+        """The model a complete JSON answer names, or None; never raises."""
+        assert model_of_body(body) == model
+
+
 class TestSSEUsageReader:
     def test_openai_include_usage(self) -> None:
         """The final usage-only chunk is read and [DONE] marks the stream done."""
@@ -433,6 +450,17 @@ class TestSSEUsageReader:
         assert reader.done is True
         assert reader.error is None
         assert reader.events == 3
+
+    def test_the_model_the_answer_names(self) -> None:
+        """The model of the chunks it parses (the usage chunk names it; a Responses event, in its response)."""
+        stream = _event(_delta("hi")) + _event({**_usage_chunk(11, 7), "model": "Deepseek-V4-Flash-260425"})
+        _, reader = _read(stream + b"data: [DONE]\n\n", _every_size(stream, 9))
+        assert reader.model == "Deepseek-V4-Flash-260425"
+        completed = {"type": "response.completed", "response": {"model": "m-1", "usage": RESPONSES_USAGE}}
+        _, reader = _read(_event(completed, name="response.completed"))
+        assert reader.model == "m-1"
+        _, reader = _read(_event(_delta("a delta is not parsed")))
+        assert reader.model is None
 
     def test_responses_done_from_type_alone(self) -> None:
         """A terminal Responses event is recognised by its type even without an event: line."""

@@ -12,6 +12,7 @@ import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from ...identity import UNMAPPED
 from ...quota import BEIJING
 from .options import DAY_S, RedisOptions
 
@@ -144,6 +145,10 @@ class Keys:
     def snapshot(self, model: str) -> str:
         return f"{self._prefix}:snap:{model}"
 
+    def endpoints(self) -> str:
+        """The endpoint id -> model id hash (quotawrap.identity)."""
+        return f"{self._prefix}:endpoints"
+
     # -- the LiteLLM limiter's ---------------------------------------------------------------
 
     def their_snapshot(self, model: str) -> tuple[str, str]:
@@ -182,7 +187,7 @@ class Keys:
         keys = self._cache.get(cache_key)
         if keys is not None:
             return keys
-        if script == "reserve_one":  # KEYS[3..21]
+        if script == "reserve_one":  # KEYS[3..22]
             keys = (
                 self.meta(),
                 self.snapshot(model),
@@ -200,6 +205,7 @@ class Keys:
                 self.tickets(),
                 self.active(),
                 self.models(),
+                self.md_counters(day, UNMAPPED),
             )
         else:  # transition_one's KEYS[2..10]; md_transition's are the first six
             keys = (

@@ -26,13 +26,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from typing import ClassVar
 
 from ... import quota
 from ..._errors import ConfigError, QuotawrapError, StoreError
+from ...identity import UNMAPPED
 from ...quota import BEIJING, Counters, Limit, Snapshot, Verdict
 from ...usage import Usage
 from ..base import (
@@ -342,6 +343,8 @@ class RedisLedger(RedisHistory):
             _, snapshot = self._snapshot_for_reserve(model, fresh=True)
             ordered, limits = self._args.ordered(limits_for(_of_day(snapshot, day) if other_day else snapshot))
             foreign = client.retrying("read", partial(self._foreign.total, model, day))
+            # The unmapped endpoints' counters live in another slot: read here, before the model-day script.
+            also = (0, 0) if model == UNMAPPED else self._unmapped_counters(day)
             args = self._args.encode(request, limits, expires, now)
             location = Location(day, model, run_id).encode()
             client.retrying("reserve", partial(client.set, self._keys.location(hold_id), location, exat=expires))
@@ -353,7 +356,7 @@ class RedisLedger(RedisHistory):
                 continue
             run, taken, ahead_run, in_run_line = [int(v) for v in gate[:4]], int(gate[4]), int(gate[5]), int(gate[6])
             md_keys = self._keys.md_reserve(day, model, run_id, hold_id)
-            md_args: list[Arg] = [*run, foreign, args, ahead_run]
+            md_args: list[Arg] = [*run, foreign + also[0], args, ahead_run, also[1]]
             sent = time.time()
             try:
                 result = client.retrying("reserve", partial(client.script, "md_reserve", md_keys, md_args))
@@ -380,6 +383,13 @@ class RedisLedger(RedisHistory):
             line = LineReply(ahead_run, int(result[4]), as_text(result[5]) or "", request.ticket or 0)
             return self._decision(request, ordered, int(result[0]), md, run, held, line)
         raise StoreError("the server's Beijing day kept changing while reserving; try again", store=self._store)
+
+    def _unmapped_counters(self, day: str) -> tuple[int, int]:
+        """(settled, in flight) of the calls to endpoints whose model is not known yet, on ``day``."""
+        client = self._redis()
+        key = self._keys.md_counters(day, UNMAPPED)
+        settled, in_flight = client.retrying("read", lambda: client.hmget(key, ["settled", "in_flight"]))
+        return as_int(settled), as_int(in_flight)
 
     def leave_line(self, request: HoldRequest) -> None:
         leave_lines(self._redis(), self._keys, request)
@@ -658,6 +668,19 @@ class RedisLedger(RedisHistory):
         """Every model the ledger has seen a call or a balance for."""
         client = self._redis()
         return client.retrying("read", lambda: client.smembers(self._keys.models()))
+
+    def endpoint_models(self) -> dict[str, str]:
+        """Every endpoint id -> model id pair kept (learned from answers, or listed by the management API)."""
+        client = self._redis()
+        return client.retrying("read", lambda: client.hgetall(self._keys.endpoints()))
+
+    def put_endpoint_models(self, models: Mapping[str, str]) -> None:
+        """Keep these endpoint id -> model id pairs; an endpoint's pair replaces the one it had."""
+        if not models:
+            return
+        client = self._redis()
+        pairs = [item for pair in models.items() for item in pair]
+        client.retrying("endpoints", lambda: client.write([("HSET", self._keys.endpoints(), *pairs)]))
 
     def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
         """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""

@@ -377,14 +377,15 @@ local function run_apply(run_counters_key, run_holds_key, hold_id, target, new_c
 end
 
 -- Check every limit and take the model-day's share of the hold.
--- k: counters open pids hold run_totals audit. run: the run counters the gate saw; foreign: the
--- LiteLLM limiter's usage of this model-day; line_refused: refuse it for the waiting line (blocking -1).
--- seen (optional): {settled, in flight} of k.counters as this script already read them.
+-- k: counters open pids hold run_totals audit. run: the run counters the gate saw; foreign: usage of this
+-- model-day counted besides our own (the LiteLLM limiter's, the unmapped endpoints'); line_refused: refuse
+-- it for the waiting line (blocking -1). seen (optional): {settled, in flight} of k.counters as this script
+-- already read them. also_in_flight (optional): tokens held besides our own (the unmapped endpoints').
 -- Returns {blocking, settled seen, in flight seen, held}.
-local function md_reserve(k, a, run, foreign, line_refused, seen)
+local function md_reserve(k, a, run, foreign, line_refused, seen, also_in_flight)
   local md_settled, md_in_flight
   if seen then md_settled, md_in_flight = seen[1], seen[2] else md_settled, md_in_flight = counters(k.counters) end
-  md_settled = md_settled + foreign
+  md_settled, md_in_flight = md_settled + foreign, md_in_flight + (also_in_flight or 0)
   local prior = redis.call('HMGET', k.hold, 'state', 'blocking', 'reserved')
   if prior[1] then  -- a retried reserve: the same answer again
     local held = (prior[1] == 'blocked') and 0 or 1

@@ -4,8 +4,9 @@
 --       7 run counters  8 run holds  9 run model-days
 --       10 md counters  11 md open  12 md pids  13 md run totals  14 md audit
 --       15 run line  16 run line leases  17 md line  18 md line leases  19 the ticket sequence
---       20 the active model-days index  21 the known models  22.. the LiteLLM limiter's daily_usage keys
---       of this model-day
+--       20 the active model-days index  21 the known models  22 the unmapped endpoints' model-day counters
+--       (identity.UNMAPPED's: they count against every model-day, as any of them may be this model)
+--       23.. the LiteLLM limiter's daily_usage keys of this model-day
 -- ARGV: 1 epoch  2 snapshot fingerprint  3 the call (reserve_args JSON)
 -- Returns {blocking, md settled, md in flight, held, run settled, run in flight, foreign, run cost settled,
 -- run cost in flight, waiters ahead in the run line, in the md line, the lines' outcome, ticket, the server's time};
@@ -26,7 +27,9 @@ if a.index_at ~= '' then  -- once a minute per process: the model-day for reclai
   redis.call('ZADD', KEYS[20], a.index_at, a.day .. '\t' .. a.model)
   redis.call('SADD', KEYS[21], a.model)
 end
-local foreign = sum_keys(22)
+local foreign = sum_keys(23)
+local unmapped_settled, unmapped_in_flight = 0, 0
+if KEYS[22] ~= KEYS[10] then unmapped_settled, unmapped_in_flight = counters(KEYS[22]) end
 local outcome, ahead_run, ahead_md, waiter, ticket = '', 0, 0, false, false
 local seen_run, seen_md = nil, nil  -- the counters as the lines' answer read them: the gate and the hold reuse them
 if a.enforce == '1' then
@@ -41,15 +44,15 @@ if a.enforce == '1' then
     local run = run_counters(KEYS[7])
     local md_settled, md_in_flight = counters(KEYS[10])
     seen_run, seen_md = run, {md_settled, md_in_flight}
+    md_settled, md_in_flight = md_settled + foreign + unmapped_settled, md_in_flight + unmapped_in_flight
     local join_run, join_md, refused
-    outcome, join_run, join_md, refused = line_answer(a, run, md_settled + foreign, md_in_flight, ahead_run,
-      ahead_md)
+    outcome, join_run, join_md, refused = line_answer(a, run, md_settled, md_in_flight, ahead_run, ahead_md)
     if outcome == 'queued' or outcome == 'wait' then
       if not ticket then ticket = redis.call('INCR', KEYS[19]) end
       local until_ = now + a.lease
       line_stay(KEYS[15], KEYS[16], waiter, ticket, until_, join_run, a.line_ttl)
       line_stay(KEYS[17], KEYS[18], waiter, ticket, until_, join_md, a.line_ttl)
-      return {refused, md_settled + foreign, md_in_flight, 0, run[1], run[2], foreign, run[3], run[4], ahead_run, ahead_md,
+      return {refused, md_settled, md_in_flight, 0, run[1], run[2], foreign, run[3], run[4], ahead_run, ahead_md,
         outcome, ticket, time_field(now)}
     end
   end
@@ -57,7 +60,7 @@ end
 local run, taken = run_gate(KEYS[7], KEYS[8], KEYS[9], a, seen_run)
 local k = {counters = KEYS[10], open = KEYS[11], pids = KEYS[12], hold = KEYS[1], run_totals = KEYS[13],
   audit = KEYS[14]}
-local r = md_reserve(k, a, run, foreign, outcome == 'line_refused', seen_md)
+local r = md_reserve(k, a, run, foreign + unmapped_settled, outcome == 'line_refused', seen_md, unmapped_in_flight)
 if r[4] == 1 then
   redis.call('SET', KEYS[2], a.day .. '\t' .. a.model .. '\t' .. a.run, 'EXAT', a.expire_at)
   if waiter and ticket then

@@ -473,7 +473,7 @@ ranges; the benchmark's own processes count in the load too.
 
 {table(rows)}
 
-Verdict against issue 4:
+Verdict against the targets:
 
 {chr(10).join(_wrap(v, "  ") for v in verdicts)}
 
@@ -495,12 +495,6 @@ cProfile, `INFO commandstats` and `INFO cpu`; see docs/redis.md):
   (~1.7 µs per script) were measured and not done; docs/redis.md says why.
 * Still two round trips per pair: the reserve must be answered before the call is sent and the
   settle needs the call's answer. Nothing is pipelined or skipped in this benchmark.
-* Before -> after, as the best single run of each configuration among all runs of this benchmark
-  on 2026-11-30 (before: the ledger of commit 9cd382c, run interleaved with the new one; the best
-  run is the one least disturbed by other work): Redis with hiredis 2,268 / 3,797 / 4,195 -> 3,445
-  / 7,476 / 6,613 pairs/s at 1 / 4 / 16 processes; without hiredis 1,989 / 3,474 / 3,689 -> 3,033 /
-  5,483 / 5,659. Client CPU per pair: ~260-350 µs before, ~130-200 µs after (~160-240 µs without
-  hiredis); redis-server's barely moved.
 """
 
 

@@ -1,7 +1,7 @@
 """Post-import hooks that cost nothing at start-up.
 
 ``wrapt.when_imported`` would do, but importing wrapt pulls in asyncio and
-importlib.metadata (~60 ms here), and even ``importlib.abc`` costs ~15 ms: every child would
+importlib.metadata, and even ``importlib.abc`` is slow to import: every child would
 pay that at start-up although it may never import an HTTP client. This module imports only
 ``sys``; finder and loader are duck-typed as the import system allows.
 """

@@ -1,7 +1,7 @@
 """Record classes: dataclasses that cost almost nothing to define.
 
-`dataclasses.dataclass` compiles the methods it generates (six for a frozen class), about 1 ms per
-class on a slow machine. A guarded child imports the guard on its first call, and with it 35 such
+`dataclasses.dataclass` compiles the methods it generates (six for a frozen class) when the class
+is defined. A guarded child imports the guard on its first call, and with it 35 such
 classes: compiling them was half of that call's cost. A subclass of `Record` is declared as a
 dataclass would be (`frozen=True` as a class keyword; `field(...)` as usual) and behaves as one, but
 
@@ -65,7 +65,7 @@ class _SignatureOnFirstLook:
 
 class _SignatureDoc:
     """A record's docstring when it has none, as a dataclass's (``Name(signature)``), written when read:
-    inspecting the signature cost ~0.1 ms of each such record's build, on a guarded call's path."""
+    inspecting the signature is slow, and each such record is built on a guarded call's path."""
 
     def __get__(self, instance: object, owner: type) -> str:
         return owner.__name__ + str(inspect.signature(owner)).replace(" -> None", "")
@@ -151,7 +151,7 @@ def _init_function(klass: type, declared: tuple[Field[Any], ...], *, frozen: boo
     body: list[str] = []
     # A frozen one sets its fields through object.__setattr__, as a dataclass does: writing to
     # self.__dict__ would make the instance's dict a real one, and reading an attribute of such an
-    # instance costs ~3x (CPython keeps a fresh instance's attributes inline while __dict__ is unread).
+    # instance costs more (CPython keeps a fresh instance's attributes inline while __dict__ is unread).
     namespace: dict[str, Any] = {"FACTORY": _FACTORY, "set_field": object.__setattr__}
     annotations: dict[str, Any] = {}
     for declared_field in declared:

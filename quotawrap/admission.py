@@ -96,7 +96,7 @@ class Room:
         return quota.token_room(self.limits_for(self._snapshot()), {})
 
 
-class Plan(NamedTuple):  # not a frozen record: one per guarded call, and a NamedTuple is made ~2x faster
+class Plan(NamedTuple):  # not a frozen record: one per guarded call, and a NamedTuple is made faster
     estimate: Estimate
     body: dict[str, Any]  # what goes out (the request itself when unchanged)
     bound: int | None  # the whole-output bound the guard set on it, per choice

@@ -1,9 +1,9 @@
 """Advances: room a guarded process reserves ahead for its next calls, so most calls never wait on the ledger.
 
-A reserve is one ledger transaction (SQLite) or round trip (Redis) on the caller's path, and about half of what
-the guard adds to a call (issue 12: taking it away halved ``bench_agent_overhead``'s figure). Where room is
-plenty, a call reserves an advance of several calls' room instead, and the next calls of its process are drawn
-from what is left of it, under a lock, without asking the ledger.
+A reserve is one ledger transaction (SQLite) or round trip (Redis) on the caller's path, and a large share of
+what the guard adds to a call (docs/benchmarks.md measures it). Where room is plenty, a call reserves an
+advance of several calls' room instead, and the next calls of its process are drawn from what is left of it,
+under a lock, without asking the ledger.
 
 Exact as a hold per call is:
 

@@ -157,7 +157,7 @@ def begin_automatic_tags(
 ) -> Callable[[], dict[str, str]]:
     """:func:`automatic_tags`, its git queries started now (both at once, no thread, no subprocess
     module); call the result for the tags. The wrapper starts them first and collects them just
-    before it records its run, so git's ~2 x 3 ms run beside the wrapper's own start."""
+    before it records its run, so the two git processes run beside the wrapper's own start."""
     started = time.monotonic()
     queries = [(key, _spawn_git(args, cwd)) for key, args in _GIT_QUERIES]
 

@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv is None:
         # The console script: importing the start path makes some 15,000 tracked objects (functions,
         # classes, dicts) that live as long as the process, so the collector's passes over them find
-        # nothing (~3 ms before the child starts). The run freezes them and turns the collector back
+        # nothing, and delay the child. The run freezes them and turns the collector back
         # on before its child starts; a subcommand turns it back on below.
         import gc
 

@@ -11,7 +11,7 @@ import os
 from ._errors import ConfigError
 from .settings import CONFIG_FILE, OPTION_BY_NAME, Settings, parse_value
 
-TYPE_CHECKING = False  # typing itself costs a guarded command's start ~10 ms
+TYPE_CHECKING = False  # importing typing itself would slow a guarded command's start
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any

@@ -3,9 +3,8 @@
 A call is drawn from an advance (:mod:`quotawrap.advances`) only once its wrapper would learn of it even if the
 process were killed the moment after: then each call in flight gets a row of its own and what the process did
 not draw is released, never charged to nobody. A datagram said so: a send per drawn call, and the relay's
-receive and decode of it (bench_guard_steps: 2.06 datagrams per call against 1.06, and ~125 µs more of the
-relay's CPU per settle on a slow VM), for a note its call's settle, carrying the same split, nearly always makes
-moot within milliseconds.
+receive and decode of it (twice the datagrams per call), for a note its call's settle, carrying the same split,
+nearly always makes moot within milliseconds.
 
 A note is now a slot of a file the process maps (``mmap``, shared): written in place, and read by the wrapper only
 when it closes (:meth:`~quotawrap.settle_relay.Relay.close`). A slot still noted is a call whose settle may never
@@ -14,8 +13,8 @@ have come: its draw lands then. The split is idempotent, so a note read after it
 The call's settle is then written into the same slot (:meth:`DrawNotes.settle`), beside its note, and the wrapper
 takes it from there (:func:`settled_slots`) when the process closes the advance, on a sync, or within
 ``settle_relay.COLLECT_EVERY_S``, and frees the slot once it has landed: a drawn call's settle costs no datagram
-(its send on the caller's path, and the relay's receive and decode of each, which share the two cores with the
-agent: bench_agent_overhead 0.03-0.05 ms less per call, docs/benchmarks.md, session 25), and a process killed after
+(its send on the caller's path, and the relay's receive and decode of each, which share the cores with the
+agent), and a process killed after
 a call still has that call landed exactly. A settle that does not fit, or a process whose wrapper has stopped
 collecting (the file's first byte), goes as a datagram instead.
 

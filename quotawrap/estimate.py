@@ -114,7 +114,7 @@ def thinking_disabled(body: Mapping[str, Any]) -> bool:
 def _thinking_off(body: Mapping[str, Any]) -> bool:
     """:func:`thinking_disabled` of a body checked already (every guarded call asks, twice)."""
     thinking = body.get("thinking")
-    # None (the usual case) short of the Mapping check: an ABC isinstance costs ~10x an identity test
+    # None (the usual case) short of the Mapping check: an ABC isinstance costs far more than an identity test
     return thinking is not None and isinstance(thinking, Mapping) and thinking.get("type") == "disabled"
 
 
@@ -561,7 +561,7 @@ def _check_kind(kind: object) -> None:
 
 
 def _check_body(body: object) -> None:
-    # A body is json.loads' dict: `type(...) is dict` first spares the ABC isinstance (~10x dearer)
+    # A body is json.loads' dict: `type(...) is dict` first spares the far dearer ABC isinstance
     if type(body) is not dict and not isinstance(body, Mapping):
         raise ValueError(f"request body must be a JSON object, got {_type_name(body)}")
 

@@ -127,8 +127,8 @@ def prepare_outputs(settings: Settings) -> str | None:
     return None
 
 
-# tempfile.gettempdir's order; tempfile and shutil themselves (random, hashlib, the compressors) cost
-# a guarded command ~4.5 ms of imports before its child starts
+# tempfile.gettempdir's order; tempfile and shutil themselves (random, hashlib, the compressors) would
+# delay every guarded command's child with their imports
 _TEMP_VARIABLES = ("TMPDIR", "TEMP", "TMP")
 _TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
 

@@ -18,7 +18,7 @@ from .settings import OPTIONS, Settings, env_name
 
 # Everything up to the child's spawn is paid by every guarded command: the process watcher, the
 # signal forwarding, the threads and their modules load once the child is on its way; the child
-# is spawned with os.posix_spawn, not subprocess (its module and selectors, ~8 ms).
+# is spawned with os.posix_spawn, not subprocess (importing its module and selectors would delay the child).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
@@ -121,7 +121,7 @@ def _become_subreaper() -> bool:
 
 def _prctl(option: int, arg: int) -> int:
     """libc's ``prctl(option, arg, 0, 0, 0)`` through ``_ctypes`` itself: the ``ctypes`` package
-    (its types and their classes) costs a guarded command ~4 ms before its child starts."""
+    (its types and their classes) would delay every guarded command's child."""
     import _ctypes
 
     class _Int(_ctypes._SimpleCData):  # type: ignore[type-arg]  # ctypes.c_int
@@ -368,7 +368,7 @@ def _run(
     reaping = _become_subreaper()
     process = _spawn(executable, [executable, *command[1:]], env)
     # From here on the child runs: what follows is off its start-up path (on the other core).
-    import _signal as signal  # the C module: signal.py wraps it in enums, and enum costs the run ~2 ms
+    import _signal as signal  # the C module: signal.py wraps it in enums, and importing enum costs the run
     import functools
     import threading
 

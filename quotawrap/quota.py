@@ -179,8 +179,8 @@ def beijing_day(ts: float) -> str:
     """The Beijing calendar day of a Unix timestamp, 'YYYY-MM-DD'."""
     global _last_day
     start, end, day = _last_day
-    # Asked on every guarded call: the day's text is formatted once per day (a datetime and strftime cost
-    # ~15 µs of a call on a slow machine). A millisecond's margin keeps float rounding at midnight out of it.
+    # Asked on every guarded call: the day's text is formatted once per day (a datetime and strftime per call
+    # would be a measurable share of it). A millisecond's margin keeps float rounding at midnight out of it.
     if start < ts < end:
         return day
     day = datetime.fromtimestamp(ts, BEIJING).strftime("%Y-%m-%d")

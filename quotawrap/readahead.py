@@ -1,4 +1,4 @@
-"""Reading ahead a stream its reader has left, so its call settles exactly and its hold frees room (issue 9).
+"""Reading ahead a stream its reader has left, so its call settles exactly and its hold frees room for waiters.
 
 The commonest way to abandon a stream keeps it referenced: ``for n, chunk in enumerate(stream): if n == 2:
 break`` closes the SDK's ``__iter__`` generator, but its inner iterator, the HTTP response and the guard's

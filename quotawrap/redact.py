@@ -26,7 +26,7 @@ __all__ = [
 HIDDEN = "***"
 
 # Every guarded command's start redacts its command line before the run is recorded, and `re` (with
-# the four patterns below) costs that start ~4 ms: an argument holding none of these fragments (in any
+# the four patterns below) slows that start: an argument holding none of these fragments (in any
 # ASCII case) cannot match a pattern, so a command line of such arguments is kept as it is and `re` stays
 # unloaded. Each pattern needs one: tests/unit/test_redact_and_files.py proves it on generated text.
 _NAME_FRAGMENTS = ("key", "secret", "token", "pass", "pwd", "auth", "credential", "cookie", "sk")
@@ -190,7 +190,7 @@ def key_fingerprint(headers: Mapping[str, str]) -> str | None:
     if known is not None:
         return known
     secret = auth.split(" ", 1)[-1].strip().encode()
-    import hashlib  # only a secret to fingerprint pays for it (~2.5 ms on a guarded command's start path)
+    import hashlib  # only a secret to fingerprint pays for its import, not every guarded command's start
 
     if len(_fingerprints) >= 64:
         _fingerprints.clear()

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ProcessWatcher", "RunDir", "UnguardedProcess", "publish_unguarded"]
 
-_POLL_S = 0.05  # ~0.5 ms of CPU per poll for 5 processes with 37 threads: under 1% of a core
+_POLL_S = 0.05  # often enough to see short-lived processes, rare enough that reading /proc costs little CPU
 _GRACE_S = 5.0  # start-up under heavy load: a hooked interpreter registers within milliseconds
 _SHORT_GRACE_S = 0.5  # when neither the sitecustomize nor the .pth can reach the interpreter
 

@@ -1,4 +1,4 @@
-"""The reserve of one call, and its wait for room in the ledger's line (issue 9), as steps the guard drives.
+"""The reserve of one call, and its wait for room in the ledger's line, as steps the guard drives.
 
 Each step yields the pause (seconds) before the next: ``Guard.begin`` sleeps it, ``Guard.abegin`` and the
 gateway await it, so an event loop is never blocked. Order is the ledger's (ledger/lines.py): a call
@@ -64,7 +64,7 @@ class Call(NamedTuple):
     """What one call's reserve loop works from (fixed before it starts).
 
     A NamedTuple, as the ledger's Settle, rather than a frozen record: every guarded call makes one, and a
-    frozen record sets each of its 13 fields through object.__setattr__ (~1 µs a call in a tight loop).
+    frozen record sets each of its 13 fields through object.__setattr__, a cost on every call's path.
     """
 
     found: endpoints.Route

@@ -46,7 +46,7 @@ def auto_prune(ledger: Ledger, retention: str, now: float) -> PruneResult | None
     if older_than is None:
         return None
     try:
-        # a random holder, as uuid4().hex was: importing uuid (and its platform) cost every run's end ~2 ms
+        # a random holder, as uuid4().hex was: importing uuid (and its platform) slowed every run's end
         if not ledger.try_lease(AUTO_LEASE, os.urandom(16).hex(), quota.DAY_S, now):
             return None
     except QuotawrapError:

@@ -40,7 +40,7 @@ __all__ = [
 CONFIG_FILE = "quotawrap.toml"
 
 # QuotaSettings' defaults (tests/unit/test_settings_lean.py holds them equal): the limit math's
-# module costs a guarded command's start ~10 ms, and a default needs no check.
+# module would slow every guarded command's start, and a default needs no check.
 _DAILY_CAP = 2_000_000
 _SMALL_BUFFER = 50_000
 _USAGE_WALL = 1_950_000
@@ -521,7 +521,7 @@ class Settings:
     """Every option's value (its default unless given), checked by its rule when built; immutable.
 
     A plain class rather than a frozen dataclass: building the dataclass (and importing
-    dataclasses, inspect, ast) cost every guarded command ~10 ms before its child started.
+    dataclasses, inspect, ast) delayed every guarded command's child.
     """
 
     __slots__ = (*(option.name for option in OPTIONS), "extra")

@@ -1,9 +1,9 @@
-"""A guarded child's settles handed to its wrapper process, which lands them (issue 12 item 1).
+"""A guarded child's settles handed to its wrapper process, which lands them off the child's CPU.
 
 In the child a settle landed by its own settler thread still costs the caller: the thread shares the
 GIL (and, on SQLite, the write lock) with the next call's reserve. The wrapper is idle while its
 child runs, so the child sends each settle to it as one datagram on a Unix socket in the run's
-private directory (``QUOTAWRAP_SETTLE_SOCKET``; a send is a few µs and never blocks) and the
+private directory (``QUOTAWRAP_SETTLE_SOCKET``; a send is a copy and never blocks) and the
 wrapper lands them in batches on its own ledger connection.
 
 Sound as the in-process settler is: a settle sent and not yet landed has not touched its hold, so
@@ -22,7 +22,7 @@ never came: then the advances of dead processes hold no call.
 
 A call the guard bounded (``Plan.bound``) rides with its settle as a :data:`BoundEvent`, and the wrapper
 writes the run's ``bound`` events: a line the child wrote for each such call was two more system calls
-on the caller's path (bench_guard_steps' ``admitted`` step: 21.8 -> 13.1 µs).
+on the caller's path.
 """
 
 from __future__ import annotations
@@ -47,20 +47,19 @@ if TYPE_CHECKING:
     from .waiting import BoundEvent, EventLog
 
 # ``socket`` is imported where a socket is made, not here: the wrapper imports this module beside its
-# child's start, and socket costs ~2 ms there (the child has it already, through its HTTP client).
+# child's start, where its import is a measurable cost (the child has it already, through its HTTP client).
 
 __all__ = ["SOCKET_VARIABLE", "Relay", "Sender", "decode", "encode", "relay_path"]
 
 MAX_BATCH = 256  # settles per ledger call, as the in-process settler
 LINGER_S = 0.005  # once woken, gather this long: as the in-process settler, so other processes' waiters see no change
 # Settles per LINGER_S up to which the thread polls for them rather than waking for each: a sequential agent on
-# loopback sends ~5 (each wake-up cost its send ~10 µs and the wrapper ~50 µs per settle), and 6 of the kernel's
+# loopback sends a handful (each wake-up costs both the child's send and the wrapper), and 6 of the kernel's
 # usual 10 queued leaves room for a burst; a datagram the full queue refuses goes to the child's own settler.
 POLL_AT_MOST = 6
 # While it polls, it lands what it gathered at most this often: other processes' waiters see room freed that
 # much later (this child's own land in the child while one of its calls waits; a sync lands at once). A reserve
-# that meets a landing waits for it, and the longer the batch the likelier and the longer: every 25 ms, ~1.3 ms
-# SQLite transactions met 2% of a sequential agent's reserves (and Redis queued ~1.5% behind ~1.6 ms of script).
+# that meets a landing waits for it, and the longer the batch the likelier and the longer that wait.
 LAND_EVERY_S = 0.010
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
@@ -69,7 +68,7 @@ _EVENTS = ("settle", "release", "draw", "close")
 # A drawn call's settle is written in its slot: the relay takes those when its process closes the advance (a
 # datagram, every ADVANCE_CALLS calls or ADVANCE_S seconds), on a sync, at its own close, and at the latest this
 # long after it was written (while no datagram comes). Looking on a timer of its own cost the wrapper more than
-# receiving each settle (docs/benchmarks.md, session 25).
+# receiving each settle did.
 COLLECT_EVERY_S = 0.1
 _BUFFER_BYTES = 4 << 20  # the wrapper's receive queue: thousands of settles while a batch lands
 
@@ -264,16 +263,16 @@ class Relay:
             landing_before = self._landing_received
             if polling:
                 # Settles come steadily, a few per LINGER_S: poll for them. A send to a socket this thread is
-                # blocked on must wake it, which cost the child's send ~30 µs (p90 ~120 µs) on a slow machine,
-                # on the caller's path; a send to a socket nobody waits on is a copy.
+                # blocked on must wake it, a cost paid by the child's send on the caller's path; a send to a
+                # socket nobody waits on is a copy.
                 self._stop.wait(LINGER_S)
                 with self._lock:
                     if self._closed:
                         return  # close() lands the rest
                     received = self._drain()
-                    # Landing is the dear part (a ledger transaction, ~0.3-0.45 ms of this process's CPU on
-                    # two shared cores, nearly all of it per batch, not per settle): while they come steadily,
-                    # gather for up to LAND_EVERY_S. Draining stays every LINGER_S (the kernel queues ~10).
+                    # Landing is the dear part (a ledger transaction, its cost per batch, not per settle): while
+                    # they come steadily, gather for up to LAND_EVERY_S. Draining stays every LINGER_S (the kernel
+                    # queues ~10).
                     gathering = (
                         0 < self._landing_received - landing_before <= POLL_AT_MOST
                         and not self._syncs
@@ -287,10 +286,10 @@ class Relay:
                     polling = False  # idle again: wait for the next settle, however long
                     continue
                 if not self._syncs and self._aimed():
-                    # A reserve that meets it sleeps 1 ms or more (SQLite's busy handler): land right after the
-                    # next settle arrives, when its process has just finished a call and is some hundreds of µs
-                    # from its next reserve (7 of 3,000 met it, against 50-90 landing at any moment). Redis
-                    # queues a reserve behind the batch instead: there, just before the next reserve is the worst.
+                    # A reserve that meets it sleeps in SQLite's busy handler: land right after the next settle
+                    # arrives, when its process has just finished a call and is furthest from its next reserve.
+                    # Redis queues a reserve behind the batch instead: there, just before the next reserve is the
+                    # worst.
                     self._next(LINGER_S)
             else:
                 if not self._next(COLLECT_EVERY_S):  # no datagram: drawn calls' settles may wait in their slots

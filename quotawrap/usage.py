@@ -77,7 +77,7 @@ class Usage(Record, frozen=True):
 # --------------------------------------------------------------------------- validation
 
 
-class UsageBound(NamedTuple):  # not a frozen record: one per guarded call, and a NamedTuple is made ~2x faster
+class UsageBound(NamedTuple):  # not a frozen record: one per guarded call, and a NamedTuple is made faster
     """The most usage one call could have produced, from its request (see ``estimate.usage_bound``)."""
 
     prompt: int

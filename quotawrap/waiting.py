@@ -1,6 +1,6 @@
 """Waiting for room: the process's wake-up on settles, and the run's record of waits and bounds.
 
-A call that does not fit only because of holds in flight waits instead of being refused (issue 9),
+A call that does not fit only because of holds in flight waits instead of being refused,
 first come, first served across threads, processes, runs and hosts: the order is kept in the ledger
 itself (ledger/lines.py has the rule, reserving.py the wait). What this module adds is the wake-up of
 this process's head waiters when one of its calls settles (:class:`RoomSignal`), and the record:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from .._importhook import when_imported
 from ._active import get_guard, set_guard
 
-TYPE_CHECKING = False  # typing itself costs ~8 ms of every child's start-up
+TYPE_CHECKING = False  # importing typing itself would slow every child's start-up
 if TYPE_CHECKING:
     from types import ModuleType
 

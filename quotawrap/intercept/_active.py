@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import _thread
 
-TYPE_CHECKING = False  # typing itself costs ~8 ms of every child's start-up
+TYPE_CHECKING = False  # importing typing itself would slow every child's start-up
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

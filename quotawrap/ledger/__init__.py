@@ -44,8 +44,8 @@ def user_state_dir() -> str:
     """quotawrap's state directory: ``platformdirs.user_state_dir("quotawrap")``.
 
     On Linux by the XDG rule platformdirs applies (``$XDG_STATE_HOME`` when absolute, else
-    ``$HOME/.local/state``), since importing platformdirs costs every guarded command ~2 ms before
-    its child starts; anything unusual (another system, no absolute home) asks platformdirs.
+    ``$HOME/.local/state``), since importing platformdirs delays every guarded command's child;
+    anything unusual (another system, no absolute home) asks platformdirs.
     """
     if sys.platform.startswith("linux"):
         xdg = os.environ.get("XDG_STATE_HOME", "")

@@ -77,9 +77,9 @@ def new_hold_id() -> str:
     76 random bits, which keep ids unique across threads, processes and hosts.
 
     Led by the time, the ids of calls made one after another sort next to each other: a batch of settles adds its
-    rows at the end of the ``calls`` id index instead of on a page of its own each, anywhere in it: a quarter less
-    time per drawn settle landed, under half the WAL written (bench/bench_landing.py, docs/benchmarks.md). Not uuid4:
-    it cost 5x as much (an object to print), and importing uuid (platform) ~2 ms of a command's start."""
+    rows at the end of the ``calls`` id index instead of on a page of its own each, anywhere in it, so landing a
+    batch dirties fewer pages (bench/bench_landing.py measures it). Not uuid4: it builds an object to print, and
+    importing uuid (platform) slows a command's start."""
     return f"{time.time_ns() // 1000:013x}{os.urandom(10).hex()[:19]}"
 
 
@@ -291,7 +291,7 @@ class Ledger(Protocol):
     """A shared, atomic store of holds and counters. Every method is safe across threads and processes."""
 
     url: str
-    # A writer that meets another's write sleeps until it may go on (SQLite's busy handler: 1 ms and more),
+    # A writer that meets another's write sleeps until it may go on (SQLite's busy handler sleeps in steps),
     # so a batch of settles is best landed while guarded calls are between their writes (settle_relay).
     writers_sleep_when_busy: ClassVar[bool]
     # Whether it lands settles of calls drawn from an advance (Settle.drawn) and closes advances.
@@ -368,7 +368,7 @@ class Ledger(Protocol):
 
     def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]: ...
 
-    # -- balance sync (issue 3): the per-minute usage series, sync history, packages, one caller
+    # -- balance sync: the per-minute usage series, sync history, packages, one caller
 
     def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
         """(minute timestamp, cumulative settled tokens) of one model-day, ascending."""
@@ -399,7 +399,7 @@ class Ledger(Protocol):
 
     def release_lease(self, name: str, holder: str) -> None: ...
 
-    # -- retention (issue 10 item 5)
+    # -- retention: fold old days into aggregates so the ledger stops growing
 
     def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
         """Fold the finished calls of every day before ``before_day`` into daily aggregates and delete

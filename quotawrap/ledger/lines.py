@@ -1,4 +1,4 @@
-"""Waiting lines kept in the ledger: who may take room now (issue 9, first come first served).
+"""Waiting lines kept in the ledger: who may take room now (first come, first served).
 
 A call that does not fit only because of holds in flight waits in a line, and the reserve of
 every call checks the lines it touches in the same atomic step that checks the limits. Both

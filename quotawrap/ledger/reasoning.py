@@ -2,8 +2,8 @@
 
 The guard bounds a call that leaves reasoning open by the p99 of its model's recent reasoning
 (``allowance``), read from the ledger by every process on its first call of a model and every 30 s
-after. Read as whole call records, a busy day (20,000 calls) cost that first call half a second; the
-query reads one column of that model's latest rows only. ``tests/unit/test_reasoning_history.py`` proves the
+after. Read as whole call records, a busy day held up that first call for every row; the query reads
+one column of that model's latest rows only. ``tests/unit/test_reasoning_history.py`` proves the
 query equal to the rule on generated ledgers.
 """
 

@@ -2,7 +2,7 @@
 with them too), and a run's own record written with plain ``sqlite3``.
 
 Every guarded command records its run before its child starts. The full ledger (its records,
-the limit math, the interface: dataclasses, typing, json) costs that start ~25 ms of imports,
+the limit math, the interface: dataclasses, typing, json) would cost that start its imports,
 and a run needs none of it to write one row, so the wrapper opens the ledger's file here and
 loads the full ledger only when a process of the run makes a guarded call, or when anything is
 unusual: no file yet (a new ledger is made complete by the full path), an older schema (it
@@ -12,7 +12,7 @@ then says what is wrong, with its exit code).
 
 from __future__ import annotations
 
-# The C module itself: the sqlite3 package adds only its datetime adapters (and datetime, ~2 ms on a
+# The C module itself: the sqlite3 package adds only its datetime adapters (and datetime, a cost on a
 # guarded command's start path); its classes and functions are these very objects.
 import _sqlite3 as sqlite3
 import os

@@ -200,9 +200,9 @@ class SQLiteLedger:
     def leave_checkpoints(self) -> None:
         """This process's commits leave the WAL's checkpoints to another process that writes the same ledger
         all along (a guarded child's wrapper, which lands the child's settles). A checkpoint copies the WAL
-        into the database and syncs both, milliseconds on a slow disk, and whichever commit finds the WAL
-        past SQLite's threshold runs it: in a guarded child, a reserve's COMMIT about once in 140 calls, on
-        the caller's path. Past BACKSTOP_CHECKPOINT_PAGES this process still runs one itself."""
+        into the database and syncs both, slow on a slow disk, and whichever commit finds the WAL past
+        SQLite's threshold runs it: in a guarded child, now and then a reserve's COMMIT, on the caller's
+        path. Past BACKSTOP_CHECKPOINT_PAGES this process still runs one itself."""
         self._checkpoint_pages = BACKSTOP_CHECKPOINT_PAGES
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# The C module itself: the sqlite3 package adds only its datetime adapters (and datetime, ~2 ms on a
+# The C module itself: the sqlite3 package adds only its datetime adapters (and datetime, a cost on a
 # guarded command's start path); its classes and functions are these very objects.
 import _sqlite3 as sqlite3
 import contextlib
@@ -42,8 +42,8 @@ SCHEMA_VERSION = "7"
 
 # The page size of a new ledger. A commit dirties one page of each b-tree it writes (a settle: the calls
 # table and its indexes, the holds, the counters) and copies and checksums each whole page into the WAL:
-# 2 KiB pages cut ~5 µs of CPU per reserve and ~10 on a day's 100,000 calls, against SQLite's 4 KiB,
-# with no slower report (1 KiB gained little more and deepens every tree). A ledger created with
+# 2 KiB pages copy half the bytes per commit of SQLite's 4 KiB, with no slower report (1 KiB gained
+# little more and deepens every tree). A ledger created with
 # another size keeps it (WAL mode cannot change it).
 PAGE_SIZE = 2048
 
@@ -70,9 +70,8 @@ _WAITERS = """CREATE TABLE IF NOT EXISTS waiters (
 # A call's row: one definition for both tables that keep calls. A call in flight (state 'held') is a row of
 # ``holds``, a small table without indexes: a reserve on the caller's path writes that one b-tree and the
 # counters' page, where a row of ``calls`` (its table and its indexes) made its COMMIT copy six pages into
-# the WAL (bench_guard_steps: the reserve in a guarded child ~131 -> ~104 µs). The wrapper moves the row to
-# ``calls`` when its settle lands, so the work moves off the caller's path rather than away (bench_ledger's
-# reserve+settle pairs/s are unchanged); a hold never returns to 'held', so every row of ``calls`` is final.
+# the WAL. The wrapper moves the row to ``calls`` when its settle lands, so the work moves off the caller's
+# path rather than away; a hold never returns to 'held', so every row of ``calls`` is final.
 _CALL_ROW = """(
     id TEXT PRIMARY KEY,
     run_id TEXT NOT NULL,
@@ -270,7 +269,7 @@ def create_schema(conn: sqlite3.Connection) -> None:
 
 def _new_private_file(directory: Path, prefix: str, suffix: str) -> str:
     """``tempfile.mkstemp``'s promise (a new file, mode 0600, never an existing one), closed: importing
-    tempfile (random, hashlib, shutil) would cost a guarded command's start ~3 ms."""
+    tempfile (random, hashlib, shutil) would slow every guarded command's start."""
     while True:
         name = str(directory / f"{prefix}{os.urandom(6).hex()}{suffix}")
         try:
@@ -328,8 +327,8 @@ def check(path: str | os.PathLike[str], opened: tuple[int, int], url: str) -> No
 
 
 # Threads of one process writing one file queue on this lock, woken the moment the writer commits,
-# rather than on SQLite's busy handler, which sleeps 1 ms and more once it finds the file locked: a
-# guarded call's reserve meeting its own settler's batch waited a whole millisecond for ~50 µs of work.
+# rather than on SQLite's busy handler, which sleeps in steps far longer than a write once it finds the
+# file locked: a guarded call's reserve meeting its own settler's batch would sleep out a whole step.
 _WRITE_LOCKS: dict[str, threading.RLock] = {}
 LOCK_WAIT_S = 60.0  # as long as the connections' busy_timeout: past it, SQLite's handler decides
 

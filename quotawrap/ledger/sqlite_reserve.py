@@ -3,7 +3,7 @@ what is in flight (summed from holds), the counters' upsert, a call's tags as it
 settle's move of the row out of holds.
 
 A reserve runs inside ``BEGIN IMMEDIATE`` on the caller's path, so every statement counts: each costs
-a microsecond or more of set-up (Python's and SQLite's) before it does anything.
+set-up (Python's and SQLite's) before it does anything.
 """
 
 from __future__ import annotations

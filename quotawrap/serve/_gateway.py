@@ -14,10 +14,10 @@ stream meanwhile. aiohttp's complaints about malformed requests are one line eac
 The upstream URL's credentials are never shown: health, the start line, warnings and 502s name it
 with its password hidden.
 
-The upstream client is aiohttp's, like the server: on a loaded 2-vCPU machine it costs the gateway
-0.4 ms less per call than ``httpx.AsyncClient`` and carries 2.5 times its guarded requests per second
-(bench/bench_gateway.py). No hook may run in this process (it would reserve the gateway's upstream
-calls a second time): the CLI starts ``serve`` and ``--proxy`` without it.
+The upstream client is aiohttp's, like the server: it costs the gateway less per call than
+``httpx.AsyncClient`` and carries more guarded requests per second (docs/benchmarks.md). No hook may
+run in this process (it would reserve the gateway's upstream calls a second time): the CLI starts
+``serve`` and ``--proxy`` without it.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from ._http import (
 __all__ = ["Gateway"]
 
 _MIB = 1024 * 1024
-# A bigger body is admitted on a thread: counting its tokens costs more than the hop (~0.1 ms) there.
+# A bigger body is admitted on a thread: counting its tokens costs more than the hop there.
 _INLINE_BODY = 16 * 1024
 _ESTIMATE_THREADS = 4
 _TURNED_AWAY_S = 1.0  # how long a connection over the limit may take to read its 503 before it is cut
@@ -72,7 +72,7 @@ _T = TypeVar("_T")
 
 
 class _Relayed(web.StreamResponse):
-    """An upstream answer: its headers leave with its first bytes, in one write (a send costs ~0.1 ms here)."""
+    """An upstream answer: its headers leave with its first bytes, in one write (each send is a system call)."""
 
     _send_headers_immediately = False
 
@@ -253,7 +253,7 @@ class Gateway:
         self._proxy: URL | None = None
         self._runner: web.AppRunner | None = None
         # A network ledger's round trips (and a Redis outage's timeouts) run on threads, so they never
-        # stall the loop and the streams it relays; a local SQLite transaction (~0.1 ms) costs less
+        # stall the loop and the streams it relays; a local SQLite transaction costs less
         # than the hop, and runs inline.
         remote = urlsplit(settings.store or "sqlite:").scheme not in ("", "sqlite")
         self._ledger_pool = ThreadPoolExecutor(_LEDGER_THREADS, "quotawrap-ledger") if remote else None

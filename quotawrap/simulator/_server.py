@@ -241,7 +241,7 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # Headers and body go out in separate writes; with Nagle on, a small body waits for the
-    # client's delayed ACK of the headers (~40 ms on Linux loopback) on every keep-alive call.
+    # client's delayed ACK of the headers on every keep-alive call.
     disable_nagle_algorithm = True
     server_version = "ArkSimulator/0.1"
     sys_version = ""

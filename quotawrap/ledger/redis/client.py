@@ -62,7 +62,7 @@ def _packer() -> Callable[..., Any] | None:
     """hiredis's packer when redis-py packs with it too, else None (the connection's own packer).
 
     The bytes are the same either way: redis-py's hiredis path is this function behind a pass over every
-    argument for bytearray and memoryview (never ours), ~4 µs of the client's CPU per reserve (~35 arguments).
+    argument for bytearray and memoryview (never ours), paid again for each of a reserve's many arguments.
     """
     from redis.utils import HIREDIS_AVAILABLE  # the flag redis-py's connections choose their packer by
 
@@ -102,8 +102,8 @@ class _Wire:
     redis-py opens it (TCP, TLS or a Unix socket; AUTH, SELECT) and says what an error reply is
     (``parse_error``); a script call is then one ``sendall`` of hiredis's packed command and the reads
     its answer needs, fed to a hiredis reader. redis-py's ``send_packed_command`` and ``read_response``
-    wrap the same steps in checks (health, buffers, timeouts): ~7 µs of the client's CPU per reserve+settle
-    pair (bench_ledger --modes settler).
+    wrap the same steps in checks (health, buffers, timeouts) that cost the client's CPU on every call
+    and that a connection of our own does not need.
     Anything but a whole answer closes the connection, which the next call opens again; socket errors
     become redis-py's ConnectionError and TimeoutError, as its own path raises them (retried).
     """

@@ -93,7 +93,7 @@ def pick_snapshot(
 
 
 def with_our_lag(client: Client, keys: Keys, model: str, theirs: Snapshot, lag_s: float) -> Snapshot:
-    """The limiter's snapshot with our lag treatment (issue 8): its lagged usage read from our usage
+    """The limiter's snapshot with our lag treatment (the balance lag): its lagged usage read from our usage
     series, which counts its usage too, at its sync time, as quota.lagged_usage does for ours."""
     today = records.usage_series(client.hgetall(keys.md_series(theirs.day, model)))
     before = records.usage_series(client.hgetall(keys.md_series(beijing_day(theirs.synced_at - DAY_S), model)))

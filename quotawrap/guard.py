@@ -341,7 +341,7 @@ class Guard(GuardBooks):
         if found.action == "poll":
             from .tasks import TaskPolled
 
-            poll = GuardedCall(None, None, "", guard=self)
+            poll = GuardedCall(None, None, "", sink=self)
             poll.followup = TaskPolled(self)
             return poll
         try:
@@ -661,7 +661,7 @@ class Guard(GuardBooks):
             model,
             new_body=new_body,
             hide_usage_chunk=hide,
-            guard=self,
+            sink=self,
             context=context,
             bound=answer_bound,
         )

@@ -2,8 +2,9 @@
 
 An adapter drives a :class:`GuardedCall` with what the network gives it: the response status, the
 body bytes as they pass, and the end of the body (or an error, or an early close). Whichever comes
-first settles the hold, once; the settle lands through the :class:`~quotawrap.guard.Guard` that
-reserved it. The settle policy itself is in the guard module's docstring ("Failure policy").
+first settles the hold, once; the settle lands through the :class:`SettleSink` that reserved it (the
+guard, which this module never imports). The settle policy itself is in the guard module's docstring
+("Failure policy").
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
 from . import endpoints
@@ -27,10 +28,10 @@ from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stre
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .guard import Guard
-    from .waiting import BoundEvent
+    from .endpoint_ids import EndpointIds
+    from .waiting import BoundEvent, EventLog
 
-__all__ = ["CallContext", "Followup", "GuardedCall"]
+__all__ = ["CallContext", "Followup", "GuardedCall", "SettleSink"]
 
 
 class CallContext(NamedTuple):
@@ -128,6 +129,48 @@ class Followup(Protocol):
         ...
 
 
+class SettleSink(Protocol):
+    """What a guarded call needs of the process that admitted it to settle: the guard satisfies it, and this is
+    all of the guard a call sees, so the call's module imports nothing above it."""
+
+    @property
+    def events(self) -> EventLog: ...
+
+    @property
+    def endpoint_ids(self) -> EndpointIds: ...
+
+    def land(self, settle: Settle, landed: Callable[[], None] | None, bound: BoundEvent | None = None) -> None:
+        """Queue or send ``settle``; call ``landed`` once it has landed."""
+        ...
+
+    def flush(self, timeout: float = -1) -> bool:
+        """Land this process's settles in transit; False when they did not land within ``timeout``."""
+        ...
+
+    def actual_cost(self, model: str, usage: Usage, rule: CostRule | None = None) -> int: ...
+
+    def settled(self, context: CallContext, usage: Usage | None) -> None:
+        """The call's room is free: wake the waiters, learn from its usage."""
+        ...
+
+    def audit(
+        self,
+        context: CallContext,
+        state: CallState,
+        usage: Usage | None,
+        cost: int,
+        latency_s: float,
+        *,
+        anomaly: str | None = None,
+    ) -> None: ...
+
+    def answered(self, call: GuardedCall, raw: object) -> None:
+        """A call to an endpoint id was answered naming ``raw``: learn its model, move the hold to it."""
+        ...
+
+    def note_redirect(self, from_url: str, location: str, route: endpoints.Route) -> None: ...
+
+
 _FLUSH_S = 10.0  # a store that does not answer by then: the waiter polls the ledger anyway
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
@@ -164,13 +207,13 @@ class GuardedCall:
         new_body: bytes | None = None,
         hide_usage_chunk: bool = False,
         blocked: SyntheticResponse | None = None,
-        guard: Guard | None = None,
+        sink: SettleSink | None = None,
         context: CallContext | None = None,
         bound: UsageBound | None = None,
     ) -> None:
         self.ledger = ledger
         self._bound = bound
-        self._guard = guard
+        self._sink = sink
         self._context = context
         self.hold_id = hold_id
         self.model = model
@@ -193,10 +236,10 @@ class GuardedCall:
         self._status = status
         # only a redirect's Location is read: each header lookup costs a case-insensitive search
         location = (headers.get("location") or headers.get("Location")) if status in _REDIRECTS else None
-        if location and self._guard is not None and self.route is not None:
+        if location and self._sink is not None and self.route is not None:
             # The hop bills nothing; the client may re-send the call there, which must be guarded too.
             self._redirected = True
-            self._guard.note_redirect(self.url, location, self.route)
+            self._sink.note_redirect(self.url, location, self.route)
         encoding = "identity" if decoded else (headers.get("content-encoding") or "identity").lower().strip()
         if encoding in ("gzip", "x-gzip"):
             self._decompress = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -264,8 +307,8 @@ class GuardedCall:
 
     def flush(self) -> None:
         """Wait until this process's queued settles have landed (a read-ahead's, before it says it is done)."""
-        if self._guard is not None:
-            self._guard.flush(timeout=_FLUSH_S)
+        if self._sink is not None:
+            self._sink.flush(timeout=_FLUSH_S)
 
     def finish(self) -> bytes:
         """End of the body: settle. Returns bytes the SSE reader was still holding back."""
@@ -338,10 +381,10 @@ class GuardedCall:
             action, usage = "charge", None
         if self.hold_id is None:
             return
-        if self.endpoint_id is not None and self._guard is not None and action != "release":
+        if self.endpoint_id is not None and self._sink is not None and action != "release":
             answered = self._sse.model if self._sse is not None else self._answer_model
             try:  # learned and moved to the model it is, before the settle is priced and lands
-                self._guard.answered(self, answered)
+                self._sink.answered(self, answered)
             except Exception as exc:  # never the caller's problem: it settles where it was held
                 warn(f"could not learn the model of {self.endpoint_id} ({type(exc).__name__}: {exc})")
         if self.anomaly is not None:
@@ -355,16 +398,16 @@ class GuardedCall:
 
     def _apply(self, action: str, usage: Usage | None) -> None:
         self._chunks = []
-        if self.probe is not None and self._guard is not None:
-            self._guard.endpoint_ids.probed(*self.probe)
-        if self.ledger is None or self.hold_id is None or self._guard is None:
+        if self.probe is not None and self._sink is not None:
+            self._sink.endpoint_ids.probed(*self.probe)
+        if self.ledger is None or self.hold_id is None or self._sink is None:
             return
         latency = time.monotonic() - self._started
         cost = 0
         try:
             if action != "release":
                 if usage is not None:
-                    cost = self._guard.actual_cost(self.model, usage, self.cost_rule)
+                    cost = self._sink.actual_cost(self.model, usage, self.cost_rule)
                 elif self._context is not None:
                     cost = self._context.reserved_cost
         except Exception as exc:
@@ -379,7 +422,7 @@ class GuardedCall:
             landed = functools.partial(self._audit_landed, state, usage, cost, latency)
         drawn = None if self._context is None else self._context.drawn
         settle = Settle(self.hold_id, event, usage, latency, cost, self.anomaly, drawn)
-        self._guard.land(settle, landed, self._bound_event(usage))
+        self._sink.land(settle, landed, self._bound_event(usage))
 
     @property
     def context(self) -> CallContext | None:
@@ -402,15 +445,15 @@ class GuardedCall:
     def _record_bound(self, usage: Usage | None = None) -> None:
         """The call's bound event where no settle carries it (Guard.land records it with the others)."""
         bound = self._bound_event(usage)
-        if self._guard is not None and bound is not None:
-            self._guard.events.bounds((bound,))
+        if self._sink is not None and bound is not None:
+            self._sink.events.bounds((bound,))
 
     def _audit_landed(self, state: CallState, usage: Usage | None, cost: int, latency: float) -> None:
         """The audit record, once the settle has landed (on the settler's thread for a guarded child)."""
-        assert self._guard is not None and self._context is not None
-        self._guard.settled(self._context, usage)  # the room is free now: wake waiters, learn
+        assert self._sink is not None and self._context is not None
+        self._sink.settled(self._context, usage)  # the room is free now: wake waiters, learn
         try:
-            self._guard.audit(self._context, state, usage, cost, latency, anomaly=self.anomaly)
+            self._sink.audit(self._context, state, usage, cost, latency, anomaly=self.anomaly)
         except Exception as exc:
             warn(f"cannot audit a call to {self.model}: {exc}")
 

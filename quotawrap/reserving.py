@@ -20,28 +20,31 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Generator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Generator, Mapping
+from typing import Any, NamedTuple, Protocol
 
 from . import endpoints, quota, readahead
 from ._errors import StoreError
 from ._log import warn
-from .admission import Room, Wait, only_in_flight_in_the_way, without_bound_mark
+from .admission import Plan, Room, Wait, only_in_flight_in_the_way, without_bound_mark
 from .advances import ENDPOINTS
 from .endpoint_prices import CostRule
 from .estimate import Estimate, Kind, usage_bound
 from .guarded_call import GuardedCall
 from .identity import UNMAPPED
-from .ledger import HoldRequest
+from .ledger import HoldRequest, Ledger
 from .ledger.base import Decision, Settle
 from .ledger.lines import LEASE_S
 from .waiting import QueuedPause
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .guard import Guard
+    from .advances import Advances
+    from .settings import Settings
+    from .usage import UsageBound
+    from .waiting import BoundEvent, EventLog
 
-__all__ = ["Call", "reserve_steps"]
+__all__ = ["Admitter", "Call", "reserve_steps"]
 
 _BACKOFF_MIN_S, _BACKOFF_MAX_S = 0.005, 0.25
 _LAND_OWN_SETTLES_S = 1.0  # before refusing, how long a call waits for its own process's settles to land
@@ -83,18 +86,74 @@ class Call(NamedTuple):
     endpoint_id: str | None = None  # the endpoint id the request names (quotawrap.identity), if any
 
 
+class Admitter(Protocol):
+    """What a reserve loop needs of the process that drives it (the guard satisfies it): the store, the call's
+    plan and hold, and the three ends of a call (admitted, refused, unreadable). This module never imports the
+    guard, so the loop sees nothing of it beyond these."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    @property
+    def advances(self) -> Advances | None: ...
+
+    @property
+    def events(self) -> EventLog: ...
+
+    def clock(self) -> float: ...
+
+    def snapshot(self, model: str) -> quota.Snapshot | None: ...
+
+    def plan(self, kind: Kind, url: str, request: dict[str, Any], model: str, room: Room, estimate: Estimate) -> Plan:
+        """What the call is sent as and reserves, planned from the room's counters."""
+        ...
+
+    def hold(
+        self,
+        call: Call,
+        plan: Plan,
+        *,
+        pid: int,
+        waiter: str | None,
+        ticket: int | None,
+        can_wait: bool,
+        hold_id: str | None = None,
+    ) -> HoldRequest: ...
+
+    def settles_in_transit(self) -> bool: ...
+
+    def flush(self, timeout: float = -1) -> bool: ...
+
+    def land(self, settle: Settle, landed: Callable[[], None] | None, bound: BoundEvent | None = None) -> None: ...
+
+    def audit_refusal(self, plan: Plan, hold: HoldRequest, decision: Decision) -> None: ...
+
+    def admitted(
+        self, call: Call, plan: Plan, hold: HoldRequest, decision: Decision, answer_bound: UsageBound
+    ) -> GuardedCall: ...
+
+    def refused(
+        self, call: Call, plan: Plan, hold: HoldRequest, decision: Decision, waited: Wait | None
+    ) -> GuardedCall: ...
+
+    def unreadable(self, model: str, exc: BaseException) -> GuardedCall: ...
+
+
 def queued_poll(ahead: int) -> QueuedPause:
     """How long a call with ``ahead`` waiters before it waits before it asks again."""
     return QueuedPause(min(_QUEUED_MAX_S, _QUEUED_PER_WAITER_S * max(1, ahead)))
 
 
-def _refits_lower(guard: Guard, call: Call, room: Room, reserve: int) -> bool:
+def _refits_lower(guard: Admitter, call: Call, room: Room, reserve: int) -> bool:
     """Whether the call, planned again from the counters just read, reserves less than ``reserve``: its bound
     fitted lower, or a reserve the cap can no longer hold sent with its max_tokens as the bound instead."""
     return guard.plan(call.kind, call.url, call.request, call.model, room, call.estimate).estimate.total < reserve
 
 
-def _admit(guard: Guard, call: Call, room: Room, hold: HoldRequest, *, first: bool) -> Decision:
+def _admit(guard: Admitter, call: Call, room: Room, hold: HoldRequest, *, first: bool) -> Decision:
     """The ledger's answer to ``hold``; where room is plenty, a call's first ask draws from (or takes) an advance
     of its process instead (quotawrap.advances), so most calls do not ask the ledger."""
     advances = guard.advances
@@ -119,7 +178,7 @@ def _admit(guard: Guard, call: Call, room: Room, hold: HoldRequest, *, first: bo
     return guard.ledger.reserve(hold, room.limits_for)
 
 
-def reserve_steps(guard: Guard, call: Call, room: Room) -> Generator[float, None, GuardedCall]:
+def reserve_steps(guard: Admitter, call: Call, room: Room) -> Generator[float, None, GuardedCall]:
     """Reserve for ``call``, waiting in line for room up to ``--wait``; the call's answer."""
     settings = guard.settings
     wait_s = settings.wait if call.enforce and 0 < settings.wait < _INF else 0.0

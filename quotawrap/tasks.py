@@ -18,24 +18,50 @@ a moment the amount is counted twice, never zero times). The create's row is rel
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from ._errors import QuotawrapError
 from ._log import warn
 from .endpoint_prices import CostRule
 from .ledger import HoldRequest, Ledger
 from .ledger.base import CallRecord
-from .usage import check_usage, usage_from_mapping
+from .usage import Usage, check_usage, usage_from_mapping
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .guard import Guard
+    from .endpoint_ids import EndpointIds
     from .guarded_call import CallContext, GuardedCall
+    from .settings import Settings
 
-__all__ = ["TASK_HOLD_PREFIX", "TaskCreated", "TaskPolled", "open_task_holds", "task_hold_id"]
+__all__ = ["TASK_HOLD_PREFIX", "TaskCreated", "TaskPolled", "TaskServices", "open_task_holds", "task_hold_id"]
 
 TASK_HOLD_PREFIX = "task-"
 _UNBILLED = frozenset({"failed", "cancelled", "canceled", "expired"})
+
+
+class TaskServices(Protocol):
+    """What a video task's follow-up needs of its process (the guard satisfies it): the store, the clock, the
+    run's host and tags, the task hold's validity, the endpoint ids and the price table. This module never
+    imports the guard."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def tags(self) -> dict[str, str]: ...
+
+    @property
+    def endpoint_ids(self) -> EndpointIds: ...
+
+    def clock(self) -> float: ...
+
+    def actual_cost(self, model: str, usage: Usage, rule: CostRule | None = None) -> int: ...
 
 
 def task_hold_id(task_id: str) -> str:
@@ -52,7 +78,7 @@ def _json(body: bytes) -> Any:
 class TaskCreated:
     """Follows a guarded create: hands its hold over to the task it created."""
 
-    def __init__(self, guard: Guard, context: CallContext) -> None:
+    def __init__(self, guard: TaskServices, context: CallContext) -> None:
         self._guard = guard
         self._context = context
 
@@ -89,7 +115,7 @@ class TaskCreated:
 class TaskPolled:
     """Follows a GET of a task (or of the task list): settles what the answer says has ended."""
 
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: TaskServices) -> None:
         self._guard = guard
 
     def finish(self, call: GuardedCall, status: int, body: bytes, complete: bool) -> bool:

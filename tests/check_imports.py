@@ -1,8 +1,9 @@
 """The import rules of the package, checked from source (``python tests/check_imports.py``; run by ``make test``).
 
-1. No import cycle among ``quotawrap`` modules. Every import that can run counts, at any depth: a
-   lazy import inside a function hides a cycle from the interpreter, not from the reader. Imports
-   under ``if TYPE_CHECKING:`` never run (annotations only) and are not edges.
+1. No import cycle among ``quotawrap`` modules. Every import counts, at any depth: a lazy import
+   inside a function hides a cycle from the interpreter, not from the reader, and one under
+   ``if TYPE_CHECKING:`` couples the two modules' types as much as one that runs. A lower module
+   that needs a few members of a higher one names them in a ``Protocol`` of its own instead.
 2. The pure modules import only pure modules and no I/O from the standard library, so the rules
    of the ledger can be read, tested and mirrored without a file, socket, clock thread or process.
 
@@ -74,7 +75,7 @@ def _imports(path: Path, name: str, is_package: bool, modules: Iterable[str]) ->
     known = set(modules)
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = name if is_package else name.rpartition(".")[0]
-    for node in _runnable_nodes(tree):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -88,24 +89,6 @@ def _imports(path: Path, name: str, is_package: bool, modules: Iterable[str]) ->
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
                 yield submodule if submodule in known else base
-
-
-def _runnable_nodes(tree: ast.AST) -> Iterable[ast.AST]:
-    """Every node of the tree except the bodies of ``if TYPE_CHECKING:`` blocks."""
-    pending = [tree]
-    while pending:
-        node = pending.pop()
-        yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            pending.extend(node.orelse)
-            continue
-        pending.extend(ast.iter_child_nodes(node))
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
 
 
 def import_graph(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:

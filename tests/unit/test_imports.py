@@ -75,13 +75,24 @@ class TestImportRules:
             "quotawrap.quota (pure) imports os.path, an I/O module",
         ]
 
-    def test_an_annotation_only_import_is_not_a_cycle(self, tmp_path: Path) -> None:
-        """An import under ``if TYPE_CHECKING:`` never runs, so it closes no cycle; the same import at runtime does."""
+    def test_a_cycle_through_an_annotation_only_import_is_caught(self, tmp_path: Path) -> None:
+        """An import under ``if TYPE_CHECKING:`` never runs, yet it ties the two modules' types together: a cycle
+        it closes fails the check, whether the guard is a local flag or ``typing.TYPE_CHECKING``."""
+        for n, flag in enumerate(
+            ("TYPE_CHECKING = False\nif TYPE_CHECKING:", "import typing\nif typing.TYPE_CHECKING:")
+        ):
+            files = {
+                "__init__.py": "",
+                "guard.py": "from .tasks import TaskPolled\n",
+                "tasks.py": f"{flag}\n    from .guard import Guard\nTaskPolled = 1\n",
+            }
+            assert problems(_package(tmp_path / str(n), files)) == ["import cycle: quotawrap.guard <-> quotawrap.tasks"]
+
+    def test_a_protocol_in_the_lower_module_closes_no_cycle(self, tmp_path: Path) -> None:
+        """The cure for such a cycle: the lower module names what it uses in a Protocol and imports nothing back."""
         files = {
             "__init__.py": "",
             "guard.py": "from .tasks import TaskPolled\n",
-            "tasks.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .guard import Guard\nTaskPolled = 1\n",
+            "tasks.py": "from typing import Protocol\nclass Services(Protocol): ...\nTaskPolled = 1\n",
         }
-        assert problems(_package(tmp_path / "a", files)) == []
-        files["tasks.py"] = "from .guard import Guard\nTaskPolled = 1\n"
-        assert problems(_package(tmp_path / "b", files)) == ["import cycle: quotawrap.guard <-> quotawrap.tasks"]
+        assert problems(_package(tmp_path, files)) == []

@@ -19,7 +19,7 @@ from .estimate import (
     bounded,
     bounded_output,
 )
-from .ledger import HoldRequest, Ledger
+from .ledger import CallPath, HoldRequest
 from .waiting import EventLog, wait_id
 
 __all__ = [
@@ -56,7 +56,7 @@ class Room:
 
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: CallPath,
         limits_for: Callable[[quota.Snapshot | None], list[quota.Limit]],
         snapshot: Callable[[], quota.Snapshot | None],
         known: Known,

@@ -45,7 +45,7 @@ from .settler import before_flush_all
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .ledger.base import Ledger
+    from .ledger.interface import CallPath
 
 __all__ = ["ADVANCE_CALLS", "ADVANCE_S", "ENDPOINTS", "ROOM_SHARE", "Advances", "advance_size"]
 
@@ -112,7 +112,7 @@ class Advances:
 
     def __init__(
         self,
-        ledger: Callable[[], Ledger],
+        ledger: Callable[[], CallPath],
         land: Callable[[Settle], None],
         tell: Callable[[Settle], bool],
         listening: Callable[[], bool] = lambda: True,

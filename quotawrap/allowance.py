@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from .estimate import MAX_OUTPUT_TOKENS, learned_allowance
-from .ledger import Ledger
+from .ledger import CallPath
 from .ledger.base import CallRecord
 from .ledger.reasoning import reasoning_samples
 
@@ -56,7 +56,7 @@ class AllowanceBook:
 
     def __init__(
         self,
-        ledger: Callable[[], Ledger],
+        ledger: Callable[[], CallPath],
         *,
         clock: Callable[[], float] = time.time,
         refresh_s: float = _REFRESH_S,

@@ -18,7 +18,7 @@ from .identity import endpoints_from_listing
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from .ledger import CallPath
     from .settings import Settings
 
 __all__ = ["list_endpoint_models", "sync_endpoints"]
@@ -57,7 +57,7 @@ def _wire(entry: Any) -> dict[str, Any]:
     return {"Id": getattr(entry, "id", None), "ModelReference": {"FoundationModel": found} if foundation else None}
 
 
-def sync_endpoints(ledger: Ledger, settings: Settings) -> dict[str, str]:
+def sync_endpoints(ledger: CallPath, settings: Settings) -> dict[str, str]:
     """List the account's endpoints and keep in the ledger the pairs it does not already have; the pairs listed."""
     listed = list_endpoint_models(settings.billing_endpoint)
     kept = ledger.endpoint_models()

@@ -41,7 +41,7 @@ from .consume_plan import (
 )
 from .guard import Guard
 from .guarded_call import GuardedCall
-from .ledger import Ledger, model_day_key
+from .ledger import CallPath, Ledger, model_day_key
 from .ledger.base import ledger_clock
 from .settings import Settings
 
@@ -120,7 +120,7 @@ class ConsumeResult(Record):
         }
 
 
-def consume_models(ledger: Ledger, settings: Settings, today: str) -> list[str]:
+def consume_models(ledger: CallPath, settings: Settings, today: str) -> list[str]:
     """The exact ids given with --model; else the models with a balance synced today (matching any pattern)."""
     from .endpoints import model_matches
     from .identity import canonical
@@ -136,7 +136,7 @@ def consume_models(ledger: Ledger, settings: Settings, today: str) -> list[str]:
     ]
 
 
-def make_plans(ledger: Ledger, settings: Settings, models: Sequence[str], now: float) -> list[ConsumePlan]:
+def make_plans(ledger: CallPath, settings: Settings, models: Sequence[str], now: float) -> list[ConsumePlan]:
     day = quota.beijing_day(now)
     keys = [model_day_key(model, day) for model in models]
     counters = ledger.counters(keys)
@@ -164,12 +164,14 @@ class _ModelRun:
         self,
         plan: ConsumePlan,
         guard: Guard,
+        ledger: Ledger,
         options: ConsumeOptions,
         clock: Callable[[], float],
         progress: Callable[[str], None],
     ) -> None:
         self.plan = plan
         self.guard = guard
+        self.ledger = ledger  # the guard's, whole: the guard types it as its call path, this reads run totals
         self.options = options
         self.clock = clock
         self.progress = progress
@@ -186,7 +188,7 @@ class _ModelRun:
     # -- accounting -------------------------------------------------------------------------
 
     def _spent(self) -> int:
-        totals = self.guard.ledger.run_totals(self.guard.settings.run_id or "").models.get(self.plan.model)
+        totals = self.ledger.run_totals(self.guard.settings.run_id or "").models.get(self.plan.model)
         return totals.settled_tokens if totals is not None else 0
 
     def _headroom(self, now: float) -> int:
@@ -378,7 +380,7 @@ def run_consume(
                 result.outcomes.append(ModelOutcome(plan, stop=f"nothing to spend: {plan.detail}"))
                 continue
             progress(f"{plan.model}: spending a plan of {plan.budget:,} tokens (bound by {plan.binding})")
-            result.outcomes.append(_ModelRun(plan, guard, options, clock, progress).run(client))
+            result.outcomes.append(_ModelRun(plan, guard, ledger, options, clock, progress).run(client))
     return result
 
 

@@ -25,7 +25,7 @@ from .identity import UNMAPPED, Identity, endpoint_table, resolve
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .ledger import Ledger
+    from .ledger import CallPath
 
 __all__ = ["PROBE_WAIT_S", "EndpointIds", "configured_endpoints"]
 
@@ -50,7 +50,7 @@ class EndpointIds:
 
     def __init__(
         self,
-        ledger: Callable[[], Ledger],
+        ledger: Callable[[], CallPath],
         configured: Callable[[], Mapping[str, str]] = configured_endpoints,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,

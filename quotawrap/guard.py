@@ -43,7 +43,7 @@ from .estimate import Estimate, EstimateSettings, Kind, ReasoningReserve, estima
 from .guard_books import GuardBooks
 from .guarded_call import CallContext, GuardedCall
 from .identity import UNMAPPED, Identity, answered_model, canonical
-from .ledger import HoldRequest, Ledger, model_day_key, open_ledger
+from .ledger import CallPath, HoldRequest, model_day_key, open_ledger
 from .ledger.base import Decision, Settle, ledger_clock, new_hold_id, run_cost_key, run_key
 from .model_limits import reasoning_ceiling
 from .redact import key_fingerprint
@@ -73,7 +73,7 @@ class Guard(GuardBooks):
     def __init__(
         self,
         settings: Settings,
-        ledger: Ledger | None = None,
+        ledger: CallPath | None = None,
         *,
         clock: Callable[[], float] | None = None,
         soft_walls: bool = True,
@@ -159,7 +159,7 @@ class Guard(GuardBooks):
         return self._clock()
 
     @property
-    def ledger(self) -> Ledger:
+    def ledger(self) -> CallPath:
         if self._ledger is None:
             with self._ledger_lock:
                 if self._ledger is None:

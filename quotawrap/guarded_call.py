@@ -21,7 +21,7 @@ from . import endpoints
 from ._log import warn
 from .admission import ADDED, cut_short
 from .endpoint_prices import CostRule
-from .ledger import HoldRequest, Ledger
+from .ledger import CallPath, HoldRequest
 from .ledger.base import CallRecord, CallState, Decision, Drawn, Settle
 from .synthetic import SyntheticResponse
 from .usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, model_of_body, usage_from_body
@@ -200,7 +200,7 @@ class GuardedCall:
 
     def __init__(
         self,
-        ledger: Ledger | None,
+        ledger: CallPath | None,
         hold_id: str | None,
         model: str,
         *,

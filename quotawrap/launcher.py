@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
-    from .ledger import Ledger, RunTotals
+    from .ledger import Books, Ledger, RunTotals
     from .registry import UnguardedProcess
 
     HOOK_DIR: Path  # the hook's directory and the package's home, as paths (module __getattr__ below)
@@ -560,7 +560,7 @@ def _beside_child(work: Callable[[], None] | None) -> None:
         warn(f"could not prepare the run's end: {exc!r}")
 
 
-def _reclaim_loop(ledger: Ledger, stop: threading.Event, run_dir: str | None, relay: _Relay) -> None:
+def _reclaim_loop(ledger: Books, stop: threading.Event, run_dir: str | None, relay: _Relay) -> None:
     """Charge holds of processes that died (a SIGKILLed grandchild, a crashed run before) while the run goes on.
 
     The first pass runs beside the child's start rather than before it: until it ends, a dead

@@ -15,7 +15,7 @@ from .admission import ADDED, REPLACED
 from .audit import anomalous_line
 from .files import append_private, write_private
 from .identity import UNMAPPED
-from .ledger import Ledger, ModelTotals, RunTotals
+from .ledger import ModelTotals, Reader, RunTotals
 from .ledger.base import CallRecord, DayAggregate
 from .money import format_cny
 from .quota import DAY_S, beijing_day, beijing_day_start
@@ -301,7 +301,7 @@ def day_range(since: float | None, until: float | None) -> tuple[str | None, str
 
 
 def ledger_rows(
-    ledger: Ledger, by: str, *, since: float | None = None, until: float | None = None, session: str | None = None
+    ledger: Reader, by: str, *, since: float | None = None, until: float | None = None, session: str | None = None
 ) -> list[dict[str, Any]]:
     """``quotawrap report``'s rows: the calls still kept, plus the daily aggregates of pruned days."""
     from .audit import aggregate

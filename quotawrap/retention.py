@@ -11,7 +11,8 @@ import os
 from . import quota
 from ._errors import QuotawrapError
 from .durations import parse_retention
-from .ledger.base import Ledger, PruneResult
+from .ledger.base import PruneResult
+from .ledger.interface import Ledger
 from .ledger.runs import AUTO_PRUNE_LEASE
 
 __all__ = ["AUTO_LEASE", "auto_prune", "cutoff_day", "describe"]

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     import socket
 
     from .draw_notes import DrawNotes
-    from .ledger.base import Ledger, Settle
+    from .ledger.base import Settle
+    from .ledger.interface import CallPath
     from .waiting import BoundEvent, EventLog
 
 # ``socket`` is imported where a socket is made, not here: the wrapper imports this module beside its
@@ -221,7 +222,7 @@ class Relay:
     """The wrapper's end: receives the child's settles and lands them on ``ledger``; one daemon thread."""
 
     def __init__(
-        self, path: str, ledger: Callable[[], Ledger], warn: Callable[[str], None], events: EventLog | None = None
+        self, path: str, ledger: Callable[[], CallPath], warn: Callable[[str], None], events: EventLog | None = None
     ) -> None:
         import socket
 
@@ -539,7 +540,7 @@ def _alive(name: str) -> bool:
 
 
 def open_relay(
-    path: str, ledger: Callable[[], Ledger], warn: Callable[[str], None], events: EventLog | None = None
+    path: str, ledger: Callable[[], CallPath], warn: Callable[[str], None], events: EventLog | None = None
 ) -> Relay | None:
     """The wrapper's relay at ``path``, or None (its children then settle in-process, as before)."""
     try:

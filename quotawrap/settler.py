@@ -28,7 +28,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from ._log import warn
-from .ledger.base import Ledger, Settle
+from .ledger.base import Settle
+from .ledger.interface import CallPath
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class Settler:
 
     def __init__(
         self,
-        ledger: Callable[[], Ledger],
+        ledger: Callable[[], CallPath],
         *,
         what: str = "call",
         relay: Sender | None = None,

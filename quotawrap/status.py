@@ -15,7 +15,7 @@ from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
 from .estimate import MAX_OUTPUT_TOKENS
 from .expiry import keep_alive_daily_usage
 from .identity import UNMAPPED
-from .ledger import Ledger, model_day_key
+from .ledger import CallPath, Ledger, Reader, model_day_key
 from .ledger.base import RunRecord, pid_alive
 from .model_limits import limits_for, reasoning_ceiling
 from .settings import Settings
@@ -261,7 +261,7 @@ def session_state(run: RunRecord, host: str | None = None) -> str:
     return "running"
 
 
-def session_rows(ledger: Ledger, since: float | None, until: float | None) -> list[dict[str, Any]]:
+def session_rows(ledger: Reader, since: float | None, until: float | None) -> list[dict[str, Any]]:
     """``quotawrap sessions``: each run with its state, its command (secrets hidden) and its totals."""
     from .audit import aggregate
     from .redact import redact_command_line
@@ -308,7 +308,7 @@ def _shown(row: dict[str, Any]) -> dict[str, Any]:
     return {key: printable(value) if isinstance(value, str) else value for key, value in row.items()}
 
 
-def no_balance_today(ledger: Ledger, settings: Settings, now: float) -> bool:
+def no_balance_today(ledger: CallPath, settings: Settings, now: float) -> bool:
     """Whether a guarded model has no balance snapshot of today's Beijing day (or the store cannot say)."""
     from ._errors import QuotawrapError
     from .sync import candidate_models

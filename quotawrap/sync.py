@@ -32,7 +32,7 @@ from ._records import Record
 from .balance import BalanceUnavailable, read_balance_command, read_billing_api, sync_source
 from .expiry import expiring_before
 from .identity import UNMAPPED, canonical
-from .ledger import Ledger, model_day_key
+from .ledger import CallPath, Ledger, Reader, model_day_key
 from .ledger.base import ledger_clock
 from .settings import Settings
 
@@ -100,7 +100,7 @@ def record_b0(ledger: Ledger, model: str, b0: int, now: float) -> quota.Snapshot
     return snapshot
 
 
-def candidate_models(ledger: Ledger, settings: Settings) -> list[str]:
+def candidate_models(ledger: CallPath, settings: Settings) -> list[str]:
     exact = [canonical(m) for m in settings.model if not any(ch in m for ch in "*?[")]
     named = [canonical(m) for m in settings.package_matches]
     return sorted({*exact, *ledger.known_models(), *named} - {UNMAPPED})
@@ -259,7 +259,7 @@ class SyncLoop(Record):
             self._thread.join(timeout=5)
 
 
-def calibrate(ledger: Ledger, model: str, days: Sequence[str]) -> tuple[float, float]:
+def calibrate(ledger: Reader, model: str, days: Sequence[str]) -> tuple[float, float]:
     """Estimate the billing lag from stored syncs: (lag seconds, worst day's spread in tokens)."""
     calibration_days = []
     for day in days:

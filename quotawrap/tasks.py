@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from ._errors import QuotawrapError
 from ._log import warn
 from .endpoint_prices import CostRule
-from .ledger import HoldRequest, Ledger
+from .ledger import HoldRequest, Reader
 from .ledger.base import CallRecord
 from .usage import Usage, check_usage, usage_from_mapping
 
@@ -153,7 +153,7 @@ class TaskPolled:
             warn(f"could not settle video task {task_id}: {exc}; the wrapper charges its hold")
 
 
-def open_task_holds(ledger: Ledger, now: float, *, within_s: float = 7 * 86400) -> list[CallRecord]:
+def open_task_holds(ledger: Reader, now: float, *, within_s: float = 7 * 86400) -> list[CallRecord]:
     """Video tasks still held: created, not yet seen to end by any poll."""
     return [
         record

@@ -7,13 +7,15 @@ import sys
 
 from .._errors import ConfigError
 
-# The records and the interface (``base``: dataclasses) load on first use: a guarded command's
+# The records (``base``: dataclasses) and the interface load on first use: a guarded command's
 # start path only needs the store's URL and, on the usual SQLite store, the runs table.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .base import Decision, HoldRequest, Ledger, ModelTotals, RunTotals, model_day_key, run_key
+    from .base import Decision, HoldRequest, ModelTotals, RunTotals, model_day_key, run_key
+    from .interface import Books, CallPath, Ledger, Reader
 
-_FROM_BASE = frozenset({"Decision", "HoldRequest", "Ledger", "ModelTotals", "RunTotals", "model_day_key", "run_key"})
+_FROM_BASE = frozenset({"Decision", "HoldRequest", "ModelTotals", "RunTotals", "model_day_key", "run_key"})
+_FROM_INTERFACE = frozenset({"Books", "CallPath", "Ledger", "Reader"})
 
 
 def __getattr__(name: str) -> object:
@@ -21,14 +23,21 @@ def __getattr__(name: str) -> object:
         from . import base
 
         return getattr(base, name)
+    if name in _FROM_INTERFACE:
+        from . import interface
+
+        return getattr(interface, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "Books",
+    "CallPath",
     "Decision",
     "HoldRequest",
     "Ledger",
     "ModelTotals",
+    "Reader",
     "RunTotals",
     "default_store_url",
     "model_day_key",

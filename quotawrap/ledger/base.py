@@ -1,4 +1,4 @@
-"""The ledger seam: what every store (SQLite, Redis) must do, and the records it keeps.
+"""The records every store (SQLite, Redis) keeps; what each must do is :mod:`quotawrap.ledger.interface`.
 
 A hold moves through one small state machine, written once in :mod:`quotawrap.ledger.holds`.
 ``unresolved`` is the crash-safe default: a hold whose owner died or whose usage never came
@@ -13,10 +13,10 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
-from typing import ClassVar, Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple
 
 from .._records import Record
-from ..quota import Counters, Limit, Package, Snapshot, Verdict
+from ..quota import Counters, Limit, Snapshot, Verdict
 from ..usage import Usage
 from .advance_endpoints import ADVANCE, ADVANCE_CLOSED
 from .holds import HoldState
@@ -32,7 +32,6 @@ __all__ = [
     "Decision",
     "Drawn",
     "HoldRequest",
-    "Ledger",
     "LimitsFor",
     "ModelTotals",
     "PruneResult",
@@ -285,129 +284,3 @@ class RunRecord(Record, frozen=True):
     command: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)
     exit_code: int | None = None
-
-
-class Ledger(Protocol):
-    """A shared, atomic store of holds and counters. Every method is safe across threads and processes."""
-
-    url: str
-    # A writer that meets another's write sleeps until it may go on (SQLite's busy handler sleeps in steps),
-    # so a batch of settles is best landed while guarded calls are between their writes (settle_relay).
-    writers_sleep_when_busy: ClassVar[bool]
-    # Whether it lands settles of calls drawn from an advance (Settle.drawn) and closes advances.
-    takes_advances: ClassVar[bool]
-
-    def reserve(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
-        """Check every limit and take the hold in one atomic step."""
-        ...
-
-    def settle(
-        self,
-        hold_id: str,
-        usage: Usage | None,
-        *,
-        latency_s: float | None = None,
-        cost: int | None = None,
-        anomaly: str | None = None,
-    ) -> None:
-        """Charge actual usage and cost (None: outcome unknown, charge the whole hold). Idempotent.
-
-        ``anomaly``: the answer's usage was implausible (``usage.check_usage``); the record keeps why."""
-        ...
-
-    def release(self, hold_id: str, *, handed_to: str | None = None) -> None:
-        """The call never reached generation: free the hold, charge nothing. Idempotent.
-
-        ``handed_to``: the hold went on under another id (a video task's): the record is no call of its own."""
-        ...
-
-    def settle_many(self, settles: Sequence[Settle]) -> None:
-        """``settle`` or ``release`` each, in one store round trip where the store allows. Idempotent."""
-        ...
-
-    def resolve_run(self, run_id: str, *, release_advances: bool = False) -> int:
-        """Charge every hold the run left open (as unresolved). Returns how many.
-
-        ``release_advances``: the caller landed every draw of the run's processes (a wrapper whose relay landed
-        all it received): what is left of the advances of its dead processes is released, not charged (their
-        calls in flight have rows of their own). Otherwise an advance left open is charged whole."""
-        ...
-
-    def leave_line(self, request: HoldRequest) -> None:
-        """Take ``request.waiter`` out of the lines of its run and model-day (it gave up). Idempotent."""
-        ...
-
-    def waiting(self, now: float) -> dict[str, int]:
-        """Per model, the calls waiting for room in the ledger's lines right now (every run and host)."""
-        ...
-
-    def reclaim_orphans(self, now: float) -> int:
-        """Charge holds whose owner died or whose validity expired. Returns how many."""
-        ...
-
-    def counters(self, keys: Sequence[str]) -> dict[str, Counters]: ...
-
-    def snapshot(self, model: str) -> Snapshot | None: ...
-
-    def put_snapshot(self, model: str, snapshot: Snapshot) -> None: ...
-
-    def run_totals(self, run_id: str) -> RunTotals: ...
-
-    def call_records(
-        self, *, since: float | None = None, until: float | None = None, run_id: str | None = None
-    ) -> list[CallRecord]: ...
-
-    def reasoning_history(self, model: str, *, since: float, limit: int) -> list[int]:
-        """``reasoning.reasoning_samples`` of the calls started since ``since``, for one model, without
-        reading the calls whole."""
-        ...
-
-    def start_run(self, run: RunRecord) -> None: ...
-
-    def end_run(self, run_id: str, exit_code: int, ended_at: float) -> None: ...
-
-    def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]: ...
-
-    # -- balance sync: the per-minute usage series, sync history, packages, one caller
-
-    def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
-        """(minute timestamp, cumulative settled tokens) of one model-day, ascending."""
-        ...
-
-    def sync_history(self, model: str, day: str) -> list[tuple[float, int]]:
-        """(synced_at, balance) of every sync of one model-day, ascending."""
-        ...
-
-    def put_packages(self, model: str, packages: Sequence[Package], synced_at: float) -> None: ...
-
-    def packages(self, model: str) -> list[Package]: ...
-
-    def known_models(self) -> list[str]: ...
-
-    # -- endpoint ids: which model each inference endpoint serves, shared by every process and host
-
-    def endpoint_models(self) -> dict[str, str]:
-        """Every endpoint id -> model id pair kept (canonical; see quotawrap.identity)."""
-        ...
-
-    def put_endpoint_models(self, models: Mapping[str, str]) -> None:
-        """Keep these pairs; an endpoint's pair replaces the one it had (an endpoint may move to another
-        version)."""
-        ...
-
-    def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool: ...
-
-    def release_lease(self, name: str, holder: str) -> None: ...
-
-    # -- retention: fold old days into aggregates so the ledger stops growing
-
-    def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
-        """Fold the finished calls of every day before ``before_day`` into daily aggregates and delete
-        them (with those days' usage series, sync history, and the runs left without calls)."""
-        ...
-
-    def aggregates(self, *, since_day: str | None = None, until_day: str | None = None) -> list[DayAggregate]:
-        """The aggregates of pruned days in [since_day, until_day)."""
-        ...
-
-    def close(self) -> None: ...

@@ -42,7 +42,7 @@ from .._errors import ConfigError
 from .._log import warn
 from ..guard import Guard
 from ..guarded_call import GuardedCall
-from ..ledger import Ledger
+from ..ledger import CallPath
 from ..ledger.base import run_key
 from ..redact import redact_text, redact_url
 from ..settings import Settings
@@ -226,7 +226,7 @@ class Gateway:
     def __init__(
         self,
         settings: Settings,
-        ledger: Ledger,
+        ledger: CallPath,
         *,
         host: str = "127.0.0.1",
         port: int = 0,

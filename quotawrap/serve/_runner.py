@@ -10,7 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .._log import warn
-from ..ledger import Ledger
+from ..ledger import CallPath
 from ..redact import redact_url
 from ..settings import Settings
 from ._gateway import Gateway
@@ -94,7 +94,7 @@ async def _serve_until(gateway: Gateway, stop: asyncio.Event) -> None:
         await gateway.stop()
 
 
-def start_proxy(settings: Settings, ledger: Ledger) -> tuple[GatewayThread, dict[str, str]]:
+def start_proxy(settings: Settings, ledger: CallPath) -> tuple[GatewayThread, dict[str, str]]:
     """``--proxy``: a loopback gateway on a free port for this run, and the child's variables for it."""
     thread = GatewayThread(Gateway(settings, ledger, drain_timeout=settings.drain_timeout))
     url = thread.start()

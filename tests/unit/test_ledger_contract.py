@@ -27,7 +27,7 @@ from quotawrap._errors import StoreError
 from quotawrap.advances import Advances
 from quotawrap.audit import aggregate
 from quotawrap.identity import UNMAPPED
-from quotawrap.ledger import Ledger, open_ledger
+from quotawrap.ledger import Books, CallPath, Ledger, Reader, open_ledger
 from quotawrap.ledger.base import ADVANCE, HoldRequest, RunRecord, Settle, model_day_key, run_cost_key, run_key
 from quotawrap.ledger.holds import MAX_CHARGE
 from quotawrap.ledger.redis import RedisLedger
@@ -151,6 +151,31 @@ def ledger(ledger_url: str) -> Iterator[Ledger]:
         yield opened
     finally:
         opened.close()
+
+
+# -- the interface: three parts by who asks ------------------------------------------------------
+
+
+def own_members(protocol: type) -> set[str]:
+    """The members ``protocol`` declares itself (methods and attributes), not those it inherits."""
+    declared = vars(protocol)
+    return {name for name in declared if not name.startswith("_")} | set(declared.get("__annotations__", {}))
+
+
+def test_every_ledger_member_is_in_exactly_one_part() -> None:
+    """``Ledger`` is the call path, the books and the read side, and declares nothing of its own: a member added
+    to it, or to two parts, would leave the narrow types callers use wrong."""
+    parts = [own_members(part) for part in (CallPath, Books, Reader)]
+    assert own_members(Ledger) == set()
+    assert all(parts) and sum(map(len, parts)) == len(set().union(*parts))
+    assert {"reserve", "settle", "settle_many", "leave_line"} <= parts[0]  # what a guarded call cannot do without
+
+
+def test_each_backend_implements_every_part(ledger: Ledger) -> None:
+    for part in (CallPath, Books, Reader, Ledger):
+        assert isinstance(ledger, part), part.__name__
+    declared = set().union(*(own_members(part) for part in (CallPath, Books, Reader)))
+    assert {name for name in declared if not hasattr(ledger, name)} == set()
 
 
 # -- reserve --------------------------------------------------------------------------------------

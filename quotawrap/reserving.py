@@ -32,7 +32,7 @@ from .endpoint_prices import CostRule
 from .estimate import Estimate, Kind, usage_bound
 from .guarded_call import GuardedCall
 from .identity import UNMAPPED
-from .ledger import HoldRequest, Ledger
+from .ledger import CallPath, HoldRequest
 from .ledger.base import Decision, Settle
 from .ledger.lines import LEASE_S
 from .waiting import QueuedPause
@@ -95,7 +95,7 @@ class Admitter(Protocol):
     def settings(self) -> Settings: ...
 
     @property
-    def ledger(self) -> Ledger: ...
+    def ledger(self) -> CallPath: ...
 
     @property
     def advances(self) -> Advances | None: ...

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from ._errors import QuotawrapError
 from ._log import warn
 from .endpoint_prices import CostRule
-from .ledger import HoldRequest, Reader
+from .ledger import CallPath, HoldRequest, Reader
 from .ledger.base import CallRecord
 from .usage import Usage, check_usage, usage_from_mapping
 
@@ -48,7 +48,7 @@ class TaskServices(Protocol):
     def settings(self) -> Settings: ...
 
     @property
-    def ledger(self) -> Ledger: ...
+    def ledger(self) -> CallPath: ...
 
     @property
     def host(self) -> str: ...

@@ -746,19 +746,7 @@ class Guard(GuardBooks):
         """Refuse the unmapped call ``short`` found no room for: its hold is given back (as no call of its own),
         and a refused call's row takes its place in the ledger."""
         model, limit, seen = short
-        refusal = HoldRequest(
-            run_id=context.run_id,
-            model=UNMAPPED,
-            day=context.day,
-            reserve=context.reserved,
-            endpoint=context.endpoint,
-            pid=context.pid,
-            host=self._host,
-            expires_at=self._clock() + self.settings.hold_ttl,
-            key_fingerprint=context.key_fingerprint,
-            tags=self.tags,
-            reserve_cost=context.reserved_cost,
-        )
+        refusal = self._hold_in_place_of(context, UNMAPPED)
         always = quota.Limit(limit.name, "model_day", -1, "hold", limit.detail)  # refuses whatever it counts
         try:
             self.ledger.reserve(refusal, lambda _snapshot: [always])
@@ -773,6 +761,23 @@ class Guard(GuardBooks):
         response = blocked_response(name, quota.Verdict(False, limit), counters, context.reserved, status=status)
         return GuardedCall.refused(response.with_note(_UNMAPPED_NOTE.format(endpoint=call.endpoint_id)))
 
+    def _hold_in_place_of(self, context: CallContext, model: str, *, enforce: bool = True) -> HoldRequest:
+        """A new hold of the call's size and owner, on ``model``, to take the place of the call's own."""
+        return HoldRequest(
+            run_id=context.run_id,
+            model=model,
+            day=context.day,
+            reserve=context.reserved,
+            endpoint=context.endpoint,
+            pid=context.pid,
+            host=self._host,
+            expires_at=self._clock() + self.settings.hold_ttl,
+            enforce=enforce,
+            key_fingerprint=context.key_fingerprint,
+            tags=self.tags,
+            reserve_cost=context.reserved_cost,
+        )
+
     def answered(self, call: GuardedCall, raw: object) -> None:
         """A call to an endpoint id was answered naming ``raw`` (its ``model``): learn which model the endpoint
         serves, and hand the call's hold over to that model when it was held as another (unmapped, or an
@@ -784,22 +789,9 @@ class Guard(GuardBooks):
         context = call.context
         if model == call.model or context is None or context.drawn is not None:
             return  # a call drawn from an advance settles on the advance's model-day (README)
-        hold = HoldRequest(
-            run_id=context.run_id,
-            model=model,
-            day=context.day,
-            reserve=context.reserved,
-            endpoint=context.endpoint,
-            pid=context.pid,
-            host=self._host,
-            expires_at=self._clock() + self.settings.hold_ttl,
-            # taken whatever the limits and lines say: its tokens were admitted as the hold it replaces, which
-            # counted against this model's room too (an unmapped hold counts against every model's)
-            enforce=False,
-            key_fingerprint=context.key_fingerprint,
-            tags=self.tags,
-            reserve_cost=context.reserved_cost,
-        )
+        # taken whatever the limits and lines say: its tokens were admitted as the hold it replaces, which
+        # counted against this model's room too (an unmapped hold counts against every model's)
+        hold = self._hold_in_place_of(context, model, enforce=False)
         try:
             self.ledger.reserve(hold, lambda _snapshot: ())
             self.ledger.release(context.hold_id, handed_to=hold.hold_id)

@@ -119,7 +119,7 @@ class Guard(GuardBooks):
         self.advances: Advances | None = None
         self._draw_notes: DrawNotes | None = None
         self._room_signal = RoomSignal()
-        if background_settle:
+        if background_settle and settings.background_settle:
             from .advances import Advances
             from .draw_notes import DrawNotes
             from .settle_relay import encode, sender_from_env
@@ -127,10 +127,11 @@ class Guard(GuardBooks):
 
             # Under a wrapper the settles go to it; while a call of this process waits for room they
             # land here, so that their landing wakes it.
-            self.settler = Settler(lambda: self.ledger, relay=sender_from_env(), relay_now=self._room_signal.unwatched)
+            sender = sender_from_env() if settings.settle_relay else None
+            self.settler = Settler(lambda: self.ledger, relay=sender, relay_now=self._room_signal.unwatched)
             relay = self.settler.relay
             # Only under a wrapper, which learns of every draw; never in --watch, which changes nothing.
-            if relay is not None and not settings.watch:
+            if relay is not None and not settings.watch and settings.advances:
                 notes = self._draw_notes = relay.notes = DrawNotes(os.path.dirname(relay.path), encode)
                 self.advances = Advances(
                     lambda: self.ledger, lambda settle: self.land(settle, None), notes.write, relay.listening

@@ -347,6 +347,27 @@ OPTIONS: tuple[Option, ...] = (
         multiple=True,
     ),
     Option("watch", bool, False, "Record everything, block nothing (the summary says what would have been)."),
+    # Each speed piece of a guarded child, turned off for measuring it against its removal; none changes a sum.
+    Option(
+        "background_settle",
+        bool,
+        True,
+        "Settle guarded calls on a background thread (off: each settle lands before the caller gets its answer;"
+        " the settle relay and advances go with it).",
+    ),
+    Option(
+        "settle_relay",
+        bool,
+        True,
+        "Hand a guarded child's settles to its wrapper to land"
+        " (off: the child lands them itself; advances go with it).",
+    ),
+    Option(
+        "advances",
+        bool,
+        True,
+        "Let a guarded child draw calls from a block reserved ahead (off: every call reserves in the ledger).",
+    ),
     Option(
         "fail_open", bool, False, "If the store (--store) is unreachable, let calls through unguarded (and say so)."
     ),
@@ -545,6 +566,9 @@ class Settings:
     hold_ttl: float
     task_hold_ttl: float
     allow_path: tuple[str, ...]
+    background_settle: bool
+    settle_relay: bool
+    advances: bool
     watch: bool
     fail_open: bool
     unguarded_log: str | None

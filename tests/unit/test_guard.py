@@ -303,3 +303,38 @@ class TestRefittedAttempt:
         assert "max_tokens" not in sent and sent["max_completion_tokens"] == 64
         records = ledger.call_records(run_id=RUN)
         assert [r.state for r in records].count("blocked") == 1  # the attempt planned from the old counters
+
+
+class TestSpeedSwitches:
+    """Each speed piece of a guarded child has a setting that takes it out (for measuring it against its
+    removal, docs/benchmarks.md "Scale"); on, the default, the child under a wrapper has them all."""
+
+    @pytest.mark.parametrize(
+        ("variable", "settler", "relay", "advances"),
+        [
+            (None, True, True, True),
+            ("QUOTAWRAP_ADVANCES", True, True, False),
+            ("QUOTAWRAP_SETTLE_RELAY", True, False, False),  # advances need the wrapper to learn of every draw
+            ("QUOTAWRAP_BACKGROUND_SETTLE", False, False, False),  # the relay is the settler's way out
+        ],
+        ids=["all-on", "no-advances", "no-settle-relay", "no-background-settle"],
+    )
+    def test_a_switch_set_off_takes_its_piece_out(
+        self,
+        ledger: SQLiteLedger,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        variable: str | None,
+        settler: bool,
+        relay: bool,
+        advances: bool,
+    ) -> None:
+        from quotawrap.files import SOCKET_VARIABLE
+
+        monkeypatch.setenv(SOCKET_VARIABLE, str(tmp_path / "settle.sock"))  # a guarded child under a wrapper
+        environ = {"QUOTAWRAP_RUN_ID": RUN} | ({variable: "0"} if variable else {})
+        guard = Guard(Settings.from_env(environ), ledger, background_settle=True)
+        assert (guard.settler is not None) is settler
+        assert (guard.settler is not None and guard.settler.relay is not None) is relay
+        assert (guard.advances is not None) is advances
+        assert guard.flush(5)

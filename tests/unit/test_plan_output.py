@@ -23,6 +23,8 @@ from quotawrap.ledger import run_key
 from quotawrap.ledger.sqlite import SQLiteLedger
 from quotawrap.model_limits import UNKNOWN_REASONING_CEILING, reasoning_ceiling
 from quotawrap.settings import Settings
+from quotawrap.simulator import SimConfig
+from quotawrap.simulator._contract import ArkError, check_chat
 
 BASE = "http://127.0.0.1:9/api/v3"
 RUN = "plan-output"
@@ -259,6 +261,8 @@ def test_no_planned_body_sends_both_bounds_or_asks_for_more(
     elif kind == "chat":
         both = "max_tokens" in request and field in request
         assert not ("max_tokens" in body and field in body) or both
+    if kind == "chat" and _ark_accepts(request):  # what Ark takes from the caller it takes from the guard
+        assert _ark_accepts(body), body
     if output is None:
         return
     choices = request.get("n", 1) if kind == "chat" else 1
@@ -268,6 +272,15 @@ def test_no_planned_body_sends_both_bounds_or_asks_for_more(
         billable = ((answer or _SETTINGS.default_max_tokens) + ceiling) * choices
     if not (boundable and policy == "learned" and answer and body is request):
         assert output >= billable
+
+
+def _ark_accepts(body: dict[str, Any]) -> bool:
+    """Whether the simulator's strict mode (Ark's validation rules, docs/ark-contract.md) takes this chat body."""
+    try:
+        check_chat(body, "deepseek-v3-2-251201", SimConfig())
+    except ArkError:
+        return False
+    return True
 
 
 def test_the_table_knows_the_models_it_names() -> None:

@@ -71,9 +71,10 @@ print(json.dumps({"times": times, "cpu_ns": time.process_time_ns() - cpu_start})
 
 
 @contextlib.contextmanager
-def simulator() -> Iterator[str]:
-    argv = [sys.executable, "-m", "quotawrap", "simulate", "--port", "0", "--reply-tokens", "12"]
-    argv += ["--reasoning-tokens", "0"]
+def simulator(*options: str) -> Iterator[str]:
+    """A simulator process's base URL; ``options`` for `quotawrap simulate` (default: short answers, no thinking)."""
+    argv = [sys.executable, "-m", "quotawrap", "simulate", "--port", "0"]
+    argv += list(options) or ["--reply-tokens", "12", "--reasoning-tokens", "0"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO_ROOT)
     try:
         assert proc.stdout is not None

@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sqlite3
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from _machine import load_average, machine_line  # bench/ is the script's directory
+from bench_agent_overhead import simulator as agent_simulator
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.2
@@ -78,21 +78,9 @@ print(json.dumps({"wall_s": time.perf_counter() - start, "statuses": sorted(done
 
 @contextlib.contextmanager
 def simulator(reasoning: int) -> Iterator[str]:
-    argv = [sys.executable, "-m", "quotawrap", "simulate", "--port", "0", "--latency", "1", "--reply-tokens", "20"]
-    argv += ["--reasoning-tokens", str(reasoning)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO_ROOT)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            found = re.search(r"(http://\S+)", line)
-            if found:
-                yield found.group(1).rstrip("/")
-                break
-        else:
-            raise RuntimeError("the simulator printed no URL")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    """One-second calls that think ``reasoning`` tokens."""
+    with agent_simulator("--latency", "1", "--reply-tokens", "20", "--reasoning-tokens", str(reasoning)) as url:
+        yield url
 
 
 def run(

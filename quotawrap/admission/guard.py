@@ -98,6 +98,7 @@ class Guard:
         self.retries = refusals.RetryMemory()
         self.contexts = ContextSizes()
         self._redirects = refusals.RedirectMemory(self.clock)
+        self._note_redirect = self._redirects.note  # bound once: every admitted call is handed it
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
         # --model names the models to guard as the ledger keys them (quotawrap.core.identity)
         self._patterns = tuple(canonical(pattern) for pattern in settings.model)
@@ -246,9 +247,6 @@ class Guard:
         except Exception:  # begin() answers the URL it cannot read with a 400
             return True
 
-    def note_redirect(self, from_url: str, location: str, route: endpoints.Route) -> None:
-        self._redirects.note(from_url, location, route)
-
     def begin(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None) -> GuardedCall | None:
         """Called before a request is sent. None: not ours, send it untouched. May wait for room (--wait)."""
         readahead.leave_mine()
@@ -394,7 +392,7 @@ class Guard:
             self.retries.remember(key, call.blocked, self._clock())
         call.url = url
         call.route = found
-        call.on_redirect = self._redirects.note
+        call.on_redirect = self._note_redirect
         if endpoint_id is not None:
             call.on_answer = self.answered
         return call

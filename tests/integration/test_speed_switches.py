@@ -8,7 +8,7 @@ from pathlib import Path
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import child, ledger_rows, run_quotawrap
 
-OFF = ["--no-advances", "--no-settle-relay", "--no-background-settle"]
+OFF = ["--no-advances", "--no-background-settle"]
 
 
 def test_a_run_with_every_speed_piece_off_settles_exactly(sim: ArkSimulator, store: str, tmp_path: Path) -> None:

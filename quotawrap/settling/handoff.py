@@ -1,5 +1,9 @@
 """A guarded child's settles handed to its wrapper process, which lands them off the child's CPU.
 
+Part of advances (admission/advances.py), with their draw notes, under their one switch (``--no-advances``): the
+wrapper must learn of every draw. On its own, with each call reserving in the ledger, it did not pay for itself
+(docs/benchmarks.md, "Each speed piece against its removal").
+
 In the child a settle landed by its own settler thread still costs the caller: the thread shares the
 GIL (and, on SQLite, the write lock) with the next call's reserve. The wrapper is idle while its
 child runs, so the child sends each settle to it as one datagram on a Unix socket in the run's

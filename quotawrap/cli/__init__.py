@@ -29,17 +29,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         gc.disable()
     from ..config.file import load_config_file
-    from ..config.settings import retired_variables
+    from ..config.settings import RETIRED, env_name, say_retired
     from ..core.errors import EXIT_USAGE, ConfigError
-    from ..support.log import fail, warn
+    from ..support.log import fail
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         config = load_config_file()
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    for notice in retired_variables(os.environ):
-        warn(notice)
+    for name in RETIRED:
+        if env_name(name) in os.environ:
+            say_retired(name)
     from .run_args import parse_run_args
 
     try:

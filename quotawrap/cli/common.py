@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..config.settings import OPTIONS, RETIRED, Option, Settings, env_name, parse_value, retired_notice
+from ..config.settings import OPTIONS, RETIRED, Option, Settings, env_name, parse_value, say_retired
 from ..core.errors import EXIT_USAGE, ConfigError
 from ..support.log import fail
 
@@ -49,9 +49,7 @@ def _retired_flag(name: str) -> Callable[[F], F]:
 
     def said(_ctx: click.Context, _param: click.Parameter, value: bool | None) -> None:
         if value is not None:
-            from ..support.log import warn
-
-            warn(retired_notice(name))
+            say_retired(name)
 
     flag = name.replace("_", "-")
     return click.option(f"--{flag}/--no-{flag}", default=None, hidden=True, expose_value=False, callback=said)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from ..core.errors import ConfigError
-from .settings import CONFIG_FILE, OPTION_BY_NAME, RETIRED, Settings, parse_value, retired_notice
+from .settings import CONFIG_FILE, OPTION_BY_NAME, RETIRED, Settings, parse_value, say_retired
 
 TYPE_CHECKING = False  # importing typing itself would slow a guarded command's start
 if TYPE_CHECKING:
@@ -68,9 +68,7 @@ def load_config_file(path: str | os.PathLike[str] | None = None) -> dict[str, An
             if isinstance(raw, dict):
                 continue  # sections (prices, models) belong to other features
             if name in RETIRED:
-                from ..support.log import warn
-
-                warn(f"{candidate}: {retired_notice(name)}")
+                say_retired(name)
                 continue
             raise ConfigError(f"{candidate}: unknown setting {key!r}")
         try:

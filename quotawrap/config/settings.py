@@ -36,7 +36,7 @@ __all__ = [
     "Settings",
     "env_name",
     "retired_notice",
-    "retired_variables",
+    "say_retired",
     "sync_source",
 ]
 
@@ -548,12 +548,21 @@ RETIRED: dict[str, tuple[str, str]] = {
 def retired_notice(name: str) -> str:
     """The one line said when the retired option ``name`` is given: it is ignored, and what replaced it."""
     flag = "--" + name.replace("_", "-")
-    return f"{flag} ({env_name(name)}) is no longer an option and is ignored: {RETIRED[name][1]}"
+    return (
+        f"{flag} ({env_name(name)}, {name} in {CONFIG_FILE}) is no longer an option and is ignored: {RETIRED[name][1]}"
+    )
 
 
-def retired_variables(environ: Mapping[str, str]) -> list[str]:
-    """The notices of the retired options whose variables ``environ`` sets."""
-    return [retired_notice(name) for name in RETIRED if env_name(name) in environ]
+_retired_said: set[str] = set()
+
+
+def say_retired(name: str) -> None:
+    """Say :func:`retired_notice` on stderr once per process, however many ways the option was given."""
+    if name not in _retired_said:
+        _retired_said.add(name)
+        from ..support.log import warn
+
+        warn(retired_notice(name))
 
 
 class Settings:

@@ -383,8 +383,9 @@ class TestRetiredOptions:
             ([], {"QUOTAWRAP_SETTLE_RELAY": "0"}, ""),
             ([], {}, "settle_relay = false\n"),
             ([], {}, "settle-relay = true\n"),
+            (["--no-settle-relay"], {"QUOTAWRAP_SETTLE_RELAY": "0"}, "settle_relay = false\n"),
         ],
-        ids=["flag-off", "flag-on", "variable", "toml", "toml-dashed"],
+        ids=["flag-off", "flag-on", "variable", "toml", "toml-dashed", "all-three-said-once"],
     )
     def test_a_retired_option_is_ignored_with_one_line_naming_its_successor(
         self,
@@ -396,6 +397,9 @@ class TestRetiredOptions:
         env: dict[str, str],
         toml: str,
     ) -> None:
+        from quotawrap.config import settings as table
+
+        monkeypatch.setattr(table, "_retired_said", set())  # said once per process: this test's process is shared
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         if toml:

@@ -1,0 +1,1 @@
+"""Pure rules: no I/O, table-tested; every other layer builds on them."""

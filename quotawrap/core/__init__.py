@@ -1,1 +1,1 @@
-"""Pure rules: no I/O, table-tested; every other layer builds on them."""
+"""core: see docs/internals.md for what this layer holds."""

@@ -14,9 +14,9 @@ import hashlib
 import secrets
 from collections.abc import Mapping
 
-from .._errors import ConfigError
-from .._records import Record
-from ..synthetic import SyntheticResponse
+from .errors import ConfigError
+from .records import Record
+from .synthetic import SyntheticResponse
 
 __all__ = [
     "KEY_NAME_TAG",
@@ -26,7 +26,7 @@ __all__ = [
     "check_key_tags",
     "fingerprint",
     "key_hash",
-    "member_call_tags",
+    "member_tags",
     "new_member_key",
     "presented_key",
     "refusal",
@@ -91,9 +91,9 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return secret if scheme.lower() == "bearer" and secret else None
 
 
-def member_call_tags(gateway_tags: Mapping[str, str], key: MemberKey) -> dict[str, str]:
-    """A member's call: the gateway's tags, the key's over them, and the key's name."""
-    return {**gateway_tags, **key.tags, KEY_NAME_TAG: key.name}
+def member_tags(key: MemberKey) -> dict[str, str]:
+    """The tags a member's call carries over the gateway's own: the key's, and its name."""
+    return {**key.tags, KEY_NAME_TAG: key.name}
 
 
 def refusal(key: MemberKey | None, *, sent: bool) -> SyntheticResponse:

@@ -1,4 +1,5 @@
-"""The gateway's member keys in a SQLite ledger: one row per key, found by the key's hash, never the key."""
+"""The gateway's member keys in a SQLite ledger: one row of ``member_keys`` (file.py) per key, found by the
+key's hash; the key itself is never written."""
 
 from __future__ import annotations
 
@@ -9,12 +10,8 @@ from typing import Any
 
 from ...core.member_keys import MemberKey
 
-__all__ = ["MEMBER_KEYS_TABLE", "add_member_key", "member_key", "member_keys", "revoke_member_key"]
+__all__ = ["add_member_key", "member_key", "member_keys", "revoke_member_key"]
 
-# Made on open like every table (file.create_schema): a ledger from before member keys gets it then.
-MEMBER_KEYS_TABLE = """CREATE TABLE IF NOT EXISTS member_keys (
-    key_hash TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, tags TEXT NOT NULL, created_at REAL NOT NULL, revoked_at REAL
-) WITHOUT ROWID"""
 _COLUMNS = "name, key_hash, tags, created_at, revoked_at"
 
 

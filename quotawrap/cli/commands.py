@@ -18,6 +18,7 @@ import click
 from ..config.settings import OPTIONS
 from ..core.errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, StoreError, exit_code, with_cure
 from .common import command_settings, echo, fail, import_problem, open_ledger, settings_options
+from .key_commands import keys_group
 from .ledger_commands import COMMANDS
 
 __all__ = ["cli", "click_main"]
@@ -60,6 +61,7 @@ def cli() -> None:
 
 for _command in COMMANDS:  # status, report, sessions, sync, prune: defined beside the modules they drive
     cli.add_command(_command)
+cli.add_command(keys_group)
 
 
 @cli.command(
@@ -329,7 +331,8 @@ def consume_command(
 def click_main(args: Sequence[str], config: dict[str, Any]) -> None:
     """Every command but the plain run (``quotawrap --help``, ``status``, a run click must parse)."""
     names = ("run", "serve", "status", "sync", "report", "sessions", "consume", "prune")
-    default_map = {name: config for name in names}
+    default_map: dict[str, Any] = {name: config for name in names}
+    default_map["keys"] = {name: config for name in keys_group.commands}  # a group's are per subcommand
     try:
         cli.main(args=list(args), prog_name="quotawrap", default_map=default_map)
     except QuotawrapError as exc:  # any subcommand: one line naming the cure, never a traceback

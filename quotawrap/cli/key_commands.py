@@ -79,8 +79,8 @@ def add_command(name: str, tags: tuple[str, ...], **values: Any) -> None:
             EXIT_USAGE,
         )
     echo(
-        f"member key {name} ({key.fingerprint}, tags {_tags(key)}) added. It is shown this once and kept"
-        " nowhere: hand it to its holder now.",
+        f"member key {name} ({key.fingerprint}, tags {_tags(key)}) added. It is shown this once (quotawrap keeps"
+        " only its hash): hand it to its holder now.",
         err=True,
     )
     click.echo(secret)

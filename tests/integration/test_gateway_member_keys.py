@@ -115,14 +115,20 @@ def test_members_spend_through_the_provider_key_they_never_hold(
     args += ["--audit-log", str(tmp_path / "audit.jsonl")]
     env = {**seen.env, VARIABLE: provider_key}
     with gateway(args, env=env) as gw:
-        members = {name: openai.OpenAI(base_url=gw.url, api_key=key, max_retries=0) for name, key in (("ana", ana), ("bob", bob))}
+        members = {
+            name: openai.OpenAI(base_url=gw.url, api_key=key, max_retries=0)
+            for name, key in (("ana", ana), ("bob", bob))
+        }
         assert chat(members["ana"], "one") and chat(members["ana"], "two", stream=True)
         assert chat(members["bob"], "three")
 
         unknown = refused(seen, openai.OpenAI(base_url=gw.url, api_key=new_member_key(), max_retries=0))
         assert "not a member key" in unknown["message"]
         # the provider's own key is no member key: whoever has it calls the provider, not the gateway
-        assert "not a member key" in refused(seen, openai.OpenAI(base_url=gw.url, api_key=provider_key, max_retries=0))["message"]
+        assert (
+            "not a member key"
+            in refused(seen, openai.OpenAI(base_url=gw.url, api_key=provider_key, max_retries=0))["message"]
+        )
         bare = seen.answer(httpx.post(f"{gw.url}/chat/completions", json={"model": MODEL, "messages": []}, timeout=30))
         assert bare.status_code == 401 and "no member key" in bare.json()["error"]["message"]
 
@@ -169,9 +175,34 @@ def test_members_spend_through_the_provider_key_they_never_hold(
     assert provider_key not in said
     files = seen.files(*([redis.directory] if redis is not None else []))
     assert any(path.name == "audit.jsonl" for path in files)
+    if redis is None:
+        assert any(path.name == "ledger.sqlite3" for path in files)
+    else:  # the append-only file logs every write the ledger made
+        assert any("aof" in path.name for path in files)
     for path, data in files.items():
         for secret in (provider_key, ana, bob):
             assert secret.encode() not in data, f"{path} holds a key"
+
+
+@pytest.mark.redis
+def test_a_ledger_that_cannot_answer_lets_no_call_through(
+    provider: ArkSimulator, provider_key: str, tmp_path: Path
+) -> None:
+    """Even under --fail-open: a member key that cannot be checked is a 503, and nothing reaches the provider."""
+    seen = Seen(tmp_path)
+    with private_server(appendonly=False) as server:
+        ana = add_key(seen, server.url, "ana", "team=search")
+        args = ["--store", server.url, "--base-url", provider.url, "--upstream-key-env", VARIABLE, "--fail-open"]
+        with gateway(args, env={**seen.env, VARIABLE: provider_key}) as gw:
+            server.stop()
+            client = openai.OpenAI(base_url=gw.url, api_key=ana, max_retries=0)
+            with pytest.raises(openai.InternalServerError) as caught:
+                chat(client, "while the ledger is away")
+            _code, stderr = gw.terminate()
+    assert caught.value.status_code == 503
+    assert caught.value.response.json()["error"]["code"] == "QuotawrapStoreUnavailable"
+    assert sum(provider.requests_by_path().values()) == 0
+    assert provider_key not in stderr + caught.value.response.text
 
 
 def test_serve_refuses_to_start_without_the_provider_key(provider: ArkSimulator, store: str, tmp_path: Path) -> None:

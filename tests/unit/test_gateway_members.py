@@ -40,7 +40,7 @@ class TestProviderKey:
 
     @pytest.mark.parametrize("environ", [{}, {"ARK_API_KEY": ""}, {"ARK_API_KEY": "  "}])
     def test_a_variable_unset_or_empty_is_named_with_the_cure(self, environ: dict[str, str]) -> None:
-        with pytest.raises(ConfigError, match="ARK_API_KEY is not set .* export ARK_API_KEY="):
+        with pytest.raises(ConfigError, match=r"ARK_API_KEY is not set .* export ARK_API_KEY="):
             provider_key("ARK_API_KEY", environ)
 
     @pytest.mark.parametrize("given", [PROVIDER_KEY, "sk-abc def", "1ARK", "ÄRK_KEY", ""])

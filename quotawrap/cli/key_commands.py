@@ -17,7 +17,9 @@ import click
 from ..core.errors import EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
 from ..core.member_keys import MemberKey, check_key_name, check_key_tags, key_hash, new_member_key
 from ..core.quota import BEIJING
-from .common import command_settings, echo, fail, open_ledger, settings_options
+from ..ledger import open_store
+from ..support.log import fail
+from .common import command_settings, echo, settings_options
 
 __all__ = ["keys_group"]
 
@@ -65,7 +67,7 @@ def add_command(name: str, tags: tuple[str, ...], **values: Any) -> None:
         check_key_tags(parsed)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    ledger = open_ledger(command_settings(values))
+    ledger = open_store(command_settings(values))
     secret = new_member_key()
     key = MemberKey(name, key_hash(secret), parsed, time.time())
     try:
@@ -91,7 +93,7 @@ def add_command(name: str, tags: tuple[str, ...], **values: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_command(as_json: bool, **values: Any) -> None:
     """Every member key: name, fingerprint, when made, whether revoked, tags (never the key)."""
-    ledger = open_ledger(command_settings(values))
+    ledger = open_store(command_settings(values))
     try:
         keys = ledger.member_keys()
     except QuotawrapError as exc:
@@ -117,7 +119,7 @@ def list_command(as_json: bool, **values: Any) -> None:
 @click.argument("name")
 def revoke_command(name: str, **values: Any) -> None:
     """Refuse the member key NAME from the gateway's next call on (its calls stay in the books)."""
-    ledger = open_ledger(command_settings(values))
+    ledger = open_store(command_settings(values))
     now = time.time()
     try:
         key = ledger.revoke_member_key(name, now)

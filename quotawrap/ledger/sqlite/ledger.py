@@ -38,7 +38,9 @@ from ..base import (
 from ..holds import Deltas, Event, add_deltas, clamp, step
 from ..reasoning import REASONING_HISTORY
 from ..scopes import model_day_key, run_cost_key, run_key, scope_keys
+from .advances import close_advance, drawn_runs, land_drawn, release_dead_advances, split_from_advance
 from .file import (
+    CALL_COLUMNS,
     LOCK_WAIT_S,
     MIGRATIONS,
     OPEN_BUSY_MS,
@@ -53,25 +55,18 @@ from .file import (
     retry_locked,
     write_lock,
 )
-from .lines import Place, count_waiting
 from .records import read_call_records
 from .reserve import (
     BUMP,
-    HOLD_ROW,
-    MOVE_HELD,
-    OPEN_HOLDS,
     RESERVE_INTO_CALLS,
     RESERVE_INTO_HOLDS,
     SNAPSHOT_COLUMNS,
-    UPDATE_FINAL,
+    STEP_COLUMNS,
     Owed,
-    close_advance,
-    drawn_runs,
-    land_drawn,
+    Place,
+    count_waiting,
     read_counters,
     read_for_reserve,
-    release_dead_advances,
-    split_from_advance,
     step_values,
     tags_column,
 )
@@ -83,6 +78,27 @@ FILE_CHECK_S = 1.0  # how often an open ledger checks that its file is still the
 # A process that leaves checkpoints to another (leave_checkpoints) still runs one past this many WAL pages:
 # SQLite's own threshold is 1,000, so the other process nearly always runs them first.
 BACKSTOP_CHECKPOINT_PAGES = 10_000
+
+# What a step writes (_step): a hold's row moves to calls with STEP_COLUMNS' values (then leaves holds); an
+# unresolved call's row is updated in place. Parameters: those columns' values in order, then the id.
+_ID = f"?{len(STEP_COLUMNS) + 1}"
+UPDATE_FINAL = (
+    f"UPDATE calls SET ({', '.join(STEP_COLUMNS)})"
+    f" = ({', '.join(f'?{n}' for n in range(1, len(STEP_COLUMNS) + 1))}) WHERE id = {_ID}"
+)
+MOVE_HELD = (
+    f"INSERT INTO calls ({', '.join(CALL_COLUMNS)}) SELECT "
+    + ", ".join(f"?{STEP_COLUMNS.index(c) + 1}" if c in STEP_COLUMNS else c for c in CALL_COLUMNS)
+    + f" FROM holds WHERE id = {_ID}"
+)
+
+# A call's row as SQLiteLedger._step takes it, led by whether it is a hold in flight (a row of holds, else of
+# calls): a hold is in exactly one of the two tables.
+HOLD_COLUMNS = "id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost"
+HOLD_ROW = (
+    f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE id = ?1 UNION ALL SELECT 0, {HOLD_COLUMNS} FROM calls WHERE id = ?1"
+)
+OPEN_HOLDS = f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE "  # then the condition: the holds in flight, as HOLD_ROW's
 
 
 class _Transaction:

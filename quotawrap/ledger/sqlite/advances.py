@@ -13,7 +13,7 @@ from ...support.processes import pid_alive
 from ..base import ADVANCE, ADVANCE_CLOSED, Drawn, Settle
 from ..holds import step
 from .file import CALL_COLUMNS
-from .reserve import RESERVE_COLUMNS, STEP_COLUMNS, Owed, step_values
+from .rows import RESERVE_COLUMNS, STEP_COLUMNS, Owed, step_values
 
 __all__ = [
     "LANDED_TOGETHER",

@@ -60,15 +60,13 @@ from .reserve import (
     RESERVE_INTO_CALLS,
     RESERVE_INTO_HOLDS,
     SNAPSHOT_COLUMNS,
-    STEP_COLUMNS,
-    Owed,
     Place,
     count_waiting,
     read_counters,
     read_for_reserve,
-    step_values,
     tags_column,
 )
+from .rows import STEP_COLUMNS, Owed, step_values
 from .runs import END_RUN, INSERT_RUN, LEASE_HOLDER, tags_json
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]

@@ -1,7 +1,7 @@
 """What the SQLite ledger runs to reserve, prepared once: the reserve's one read and its row, what is in flight
-(summed from holds), the counters' upsert, a call's tags as its row keeps them, what a step writes of a call's
-row, and the call's place in the waiting lines (ledger/lines.py), read and changed inside the reserve's
-``BEGIN IMMEDIATE`` transaction, so the lines and the counters are checked in one atomic step.
+(summed from holds), the counters' upsert, a call's tags as its row keeps them, and the call's place in the
+waiting lines (ledger/lines.py), read and changed inside the reserve's ``BEGIN IMMEDIATE`` transaction, so
+the lines and the counters are checked in one atomic step.
 
 A reserve runs inside ``BEGIN IMMEDIATE`` on the caller's path, so every statement counts: each costs
 set-up (Python's and SQLite's) before it does anything.
@@ -12,36 +12,30 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from ...core.identity import UNMAPPED
 from ...core.quota import Counters, Limit, Snapshot, Verdict, never_fits
-from ...core.usage import Usage
 from ..base import Decision, HoldRequest
-from ..holds import Deltas, Step, clamp
+from ..holds import clamp
 from ..lines import LEASE_S, Entry, LineName, Outcome, ahead, crowded, decide, line_limit, reads_room
 from ..scopes import ModelDay, Run, RunCost, model_day_key, parse_counter_key, run_key
+from .rows import RESERVE_COLUMNS
 
 __all__ = [
     "BUMP",
     "IN_FLIGHT",
-    "RESERVE_COLUMNS",
     "RESERVE_INTO_CALLS",
     "RESERVE_INTO_HOLDS",
     "SNAPSHOT_COLUMNS",
-    "STEP_COLUMNS",
-    "Owed",
     "Place",
     "WaiterRow",
     "count_waiting",
     "leave",
     "read_counters",
     "read_for_reserve",
-    "step_values",
     "tags_column",
 ]
 
-Owed = tuple[tuple[str, str, str], Deltas]  # what one step owes the counters of its (run, model, day)
 
 SNAPSHOT_COLUMNS = "balance, usage_at_sync, lagged_usage, synced_at, day, source"  # Snapshot's fields, in order
 
@@ -157,46 +151,10 @@ def tags_column(tags: Mapping[str, str]) -> str | None:
     return text
 
 
-# A reserve's row: a hold taken goes to holds, a refusal straight to calls (it is final).
-RESERVE_COLUMNS = (
-    "id, run_id, model, day, endpoint, state, reserved, reserved_cost, would_block, blocked_by, pid, host,"
-    " key_fingerprint, tags, started_at, expires_at"
-)
+# A reserve's row (RESERVE_COLUMNS): a hold taken goes to holds, a refusal straight to calls (it is final).
 RESERVE_INTO_HOLDS, RESERVE_INTO_CALLS = (
     f"INSERT INTO {table} ({RESERVE_COLUMNS}) VALUES ({', '.join('?' * 16)})" for table in ("holds", "calls")
 )
-# What a step writes of a call's row (SQLiteLedger._step, and advances' landing of a drawn call), in order.
-STEP_COLUMNS = (
-    *("state", "charged", "charged_cost", "prompt_tokens", "completion_tokens", "reasoning_tokens"),
-    *("cached_tokens", "overshoot", "ended_at", "latency_s", "usage_anomaly", "handed_to"),
-)
-
-
-def step_values(
-    moved: Step,
-    usage: Usage | None,
-    latency_s: float | None,
-    anomaly: str | None,
-    handed_to: str | None,
-    ended_at: float,
-) -> tuple[Any, ...]:
-    """What a step writes of a call's row, in STEP_COLUMNS' order."""
-    return (
-        moved.state,
-        moved.charged,
-        moved.charged_cost,
-        clamp(usage.prompt_tokens) if usage else None,
-        clamp(usage.completion_tokens) if usage else None,
-        clamp(usage.reasoning_tokens) if usage else None,
-        clamp(usage.cached_tokens) if usage else None,
-        int(moved.overshoot),
-        ended_at,
-        latency_s,
-        anomaly,
-        handed_to,
-    )
-
-
 WaiterRow = tuple[str, int, str, float]  # (line, ticket, waiter, until): one waiter's row in one line
 
 

@@ -86,7 +86,6 @@ def _of_day(snapshot: Snapshot | None, day: str) -> Snapshot | None:
 class RedisLedger:
     """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
 
-    writers_sleep_when_busy: ClassVar[bool] = False  # the server queues a command behind the script it runs
     takes_advances: ClassVar[bool] = True  # on a single node (lua/advance.lua); Cluster refuses every advance
 
     def __init__(self, url: str, *, clock: Callable[[], float] | None = None, **options: object) -> None:

@@ -143,7 +143,6 @@ class _Transaction:
 class SQLiteLedger:
     """Ledger in one SQLite file; safe across threads (a connection per thread) and processes."""
 
-    writers_sleep_when_busy: ClassVar[bool] = True  # SQLite's busy handler
     takes_advances: ClassVar[bool] = True
 
     def __init__(

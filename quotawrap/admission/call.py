@@ -64,6 +64,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..core.usage import UsageBound
     from .advances import Advances
+    from .unmapped import EveryModel
 
 __all__ = ["Admission", "AdmissionServices", "Estimator", "queued_poll", "unreadable"]
 
@@ -144,9 +145,7 @@ class AdmissionServices(NamedTuple):
     books: Books
     sink: Landing
     followups: FollowupServices
-    # a call whose model is not known yet must fit every guarded model's room: what that leaves, those models
-    unmapped_space: Callable[[int | None], int | None]
-    guarded_models: Callable[[], list[str]]
+    every_model: EveryModel  # what a call whose model is not known yet must fit
 
 
 class Admission:
@@ -238,11 +237,11 @@ class Admission:
         reasoning = services.allowances.reasoning(model) if learns else None
         space = room.token_space
         if model == UNMAPPED:  # it must fit every model's room, not its own alone
-            space = lambda: services.unmapped_space(room.token_space())  # noqa: E731
+            space = lambda: services.every_model.space(room.token_space())  # noqa: E731
             if learns and reasoning is None:
                 # Not a whole day's bound for one call: the most any guarded model learned, else the thinking floor
                 # alone (its first answer tells the model).
-                learned = [services.allowances.reasoning(m) for m in services.guarded_models()]
+                learned = [services.allowances.reasoning(m) for m in services.every_model.models()]
                 reasoning = max((r for r in learned if r is not None), default=0)
         return plan_output(
             kind,

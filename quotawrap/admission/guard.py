@@ -35,14 +35,14 @@ from ..config.settings import Settings
 from ..core import endpoints, quota
 from ..core.errors import PolicyRefused, QuotawrapError, StoreError
 from ..core.estimate import Estimate, EstimateSettings, ReasoningReserve
-from ..core.identity import UNMAPPED, Identity, answered_model, canonical
-from ..core.synthetic import SyntheticResponse, blocked_response
-from ..ledger import CallPath, HoldRequest, model_day_key, open_ledger
+from ..core.identity import UNMAPPED, Identity, canonical
+from ..core.synthetic import SyntheticResponse
+from ..ledger import CallPath, model_day_key, open_ledger
 from ..ledger.base import ledger_clock, run_cost_key, run_key
 from ..ledger.endpoint_ids import EndpointIds
 from ..settling import readahead
 from ..settling.books import Books
-from ..settling.call import CallContext, GuardedCall
+from ..settling.call import GuardedCall
 from ..settling.followups import ContextSizes, FollowupServices, followup_for
 from ..settling.sink import Landing
 from ..support.events import EventLog, RoomSignal
@@ -51,6 +51,7 @@ from . import refusals
 from .allowance import AllowanceBook
 from .call import Admission, AdmissionServices, Estimator, reason, unreadable
 from .room import Limits, Room, Snapshots
+from .unmapped import PROBE_POLL_MAX_S, PROBE_POLL_MIN_S, EveryModel, guards
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -146,6 +147,7 @@ class Guard:
         )
         self._services: AdmissionServices | None = None  # made once the ledger is open (admission_services)
         self._snapshots: Snapshots | None = None
+        self._every: EveryModel | None = None
         self._known: dict[tuple[str, str], dict[str, quota.Counters]] = {}  # last counters seen per (model, day)
         self._rooms: dict[tuple[str, str], Room] = {}
 
@@ -197,6 +199,15 @@ class Guard:
             self.landing.ledger = ledger
             self.clock()  # from now on the ledger's clock, read without the guard in between
             self._snapshots = Snapshots(ledger, self._clock)
+            every = self._every = EveryModel(
+                ledger,
+                self._limits,
+                settings=self.settings,
+                books=self.books,
+                endpoint_ids=self.endpoint_ids,
+                clock=self._clock,
+                patterns=self._patterns,
+            )
             services = self._services = AdmissionServices(
                 ledger=ledger,
                 settings=self.settings,
@@ -210,8 +221,7 @@ class Guard:
                 books=self.books,
                 sink=self.landing,
                 followups=self._followups,
-                unmapped_space=self._unmapped_space,
-                guarded_models=self._guarded_models,
+                every_model=every,
             )
         return services
 
@@ -331,7 +341,7 @@ class Guard:
                 return None
             message = f"quotawrap cannot reach its ledger, so it refuses to send unguarded: {exc}. Fix the store,"
             return _refuse(503, "QuotawrapStoreUnavailable", "ServiceUnavailable", message + _FAIL_OPEN_HINT)
-        if not self._guards(identity):
+        if not guards(self._patterns, identity):
             self._outside_filter(identity.model, found.endpoint)
             return None
         model = identity.model
@@ -339,7 +349,8 @@ class Guard:
         try:
             call = yield from self._admission(method, url, headers, body, found, request, model, identity.endpoint)
             if model == UNMAPPED and call is not None and call.hold_id is not None and not self.settings.watch:
-                call = yield from self._room_everywhere(call)
+                assert self._every is not None  # made with the services, before any hold
+                call = yield from self._every.room_everywhere(call)
         finally:
             if probe is not None and identity.endpoint is not None:
                 if call is None or call.hold_id is None:  # refused, unguarded or gone: the next one may go
@@ -393,17 +404,17 @@ class Guard:
         call.route = found
         call.on_redirect = self._note_redirect
         if endpoint_id is not None:
-            call.on_answer = self.answered
+            call.on_answer = services.every_model.answered
         return call
 
     def _first_answer(self, asked: str, endpoint: str) -> Generator[float, None, tuple[Identity, str | None]]:
         """The identity of a call to an endpoint not mapped yet, and its probe: mapped (no probe) once the answer
         to the call to it that is out (from any process of the ledger) named its model; else UNMAPPED, and this
         call is the one out, whose answer will tell (the lease's holder, EndpointIds.probe)."""
-        backoff = _PROBE_POLL_MIN_S
+        backoff = PROBE_POLL_MIN_S
         while (probe := self.endpoint_ids.probe(endpoint)) is None:
             yield backoff
-            backoff = min(backoff * 2, _PROBE_POLL_MAX_S)
+            backoff = min(backoff * 2, PROBE_POLL_MAX_S)
             identity = self.endpoint_ids.resolve(asked)
             if identity.model != UNMAPPED:
                 return identity, None
@@ -413,16 +424,6 @@ class Guard:
             self.endpoint_ids.probed(endpoint, probe)
             return identity, None
         return Identity(UNMAPPED, endpoint), probe
-
-    def _guards(self, identity: Identity) -> bool:
-        """Whether --model guards calls of this identity: its model (or the endpoint id the request names)
-        matches; a call whose model is not known yet is guarded whatever --model says."""
-        patterns = self._patterns
-        if not patterns or identity.model == UNMAPPED:
-            return True
-        if endpoints.model_matches(identity.model, patterns):
-            return True
-        return identity.endpoint is not None and endpoints.model_matches(identity.endpoint, patterns)
 
     def _outside_filter(self, model: str, kind: str) -> None:
         """A call --model leaves unguarded: never silent. Said once per model and process, and recorded for the
@@ -458,131 +459,6 @@ class Guard:
     def events(self) -> EventLog:
         return self._events
 
-    # -- endpoints whose model is not known yet ------------------------------------------------------
-
-    def _guarded_models(self) -> list[str]:
-        """The ledger's models (every one it has a call or a balance of) that --model guards."""
-        return [m for m in self.ledger.known_models() if m != UNMAPPED and self._guards(Identity(m))]
-
-    def _every_model(self, day: str, models: list[str]) -> list[tuple[str | None, list[quota.Limit], quota.Counters]]:
-        """Each of ``models`` and None (a model nobody used today), its day's hold limits, and its counters with
-        every unmapped call's hold and charge added: what an unmapped call must fit, whichever model it is."""
-        ledger = self.ledger
-        keys = [model_day_key(m, day) for m in models]
-        unmapped_key = model_day_key(UNMAPPED, day)
-        counters = ledger.counters([*keys, unmapped_key])
-        unmapped = counters[unmapped_key]
-        found: list[tuple[str | None, list[quota.Limit], quota.Counters]] = []
-        for model, key in [*zip(models, keys, strict=True), (None, None)]:
-            own = counters[key] if key is not None else quota.Counters()
-            seen = quota.Counters(own.settled + unmapped.settled, own.in_flight + unmapped.in_flight)
-            limits = self.limits_for(ledger.snapshot(model) if model is not None else None, day)
-            found.append(
-                (model, [limit for limit in limits if limit.scope == "model_day" and limit.kind == "hold"], seen)
-            )
-        return found
-
-    def _unmapped_space(self, own: int | None) -> int | None:
-        """What an unmapped call may reserve at most (quota.token_room): its own limits' room (``own``), and
-        every model's, whichever it turns out to be."""
-        rooms = [] if own is None else [own]
-        for _model, limits, seen in self._every_model(quota.beijing_day(self._clock()), self._guarded_models()):
-            room = quota.token_room(limits, {"model_day": seen})
-            if room is not None:
-                rooms.append(room)
-        return min(rooms) if rooms else None
-
-    def _room_everywhere(self, call: GuardedCall) -> Generator[float, None, GuardedCall]:
-        """An unmapped call whose hold is taken goes out once every model's day limits hold it with the rest,
-        whichever model it turns out to be; it waits for room (--wait) while only calls in flight are in the way.
-
-        From the moment it was taken, the hold counts in every model's checks (the ledger's rule), and the models
-        and their counters are read after it: a call to a model either saw this hold when it reserved, or is in
-        the counters read here. So once this passes, no model's cap can be passed by it."""
-        context = call.context
-        assert context is not None
-        wait_s = self.settings.wait if 0 < self.settings.wait < float("inf") else 0.0
-        deadline, backoff = time.monotonic() + wait_s, _PROBE_POLL_MIN_S
-        # read once, after the hold: a model first used later reserved after it, and counted it
-        models = self._guarded_models()
-        while True:
-            short = next(
-                (
-                    (model, limit, seen)
-                    for model, limits, seen in self._every_model(context.day, models)
-                    for limit in limits
-                    if seen.settled + seen.in_flight > limit.cap
-                ),
-                None,
-            )
-            if short is None:
-                return call
-            _model, limit, seen = short
-            if seen.settled + context.reserved > limit.cap or time.monotonic() >= deadline:  # never, or waited enough
-                return self._unmapped_refused(call, context, short)
-            yield backoff  # only calls in flight are in the way: its hold keeps its place meanwhile
-            backoff = min(backoff * 2, _PROBE_POLL_MAX_S)
-
-    def _unmapped_refused(
-        self, call: GuardedCall, context: CallContext, short: tuple[str | None, quota.Limit, quota.Counters]
-    ) -> GuardedCall:
-        """Refuse the unmapped call ``short`` found no room for: its hold is given back (as no call of its own),
-        and a refused call's row takes its place in the ledger."""
-        model, limit, seen = short
-        refusal = self._hold_in_place_of(context, UNMAPPED)
-        always = quota.Limit(limit.name, "model_day", -1, "hold", limit.detail)  # refuses whatever it counts
-        try:
-            self.ledger.reserve(refusal, lambda _snapshot: [always])
-            self.ledger.release(context.hold_id, handed_to=refusal.hold_id)
-        except QuotawrapError as exc:  # the wrapper charges the hold at its end
-            warn(f"could not give back the hold of a refused call to {call.endpoint_id}: {exc}")
-        blocked = context._replace(hold_id=refusal.hold_id, would_block=True, blocked_by=limit.name)
-        self.books.audit(blocked, "blocked", None, 0, 0.0)
-        counters = {"model_day": quota.Counters(seen.settled, max(0, seen.in_flight - context.reserved))}
-        status = 403 if context.endpoint.startswith("batch_") else 429
-        name = model or "a model not used today"
-        response = blocked_response(name, quota.Verdict(False, limit), counters, context.reserved, status=status)
-        return GuardedCall.refused(response.with_note(_UNMAPPED_NOTE.format(endpoint=call.endpoint_id)))
-
-    def _hold_in_place_of(self, context: CallContext, model: str, *, enforce: bool = True) -> HoldRequest:
-        """A new hold of the call's size and owner, on ``model``, to take the place of the call's own."""
-        return HoldRequest(
-            run_id=context.run_id,
-            model=model,
-            day=context.day,
-            reserve=context.reserved,
-            endpoint=context.endpoint,
-            pid=context.pid,
-            host=self._host,
-            expires_at=self._clock() + self.settings.hold_ttl,
-            enforce=enforce,
-            key_fingerprint=context.key_fingerprint,
-            tags=self.books.tags,
-            reserve_cost=context.reserved_cost,
-        )
-
-    def answered(self, call: GuardedCall, raw: object) -> None:
-        """A call to an endpoint id was answered naming ``raw`` (its ``model``): learn which model the endpoint
-        serves, and hand the call's hold over to that model when it was held as another (unmapped, or an
-        endpoint since moved to another version), so that its settle lands where Ark billed it."""
-        endpoint, model = call.endpoint_id, answered_model(raw)
-        if endpoint is None or model is None:
-            return
-        self.endpoint_ids.learn(endpoint, model)
-        context = call.context
-        if model == call.model or context is None or context.drawn is not None:
-            return  # a call drawn from an advance settles on the advance's model-day (README)
-        # taken whatever the limits and lines say: its tokens were admitted as the hold it replaces, which
-        # counted against this model's room too (an unmapped hold counts against every model's)
-        hold = self._hold_in_place_of(context, model, enforce=False)
-        try:
-            self.ledger.reserve(hold, lambda _snapshot: ())
-            self.ledger.release(context.hold_id, handed_to=hold.hold_id)
-        except QuotawrapError as exc:
-            warn(f"could not move a call to {endpoint} to {model}: {exc}; it settles as {call.model}")
-            return
-        call.moved_to(context._replace(hold_id=hold.hold_id, model=model))
-
     # -- estimates ---------------------------------------------------------------------------
 
     def _smallest_token_cap(self) -> int:
@@ -614,13 +490,6 @@ class Guard:
 
 
 _FAIL_OPEN_HINT = " or pass --fail-open to let calls through unguarded."
-_UNMAPPED_NOTE = (
-    " The call names {endpoint}, whose model is not known yet (its first answer tells), so it must fit every"
-    ' model\'s room: map it in quotawrap.toml ([endpoints] "{endpoint}" = "<model>-<version>"), or set'
-    " VolcEngine credentials so that the management API lists it, and it counts against its own model only."
-)
-# A call to an endpoint whose first call of this process is out polls for its answer this often (doubling).
-_PROBE_POLL_MIN_S, _PROBE_POLL_MAX_S = 0.01, 0.25
 
 
 def _refuse(status: int, code: str, error_type: str, message: str) -> GuardedCall:

@@ -26,25 +26,23 @@ from __future__ import annotations
 import functools
 import os
 import socket
-import threading
-import time
 from collections.abc import Callable, Generator, Mapping
 from typing import Any, cast
 
 from ..config.settings import Settings
 from ..core import endpoints, quota
-from ..core.errors import PolicyRefused, QuotawrapError, StoreError
+from ..core.errors import PolicyRefused, StoreError
 from ..core.estimate import Estimate, EstimateSettings, ReasoningReserve
 from ..core.identity import UNMAPPED, Identity, canonical
 from ..core.synthetic import SyntheticResponse
 from ..ledger import CallPath, model_day_key, open_ledger
-from ..ledger.base import ledger_clock, run_cost_key, run_key
+from ..ledger.base import run_cost_key, run_key
 from ..ledger.endpoint_ids import EndpointIds
 from ..settling import readahead
 from ..settling.books import Books
 from ..settling.call import GuardedCall
 from ..settling.followups import ContextSizes, FollowupServices, followup_for
-from ..settling.sink import Landing
+from ..settling.sink import Landing, Store
 from ..support.events import EventLog, RoomSignal
 from ..support.log import warn
 from . import refusals
@@ -79,9 +77,7 @@ class Guard:
         off the caller's path; otherwise each settle lands before the caller gets its last byte. ``clock``: by
         default the ledger's (``ledger_clock``: on Redis the server's, so hosts with wrong clocks share its day)."""
         self.settings = settings
-        self._ledger = ledger
-        self._ledger_lock = threading.Lock()
-        self._clock = clock if clock is not None else self._ledger_now
+        self._store = Store(self._open_ledger, ledger, clock)
         self._estimate_settings = EstimateSettings(
             thinking_floor=settings.thinking_floor,
             default_max_tokens=settings.default_max_tokens,
@@ -95,27 +91,22 @@ class Guard:
         cost_cap = None if settings.cap_cost is None else round(settings.cap_cost * 1_000_000)
         self._limits = Limits(settings.cap_tokens, cost_cap, self._quota, soft_walls=soft_walls)
         tags = dict(entry.partition("=")[::2] for entry in settings.tag if "=" in entry)
-        self.books = Books(settings, run_id=self._run_id, host=self._host, tags=tags, clock=self.clock)
+        self.books = Books(settings, run_id=self._run_id, host=self._host, tags=tags, clock=self._store.now)
         self.retries = refusals.RetryMemory()
         self.contexts = ContextSizes()
-        self._redirects = refusals.RedirectMemory(self.clock)
+        self._redirects = refusals.RedirectMemory(self._store.now)
         self._note_redirect = self._redirects.note  # bound once: every admitted call is handed it
         self._router = endpoints.Router(settings.base_url, settings.allow_path)
         # --model names the models to guard as the ledger keys them (quotawrap.core.identity)
         self._patterns = tuple(canonical(pattern) for pattern in settings.model)
-        self.endpoint_ids = EndpointIds(lambda: self.ledger, wall=self.clock, host=self._host)
+        self.endpoint_ids = EndpointIds(self._store, wall=self._store.now, host=self._host)
         self._outside: set[str] = set()  # models this process said --model leaves unguarded
         self.advances: Advances | None = None
         self._room_signal = RoomSignal()
         self._events = EventLog(settings.events_log)
-        self._allowances = AllowanceBook(lambda: self.ledger, clock=self.clock)
-        self.landing = Landing(
-            lambda: self.ledger,
-            books=self.books,
-            events=self._events,
-            room_signal=self._room_signal,
-            learn=self._allowances.observe,
-        )
+        self._allowances = AllowanceBook(self._store, clock=self._store.now)
+        self.landing = Landing(self._store, books=self.books, events=self._events, room_signal=self._room_signal)
+        self.landing.learn = self._allowances.observe
         if background_settle and settings.background_settle:
             from ..settling.handoff import sender_from_env
             from ..settling.settler import Settler
@@ -124,7 +115,7 @@ class Guard:
             # under a wrapper, which learns of every draw. Its settles go to the wrapper; while a call of this
             # process waits for room they land here, so that their landing wakes it.
             relay = sender_from_env() if settings.draws_ahead else None
-            self.landing.settler = Settler(lambda: self.ledger, relay=relay, relay_now=self._room_signal.unwatched)
+            self.landing.settler = Settler(self._store, relay=relay, relay_now=self._room_signal.unwatched)
             if relay is not None:
                 from ..settling.draw_notes import DrawNotes
                 from ..settling.handoff import encode
@@ -132,13 +123,11 @@ class Guard:
 
                 notes = self.landing.notes = relay.notes = DrawNotes(os.path.dirname(relay.path), encode)
                 land = self.landing.land
-                self.advances = Advances(
-                    lambda: self.ledger, lambda settle: land(settle, None), notes.write, relay.listening
-                )
+                self.advances = Advances(self._store, lambda settle: land(settle, None), notes.write, relay.listening)
         self._followups = FollowupServices(
-            ledger=lambda: self.ledger,
+            ledger=self._store,
             price=self.books.actual_cost,
-            clock=self.clock,
+            clock=self._store.now,
             host=self._host,
             tags=self.books.tags,
             task_hold_ttl=settings.task_hold_ttl,
@@ -156,35 +145,24 @@ class Guard:
         return self._host
 
     def clock(self) -> float:
-        return self._clock()
-
-    def _ledger_now(self) -> float:
-        """The guard's clock until it has read its ledger's: the ledger's from then on. A store that cannot be
-        opened is the reserve's to report: until it opens, this host's clock."""
-        try:
-            ledger = self.ledger
-        except QuotawrapError:
-            return time.time()
-        self._clock = ledger_clock(ledger)
-        return self._clock()
+        return self._store.now()
 
     @property
     def ledger(self) -> CallPath:
-        if self._ledger is None:
-            with self._ledger_lock:
-                if self._ledger is None:
-                    from ..config.paths import default_store_url
+        return self._store()
 
-                    ledger = open_ledger(self.settings.store or default_store_url())
-                    settler = self.landing.settler
-                    if settler is not None and settler.relay is not None:
-                        # The wrapper lands this child's settles on the same ledger all along: its commits run
-                        # the checkpoints, off the caller's path (SQLite's ledger only; Redis has none).
-                        leave = getattr(ledger, "leave_checkpoints", None)
-                        if leave is not None:
-                            leave()
-                    self._ledger = ledger
-        return self._ledger
+    def _open_ledger(self) -> CallPath:
+        from ..config.paths import default_store_url
+
+        ledger = open_ledger(self.settings.store or default_store_url())
+        settler = self.landing.settler
+        if settler is not None and settler.relay is not None:
+            # The wrapper lands this child's settles on the same ledger all along: its commits run
+            # the checkpoints, off the caller's path (SQLite's ledger only; Redis has none).
+            leave = getattr(ledger, "leave_checkpoints", None)
+            if leave is not None:
+                leave()
+        return ledger
 
     @property
     def settler(self) -> Settler | None:
@@ -196,22 +174,21 @@ class Guard:
         services = self._services
         if services is None:
             ledger = self.ledger
-            self.landing.ledger = ledger
-            self.clock()  # from now on the ledger's clock, read without the guard in between
-            self._snapshots = Snapshots(ledger, self._clock)
+            clock = self._store.clock()  # the ledger's clock from now on, read without the store in between
+            self._snapshots = Snapshots(ledger, clock)
             every = self._every = EveryModel(
                 ledger,
                 self._limits,
                 settings=self.settings,
                 books=self.books,
                 endpoint_ids=self.endpoint_ids,
-                clock=self._clock,
+                clock=clock,
                 patterns=self._patterns,
             )
             services = self._services = AdmissionServices(
                 ledger=ledger,
                 settings=self.settings,
-                clock=self._clock,
+                clock=clock,
                 events=self._events,
                 advances=self.advances,
                 allowances=self._allowances,
@@ -399,7 +376,7 @@ class Guard:
             return _refuse(503, "QuotawrapCannotGuard", "ServiceUnavailable", message)
         if call.blocked is not None and call.blocked.status in (403, 429):
             key = key or refusals.fingerprint(method, url, body, refusals.caller())
-            self.retries.remember(key, call.blocked, self._clock())
+            self.retries.remember(key, call.blocked, self._store.now())
         call.url = url
         call.route = found
         call.on_redirect = self._note_redirect
@@ -436,7 +413,7 @@ class Guard:
 
     def _recall_refusal(self, key: str) -> GuardedCall | None:
         """An identical retry of a request refused moments ago: the same answer, no new ledger row."""
-        answer = self.retries.answer(key, self._clock())
+        answer = self.retries.answer(key, self._store.now())
         return GuardedCall.refused(answer) if isinstance(answer, SyntheticResponse) else None
 
     def _room(self, model: str, day: str) -> Room:

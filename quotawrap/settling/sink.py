@@ -8,13 +8,15 @@ the room (wakes this process's waiters), learns the call's reasoning and writes 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 
 from ..core.endpoint_prices import CostRule
+from ..core.errors import QuotawrapError
 from ..core.usage import Usage
 from ..ledger import CallPath
-from ..ledger.base import Settle
+from ..ledger.base import Settle, ledger_clock
 from ..support.events import BoundEvent, EventLog, RoomSignal
 from ..support.log import warn
 from .books import Books
@@ -25,35 +27,69 @@ if TYPE_CHECKING:
     from .draw_notes import DrawNotes
     from .settler import Settler
 
-__all__ = ["Landing"]
+__all__ = ["Landing", "Store"]
 
 # A settled call's reasoning, as the guard's allowances learn it: (model, reasoning, output, the bound set).
 Learn = Callable[[str, int, int, int | None], None]
 
 
+class Store:
+    """The guard's ledger, opened on first use, and its clock: every part of the guard reads both through it, so
+    none calls back into the guard for them."""
+
+    __slots__ = ("_clock", "_lock", "_open", "ledger")
+
+    def __init__(
+        self, open_ledger: Callable[[], CallPath], ledger: CallPath | None, clock: Callable[[], float] | None
+    ) -> None:
+        """``clock``: None for the ledger's (``ledger_clock``: on Redis the server's, so hosts with wrong clocks
+        share its day) once it is open; this host's until then."""
+        self._open = open_ledger
+        self.ledger = ledger
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def __call__(self) -> CallPath:
+        ledger = self.ledger
+        if ledger is None:
+            with self._lock:
+                ledger = self.ledger
+                if ledger is None:
+                    ledger = self.ledger = self._open()
+        return ledger
+
+    def now(self) -> float:
+        """The time by the guard's clock. A store that cannot be opened is the reserve's to report."""
+        clock = self._clock
+        if clock is None:
+            try:
+                ledger = self()
+            except QuotawrapError:
+                return time.time()
+            clock = self._clock = ledger_clock(ledger)
+        return clock()
+
+    def clock(self) -> Callable[[], float]:
+        """The clock itself, read without this in between (once the ledger is open)."""
+        self.now()
+        assert self._clock is not None or self.ledger is None
+        return self._clock if self._clock is not None else self.now
+
+
 class Landing:
     """Lands the settles of one process; never raises into the caller."""
 
-    __slots__ = ("_books", "_events", "_learn", "_open", "_room_signal", "ledger", "notes", "settler")
+    __slots__ = ("_books", "_events", "_room_signal", "_store", "learn", "notes", "settler")
 
-    def __init__(
-        self,
-        open_ledger: Callable[[], CallPath],
-        *,
-        books: Books,
-        events: EventLog,
-        room_signal: RoomSignal,
-        learn: Learn,
-        settler: Settler | None = None,
-    ) -> None:
-        """``open_ledger``: the guard's ledger, opened on first use (``ledger`` once the guard has it)."""
-        self._open = open_ledger
-        self.ledger: CallPath | None = None
+    def __init__(self, store: Store, *, books: Books, events: EventLog, room_signal: RoomSignal) -> None:
+        """Its ``learn`` is the guard's allowances' (set once they are made); a settler and draw notes, when the
+        guard settles in the background."""
+        self._store = store
         self._books = books
         self._events = events
         self._room_signal = room_signal
-        self._learn = learn
-        self.settler = settler
+        self.learn: Learn | None = None
+        self.settler: Settler | None = None
         self.notes: DrawNotes | None = None
 
     def land(self, settle: Settle, landed: Landed | None, bound: BoundEvent | None = None) -> None:
@@ -64,7 +100,7 @@ class Landing:
             if bound is not None:
                 self._events.bounds((bound,))
             try:
-                (self.ledger or self._open()).settle_many((settle,))
+                self._store().settle_many((settle,))
             except Exception as exc:
                 # The hold stays open and the wrapper charges it at exit; the caller's answer is intact.
                 warn(f"could not settle a call: {exc}; the wrapper will charge its hold")
@@ -83,8 +119,8 @@ class Landing:
         """A call's settle has landed: its room is free (wake this process's waiters), learn its reasoning, audit."""
         self._room_signal.room_freed()
         context, usage = landed.context, landed.usage
-        if usage is not None and context.endpoint != "embeddings":
-            self._learn(context.model, usage.reasoning_tokens, usage.completion_tokens, context.output_bound)
+        if usage is not None and context.endpoint != "embeddings" and self.learn is not None:
+            self.learn(context.model, usage.reasoning_tokens, usage.completion_tokens, context.output_bound)
         try:
             self._books.audit(context, landed.state, usage, landed.cost, landed.latency_s, anomaly=landed.anomaly)
         except Exception as exc:

@@ -87,9 +87,10 @@ def entries(calls: list[Call], pure: set[str]) -> dict[str, set[str]]:
     return found
 
 
-@pytest.fixture
-def chat(tmp_path: Path) -> Iterator[Callable[[], httpx.Response]]:
-    """One chat call through the httpx adapter to a guard over a private ledger, answered by respx."""
+@pytest.fixture(params=[{"max_tokens": 50}, {}], ids=["max_tokens", "bounded by the guard"])
+def chat(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[[], httpx.Response]]:
+    """One chat call through the httpx adapter to a guard over a private ledger, answered by respx: with the
+    caller's max_tokens, or without (the guard reads its learned reasoning and sends its own bound)."""
     was_patched = getattr(httpx, "_quotawrap_patched", False)
     httpx_adapter.patch(httpx)
     guard = Guard(Settings(store=f"sqlite:///{tmp_path / 'ledger.sqlite3'}", base_url=(BASE,)))
@@ -97,7 +98,7 @@ def chat(tmp_path: Path) -> Iterator[Callable[[], httpx.Response]]:
     try:
         with respx.mock(assert_all_called=True) as router, httpx.Client() as client:
             router.post(BASE + "/chat/completions").respond(200, json=ANSWER)
-            body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 50}
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], **request.param}
 
             def call() -> httpx.Response:
                 response = client.post(BASE + "/chat/completions", json=body, headers={"Authorization": "Bearer k"})

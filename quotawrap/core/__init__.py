@@ -1,0 +1,1 @@
+"""Pure rules: no I/O, no clock, no store (the bottom layer)."""

@@ -1,0 +1,66 @@
+"""Budgets as the stores keep them, and what a hold is checked against and charges (issue 33).
+
+Both stores keep a budget as its canonical spec under its id (``core.budgets.Budget.id``) and count it in
+one counter per period, named by ``core.budgets.budget_scope``: a token budget's counters are tokens, a
+money budget's micro-CNY. A hold that matches budgets remembers their scopes (SQLite: rows of
+``hold_budgets``; Redis: the hold's ``budgets`` field), so its settle, release or reclaim moves the same
+counters by the same step (``holds.step``'s deltas) as the run's. A hard budget is one more hold limit of
+the reserve's verdict; a soft one is counted and never refuses.
+
+Advances (quotawrap.advances) take no room for calls that match a budget: a store refuses such an advance
+with every limit fitting, so its process reserves each call on its own, against every budget.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+
+from ..core.budgets import Budget, applicable, budget_limits, parse_budget
+from ..quota import Limit
+
+__all__ = ["BudgetBook", "decode_budget", "encode_budget"]
+
+
+def encode_budget(budget: Budget) -> str:
+    """What a store keeps of a budget: its spec and the run it belongs to."""
+    return json.dumps({"spec": budget.spec, "run_id": budget.run_id}, sort_keys=True)
+
+
+def decode_budget(text: str) -> Budget:
+    fields = json.loads(text)
+    return parse_budget(fields["spec"], run_id=fields.get("run_id", ""))
+
+
+class BudgetBook:
+    """The budgets a store read, decoded once per text (every reserve reads them: most ledgers keep none)."""
+
+    __slots__ = ("_decoded",)
+
+    def __init__(self) -> None:
+        self._decoded: dict[str, Budget] = {}
+
+    def decode(self, texts: Iterable[str]) -> list[Budget]:
+        budgets = []
+        for text in texts:
+            budget = self._decoded.get(text)
+            if budget is None:
+                if len(self._decoded) > 1024:  # bounded: budgets come and go on a long-lived ledger
+                    self._decoded.clear()
+                budget = self._decoded[text] = decode_budget(text)
+            budgets.append(budget)
+        return budgets
+
+    @staticmethod
+    def for_call(
+        budgets: Sequence[Budget],
+        tags: Mapping[str, str],
+        model: str,
+        key: str | None,
+        run_id: str,
+        now: float,
+    ) -> tuple[list[Limit], list[str]]:
+        """The hard budgets' limits and every matching budget's scope, for one call at ``now``."""
+        if not budgets:
+            return [], []
+        return budget_limits(applicable(budgets, tags, model, key, run_id), now, run_id)

@@ -1,0 +1,202 @@
+"""Issue 33, team budgets held in the ledger, end to end: real `quotawrap` processes against the Ark simulator.
+
+Budgets are set with `quotawrap budget set` on a fresh ledger; agents tagged for two teams then run in
+parallel with no budget flag. Each team's bill (the simulator's) stays at or under its budget, nearly all of it
+is used, and no call of one team is refused by the other team's budget. The ledger's counter of each budget
+equals the simulator's bill exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quotawrap.ledger import open_ledger
+from quotawrap.simulator import ArkSimulator
+from tests.conftest import child, cli_json, communicate_all, run_cli, start_cli
+from tests.redis_server import flushed, session_url
+
+SEARCH_MODEL, ADS_MODEL = "deepseek-v4-flash", "doubao-seed-1-6-flash-250828"
+SEARCH_BUDGET, ADS_BUDGET = 12_000, 18_000
+MAX_TOKENS = 400  # what each call reserves (+ its prompt): well under either budget, so many calls fill one
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+        return
+    with session_url() as url:
+        yield flushed(url)
+
+
+def _set_budgets(store: str) -> None:
+    for spec in (f"team=search:{SEARCH_BUDGET}/day", f"team=ads:{ADS_BUDGET // 1000}k/day"):
+        done = run_cli("budget", "set", spec, "--store", store)
+        assert done.returncode == 0, done.stderr
+
+
+def _team(sim: ArkSimulator, store: str, team: str, model: str, *, threads: int, processes: int) -> subprocess.Popen[str]:
+    """One wrapper of agents tagged for ``team`` (no budget flag): each worker calls until refused."""
+    swarm = child("swarm.py", "--model", model, "--threads", str(threads), "--processes", str(processes))
+    swarm += ["--max-calls", "40", "--max-tokens", str(MAX_TOKENS)]
+    run = ["run", "--store", store, "--base-url", sim.url, "--tag", f"team={team}", "--wait", "60", "--quiet"]
+    return start_cli(*run, "--", *swarm, env={"SIM_URL": sim.url})
+
+
+def _check_bills(sim: ArkSimulator, store: str) -> None:
+    billed = sim.billed_by_model()
+    uses = {use["spec"].split(":")[0]: use for use in cli_json("budget", "list", "--json", "--store", store)}
+    for team, model, budget in (("search", SEARCH_MODEL, SEARCH_BUDGET), ("ads", ADS_MODEL, ADS_BUDGET)):
+        bill = billed.get(model, 0)
+        assert bill <= budget, f"team {team} billed {bill} over its budget {budget}"
+        assert bill >= 0.8 * budget, f"team {team} used only {bill} of its budget {budget}"
+        use = uses[f"team={team}"]
+        assert (use["used"], use["in_flight"]) == (bill, 0)  # the ledger counted exactly what was billed
+        assert use["left"] == budget - bill
+    ledger = open_ledger(store)
+    try:
+        refused = [record for record in ledger.call_records() if record.state == "blocked"]
+    finally:
+        ledger.close()
+    assert refused, "the budgets never refused a call: they did not bind"
+    for record in refused:
+        team = record.tags.get("team")
+        assert record.blocked_by is not None and f"team={team}" in record.blocked_by, (team, record.blocked_by)
+
+
+def test_two_teams_each_held_to_its_budget(sim: ArkSimulator, shared_store: str) -> None:
+    """Threads in one wrapper, processes in another (on Redis a third wrapper shares the search budget)."""
+    _set_budgets(shared_store)
+    runs = [
+        _team(sim, shared_store, "search", SEARCH_MODEL, threads=4, processes=0),
+        _team(sim, shared_store, "ads", ADS_MODEL, threads=2, processes=2),
+    ]
+    if shared_store.startswith("redis"):
+        runs.append(_team(sim, shared_store, "search", SEARCH_MODEL, threads=1, processes=2))
+    for proc, (_, err) in zip(runs, communicate_all(runs, timeout=300), strict=True):
+        assert proc.returncode == 0, err
+    _check_bills(sim, shared_store)
+
+
+def test_refusal_names_budget_numbers_reset_and_cure(sim: ArkSimulator, store: str) -> None:
+    assert run_cli("budget", "set", "team=x:50/day", "--store", store).returncode == 0
+    done = run_cli(
+        "run", "--store", store, "--base-url", sim.url, "--tag", "team=x", "--quiet", "--", *child("one_call.py"),
+        env={"SIM_URL": sim.url},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("BLOCKED"), done.stdout
+    for words in ("budget team=x/day/tokens", "> 50", "resets", "Beijing time", "quotawrap budget set 'team=x:NEW/day'"):
+        assert words in done.stdout, (words, done.stdout)
+    assert sim.calls() == 0
+    other = run_cli(
+        "run", "--store", store, "--base-url", sim.url, "--tag", "team=y", "--quiet", "--", *child("one_call.py"),
+        env={"SIM_URL": sim.url},
+    )
+    assert other.stdout.startswith("TOTAL"), other.stdout  # another team's call is not the budget's business
+
+
+def test_a_runs_own_budget(sim: ArkSimulator, store: str) -> None:
+    """``--budget`` on a run adds a budget for that run alone."""
+    run = ["run", "--store", store, "--base-url", sim.url, "--quiet"]
+    limited = run_cli(*run, "--budget", "*:50/run", "--", *child("one_call.py"), env={"SIM_URL": sim.url})
+    assert limited.stdout.startswith("BLOCKED") and "budget" in limited.stdout, limited.stdout
+    free = run_cli(*run, "--", *child("one_call.py"), env={"SIM_URL": sim.url})
+    assert free.stdout.startswith("TOTAL"), free.stdout
+    bad = run_cli(*run, "--budget", "*:lots/run", "--", *child("one_call.py"), env={"SIM_URL": sim.url})
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_budget_commands(store: str) -> None:
+    bad = run_cli("budget", "set", "team=search:200k/fortnight", "--store", store)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "the period must be one of" in bad.stderr
+    first = run_cli("budget", "set", "team=search:200k/day", "--store", store)
+    again = run_cli("budget", "set", "team=search:200000/day", "--store", store)
+    assert "set" in first.stdout and "already set" in again.stdout
+    assert run_cli("budget", "set", "*:¥300/month,soft", "--store", store).returncode == 0
+    listed = cli_json("budget", "list", "--json", "--store", store)
+    assert sorted((use["spec"], use["left"]) for use in listed) == [
+        ("*:cny300/month,soft", 300_000_000),
+        ("team=search:200000/day", 200_000),
+    ]
+    raised = run_cli("budget", "set", "team=search:300k/day", "--store", store)
+    assert raised.returncode == 0
+    assert {use["spec"] for use in cli_json("budget", "list", "--json", "--store", store)} == {
+        "*:cny300/month,soft",
+        "team=search:300000/day",
+    }
+    assert run_cli("budget", "rm", "team=search:0/day", "--store", store).returncode == 0
+    assert run_cli("budget", "rm", "team=search:0/day", "--store", store).returncode == 1
+    assert [use["spec"] for use in cli_json("budget", "list", "--json", "--store", store)] == ["*:cny300/month,soft"]
+
+
+# -- a monthly money budget across Beijing days: the whole command under libfaketime ---------------------------
+
+# time.sleep as a relative wait, which libfaketime 0.9.10 breaks (tests/integration/test_redis_clock_skew.py)
+SLEEP_SHIM = """
+import select, time
+
+def _sleep(seconds: float) -> None:
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    select.select([], [], [], seconds)
+
+time.sleep = _sleep
+"""
+
+
+def _at(tmp_path: Path, utc: str) -> tuple[list[str], dict[str, str]]:
+    """The command prefix and environment of a process tree whose wall clock starts at ``utc``."""
+    binary = shutil.which("faketime")
+    if binary is None:
+        pytest.fail("faketime is not installed (Debian: apt-get install faketime; `make test` installs it)")
+    shim = tmp_path / "faketime_shim"
+    shim.mkdir(exist_ok=True)
+    (shim / "sitecustomize.py").write_text(SLEEP_SHIM)
+    path = os.pathsep.join([str(shim), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {"FAKETIME_DONT_FAKE_MONOTONIC": "1", "PYTHONPATH": path, "TZ": "UTC"}
+    return [binary, "-f", f"@{utc}"], env
+
+
+def _quotawrap_at(tmp_path: Path, utc: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    prefix, fake_env = _at(tmp_path, utc)
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("QUOTAWRAP_")}, **fake_env, **(env or {})}
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "quotawrap", *args], env=full, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_monthly_money_budget_carries_across_beijing_days(sim: ArkSimulator, store: str, tmp_path: Path) -> None:
+    """Spent on one Beijing day, the month's money is still spent the next day; the next month starts afresh."""
+    env = {"SIM_URL": sim.url}
+    run = ["run", "--store", store, "--base-url", sim.url, "--quiet", "--tag", "team=m", "--"]
+    one = child("one_call.py")
+    # what one call costs, priced as the guard prices it: a first call on 2026-12-10, Beijing 23:00
+    assert _quotawrap_at(tmp_path, "2026-12-10 15:00:00", "budget", "set", "team=m:cny1000/month", "--store", store).returncode == 0
+    first = _quotawrap_at(tmp_path, "2026-12-10 15:00:00", *run, *one, env=env)
+    assert first.stdout.startswith("TOTAL"), first.stderr
+    (use,) = json.loads(_quotawrap_at(tmp_path, "2026-12-10 15:00:01", "budget", "list", "--json", "--store", store).stdout)
+    per_call = use["used"]
+    assert per_call > 0 and use["period_key"] == "2026-12"
+    # a budget of three and a half such calls: two more fit on the 10th (three in all), none on the 11th
+    budget = f"team=m:cny{per_call * 7 / 2 / 1e6:.6f}/month"
+    assert _quotawrap_at(tmp_path, "2026-12-10 15:00:02", "budget", "set", budget, "--store", store).returncode == 0
+    for _ in range(2):
+        assert _quotawrap_at(tmp_path, "2026-12-10 15:30:00", *run, *one, env=env).stdout.startswith("TOTAL")
+    next_day = _quotawrap_at(tmp_path, "2026-12-10 16:30:00", *run, *one, env=env)  # Beijing 00:30 on the 11th
+    assert next_day.stdout.startswith("BLOCKED") and "budget team=m/month/cny" in next_day.stdout, next_day.stdout
+    assert "resets 2027-01-01 00:00 Beijing time" in next_day.stdout
+    (carried,) = json.loads(_quotawrap_at(tmp_path, "2026-12-10 16:31:00", "budget", "list", "--json", "--store", store).stdout)
+    assert (carried["period_key"], carried["used"]) == ("2026-12", 3 * per_call)
+    new_month = _quotawrap_at(tmp_path, "2026-12-31 16:30:00", *run, *one, env=env)  # Beijing 00:30 on 1 January
+    assert new_month.stdout.startswith("TOTAL"), new_month.stdout
+    assert sim.calls() == 4

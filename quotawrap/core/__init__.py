@@ -1,1 +1,1 @@
-"""Pure rules: no I/O, no clock, no store (the bottom layer)."""
+"""core: see docs/internals.md for what this layer holds."""

@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from ._errors import EXIT_USAGE, ConfigError
-from .cli_common import command_settings, echo, fail, open_ledger, settings_options
+from ..core.errors import EXIT_USAGE, ConfigError
+from .common import command_settings, echo, fail, open_ledger, settings_options
 
 __all__ = ["budget_group"]
 
@@ -33,7 +33,7 @@ def budget_set(spec: str, soft: bool, **values: Any) -> None:
     2M) or CNY (¥300, cny300, 300cny); PERIOD is run, hour, day, week or month, in Beijing time. Setting the
     same selector and period again changes its amount and keeps what it counted.
     """
-    from .core.budgets import parse_budget
+    from ..core.budgets import parse_budget
 
     try:
         budget = parse_budget(spec, soft=soft)
@@ -49,7 +49,7 @@ def budget_set(spec: str, soft: bool, **values: Any) -> None:
 @click.argument("spec")
 def budget_rm(spec: str, **values: Any) -> None:
     """Remove the budget of this selector and period (the amount does not matter), e.g. team=search:0/day."""
-    from .core.budgets import parse_budget
+    from ..core.budgets import parse_budget
 
     try:
         budget = parse_budget(spec)
@@ -66,7 +66,7 @@ def budget_rm(spec: str, **values: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def budget_list(as_json: bool, **values: Any) -> None:
     """Every budget of the ledger: used, in flight, left, and when it resets."""
-    from .ledger.base import ledger_clock
+    from ..ledger.base import ledger_clock
 
     ledger = open_ledger(command_settings(values))
     uses = ledger.budget_uses(ledger_clock(ledger)(), None)

@@ -28,15 +28,14 @@ from decimal import Decimal, InvalidOperation
 from fnmatch import fnmatchcase
 from typing import Literal, get_args
 
-from .._errors import ConfigError
-from .._records import Record
-from ..money import format_cny, parse_cny
-from ..quota import BEIJING, Counters, Limit, beijing_day
+from .errors import ConfigError
+from .records import Record
+from .money import format_cny, parse_cny
+from .quota import BEIJING, COST_BUDGET_PREFIX, Counters, Limit, beijing_day, counts_cost
 
 __all__ = [
     "BUDGET_LIMIT",
     "BUDGET_PREFIX",
-    "COST_BUDGET_PREFIX",
     "PERIODS",
     "SOFT_THRESHOLDS",
     "Budget",
@@ -47,7 +46,6 @@ __all__ = [
     "budget_limits",
     "budget_scope",
     "budget_uses",
-    "counts_cost",
     "crossed",
     "parse_budget",
     "period_end",
@@ -58,9 +56,8 @@ Unit = Literal["tokens", "cny"]
 Period = Literal["run", "hour", "day", "week", "month"]
 PERIODS: tuple[Period, ...] = get_args(Period)
 
-BUDGET_LIMIT = "budget"  # the name a budget's Limit carries (what a refusal and its hint name)
+BUDGET_LIMIT = "budget"  # a budget's Limit is named "budget <its id>" (what a refusal, its hint and the records name)
 BUDGET_PREFIX = "budget:"
-COST_BUDGET_PREFIX = "budget:cny:"  # a budget scope counting micro-CNY (every other budget counts tokens)
 # Shares of a soft budget at which a call that crosses one is warned about (and alerted, once per period).
 SOFT_THRESHOLDS: tuple[float, ...] = (0.8, 1.0)
 
@@ -162,7 +159,7 @@ def parse_budget(spec: str, *, soft: bool = False, run_id: str = "") -> Budget:
         if mark != "soft":
             raise ConfigError(f"budget {spec!r}: {mark!r} is no mark (only 'soft' may follow the period)")
     amount, unit = _amount(amount_text.strip(), spec)
-    return Budget(_selector(selector, spec), amount, unit, period, soft or bool(marks), run_id)  # type: ignore[arg-type]
+    return Budget(_selector(selector, spec), amount, unit, period, soft or bool(marks), run_id)  
 
 
 # -- periods (Beijing time; China keeps no daylight saving) ----------------------------------------
@@ -219,11 +216,6 @@ def budget_scope(budget: Budget, key: str) -> str:
     return f"{BUDGET_PREFIX}{unit}:{budget.id}|{key}"
 
 
-def counts_cost(scope: str) -> bool:
-    """Whether a limit's scope counts micro-CNY (a call adds its cost there), not tokens."""
-    return scope == "run_cost" or scope.startswith(COST_BUDGET_PREFIX)
-
-
 def applicable(
     budgets: Iterable[Budget], tags: Mapping[str, str], model: str, key: str | None, run_id: str
 ) -> list[Budget]:
@@ -245,7 +237,7 @@ def budget_limits(budgets: Sequence[Budget], now: float, run_id: str) -> tuple[l
                 f" {_when(period_end(budget.period, now))}; raise it with `quotawrap budget set"
                 f" '{budget.selector}:NEW/{budget.period}'`"
             )
-            limits.append(Limit(BUDGET_LIMIT, scope, budget.amount, "hold", detail))  # type: ignore[arg-type]
+            limits.append(Limit(f"{BUDGET_LIMIT} {budget.id}", scope, budget.amount, "hold", detail))  
     return limits, scopes
 
 

@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..core.budgets import Budget, applicable, budget_limits, parse_budget
-from ..quota import Limit
+from ..core.quota import Limit
 
 __all__ = ["BudgetBook", "decode_budget", "encode_budget"]
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from quotawrap._errors import ConfigError
+from quotawrap.core.errors import ConfigError
 from quotawrap.core.budgets import (
     PERIODS,
     Budget,
@@ -15,13 +15,12 @@ from quotawrap.core.budgets import (
     budget_limits,
     budget_scope,
     budget_uses,
-    counts_cost,
     crossed,
     parse_budget,
     period_end,
     period_key,
 )
-from quotawrap.quota import BEIJING, Counters, verdict
+from quotawrap.core.quota import BEIJING, Counters, counts_cost, verdict
 
 
 def bj(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: float = 0.0) -> float:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from ..core.budgets import Budget, counts_cost
-from ..quota import Counters
-from .budgets import encode_budget
-from .holds import Deltas
+from ...core.budgets import Budget
+from ...core.quota import Counters, counts_cost
+from ..budgets import encode_budget
+from ..holds import Deltas
 
 __all__ = [
     "BUDGET_TABLES",

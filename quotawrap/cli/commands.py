@@ -17,6 +17,7 @@ import click
 
 from ..config.settings import OPTIONS
 from ..core.errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, StoreError, exit_code, with_cure
+from .budget_commands import budget_group
 from .common import command_settings, echo, fail, import_problem, open_ledger, settings_options
 from .ledger_commands import COMMANDS
 
@@ -60,6 +61,7 @@ def cli() -> None:
 
 for _command in COMMANDS:  # status, report, sessions, sync, prune: defined beside the modules they drive
     cli.add_command(_command)
+cli.add_command(budget_group)
 
 
 @cli.command(

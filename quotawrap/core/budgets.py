@@ -45,11 +45,11 @@ __all__ = [
     "applicable",
     "budget_limits",
     "budget_scope",
-    "budget_uses",
     "crossed",
     "parse_budget",
     "period_end",
     "period_key",
+    "uses_in",
 ]
 
 Unit = Literal["tokens", "cny"]
@@ -279,13 +279,12 @@ class BudgetUse(Record, frozen=True):
         )
 
 
-def budget_uses(
-    budgets: Sequence[Budget], now: float, run_id: str, counters: Mapping[str, Counters]
-) -> list[BudgetUse]:
-    """Each budget's use in the period ``now`` falls in, from the counters of its scope (``budget_scope``)."""
+def uses_in(budgets: Sequence[Budget], now: float, run_id: str, counters: Mapping[str, Counters]) -> list[BudgetUse]:
+    """Each budget's use in the period ``now`` falls in (a run's own budget: in its run), from the counters of
+    its scope (``budget_scope``)."""
     uses = []
     for budget in budgets:
-        key = period_key(budget.period, now, run_id)
+        key = period_key(budget.period, now, run_id or budget.run_id)
         seen = counters.get(budget_scope(budget, key), Counters())
         uses.append(BudgetUse(budget, key, seen.settled, seen.in_flight, period_end(budget.period, now)))
     return uses

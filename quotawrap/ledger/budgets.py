@@ -16,10 +16,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..core.budgets import Budget, applicable, budget_limits, parse_budget
+from ..core.budgets import Budget, BudgetUse, applicable, budget_limits, budget_scope, parse_budget, period_key, uses_in
 from ..core.quota import Limit
 
-__all__ = ["BudgetBook", "decode_budget", "encode_budget"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .interface import Ledger
+
+__all__ = ["BudgetBook", "budget_uses", "decode_budget", "encode_budget"]
 
 
 def encode_budget(budget: Budget) -> str:
@@ -64,3 +68,10 @@ class BudgetBook:
         if not budgets:
             return [], []
         return budget_limits(applicable(budgets, tags, model, key, run_id), now, run_id)
+
+
+def budget_uses(ledger: Ledger, now: float, run_id: str | None) -> list[BudgetUse]:
+    """Each budget of ``ledger`` (and of the run ``run_id``, when given) in the period ``now`` falls in."""
+    budgets = ledger.budgets(run_id)
+    scopes = [budget_scope(b, period_key(b.period, now, run_id or b.run_id)) for b in budgets]
+    return uses_in(budgets, now, run_id or "", ledger.counters(scopes))

@@ -14,7 +14,7 @@ from quotawrap.core.budgets import (
     applicable,
     budget_limits,
     budget_scope,
-    budget_uses,
+    uses_in,
     crossed,
     parse_budget,
     period_end,
@@ -184,10 +184,10 @@ def test_uses_and_soft_thresholds() -> None:
     now = bj(2026, 8, 13, 12)
     budget = parse_budget("team=search:1000/day,soft")
     scope = budget_scope(budget, "2026-08-13")
-    (use,) = budget_uses([budget], now, "r", {scope: Counters(700, 200)})
+    (use,) = uses_in([budget], now, "r", {scope: Counters(700, 200)})
     assert (use.used, use.in_flight, use.left, use.resets_at) == (700, 200, 100, bj(2026, 8, 14))
     assert use.as_json()["left"] == 100 and "left 100" in use.line()
-    (over,) = budget_uses([budget], now, "r", {scope: Counters(1200, 0)})
+    (over,) = uses_in([budget], now, "r", {scope: Counters(1200, 0)})
     assert over.left == 0
     assert crossed(budget, 700, 799) is None
     assert crossed(budget, 700, 800) == 0.8

@@ -2,7 +2,7 @@
 
 A budget counter's settled part is a row of ``counters`` under its scope, as the run's is; what it has in
 flight is summed from the holds that remember it (``hold_budgets`` joined with ``holds``), as every other
-scope's is summed from holds (sqlite_reserve.IN_FLIGHT). ``hold_budgets`` keeps a call's rows after it left
+scope's is summed from holds (reserve.IN_FLIGHT); the tables are file.BUDGET_TABLES. ``hold_budgets`` keeps a call's rows after it left
 holds, so a late settle of an unresolved call corrects the same counters; they go with the call's row.
 """
 
@@ -17,7 +17,6 @@ from ..budgets import encode_budget
 from ..holds import Deltas
 
 __all__ = [
-    "BUDGET_TABLES",
     "budget_counters",
     "budget_texts",
     "charge_budgets",
@@ -27,12 +26,6 @@ __all__ = [
     "store_budget",
 ]
 
-BUDGET_TABLES = """
-CREATE TABLE IF NOT EXISTS budgets (id TEXT PRIMARY KEY, budget TEXT NOT NULL, run_id TEXT NOT NULL, set_at REAL);
-CREATE TABLE IF NOT EXISTS hold_budgets (hold_id TEXT NOT NULL, scope TEXT NOT NULL, PRIMARY KEY (hold_id, scope))
-    WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS hold_budgets_scope ON hold_budgets (scope);
-"""
 
 # A scope's tokens (or micro-CNY) in flight: the holds that remember it. Parameters: whether it counts cost, scope.
 _IN_FLIGHT = (

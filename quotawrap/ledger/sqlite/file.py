@@ -109,6 +109,14 @@ _ALL = ", ".join(CALL_COLUMNS)
 EVERY_CALL = f"(SELECT {_ALL} FROM holds UNION ALL SELECT {_ALL} FROM calls)"
 _HOLDS = f"CREATE TABLE IF NOT EXISTS holds {_CALL_ROW} WITHOUT ROWID"
 
+# Budgets (ledger/budgets.py) and the budget scopes each hold counts against (ledger/sqlite/budgets.py).
+BUDGET_TABLES = """
+CREATE TABLE IF NOT EXISTS budgets (id TEXT PRIMARY KEY, budget TEXT NOT NULL, run_id TEXT NOT NULL, set_at REAL);
+CREATE TABLE IF NOT EXISTS hold_budgets (hold_id TEXT NOT NULL, scope TEXT NOT NULL, PRIMARY KEY (hold_id, scope))
+    WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS hold_budgets_scope ON hold_budgets (scope);
+"""
+
 _SCHEMA = (
     """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -145,6 +153,7 @@ CREATE TABLE IF NOT EXISTS usage_series (
     + ";\n"
     + _HOLDS
     + ";\n"
+    + BUDGET_TABLES
 )
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
+from ...core.budgets import BUDGET_PREFIX, Budget, BudgetUse
 from ...core.errors import StoreCorrupt, StoreError
-from ...core.quota import Counters, Package, Snapshot, verdict
+from ...core.quota import Counters, Package, Snapshot, Verdict, verdict
 from ...core.usage import Usage
 from ...support.host import hostname
 from ..base import (
@@ -35,6 +36,7 @@ from ..base import (
     Settle,
     pid_alive,
 )
+from ..budgets import BudgetBook, budget_uses
 from ..holds import Deltas, Event, add_deltas, clamp, step
 from ..reasoning import REASONING_HISTORY
 from ..scopes import model_day_key, run_cost_key, run_key, scope_keys
@@ -52,6 +54,15 @@ from .file import (
     refuse_symlink,
     retry_locked,
     write_lock,
+)
+from .budgets import (
+    budget_counters,
+    budget_texts,
+    charge_budgets,
+    list_budget_texts,
+    remember_budgets,
+    remove_budget,
+    store_budget,
 )
 from .lines import Place, count_waiting
 from .records import read_call_records
@@ -139,6 +150,7 @@ class SQLiteLedger:
         self.url = url or f"sqlite:///{self.path}"
         self._local = threading.local()
         self._host = hostname()
+        self._budget_book = BudgetBook()
         self._checkpoint_pages: int | None = None  # None: SQLite's default (leave_checkpoints)
         refuse_symlink(self.path, self.url)
         with self._errors("open"):
@@ -264,6 +276,15 @@ class SQLiteLedger:
             call = (request.run_id, request.model, request.day)
             scoped, snapshot, waiting = read_for_reserve(conn, scopes, call, request.enforce)
             limits = limits_for(snapshot)
+            budgets = self._budget_book.decode(budget_texts(conn, request.run_id))
+            budget_limits, budget_scopes = self._budget_book.for_call(
+                budgets, request.tags, request.model, request.key_fingerprint, request.run_id, self._clock()
+            )
+            if budget_scopes:
+                if request.advance:  # no room ahead past a budget (ledger/budgets.py): its calls reserve one by one
+                    return Decision(request.hold_id, Verdict(True), False, scoped)
+                scoped = {**scoped, **budget_counters(conn, budget_scopes)}
+                limits = [*limits, *budget_limits]
             result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)
             place = Place(conn, request, self._clock(), waiting, scopes)
             outcome = place.decide(limits, scoped, result.allowed)
@@ -295,6 +316,8 @@ class SQLiteLedger:
                     request.expires_at,
                 ),
             )
+            if held and budget_scopes:
+                remember_budgets(conn, request.hold_id, budget_scopes)
         return Decision(request.hold_id, result, held, scoped, ticket=place.ticket)
 
     def leave_line(self, request: HoldRequest) -> None:
@@ -332,6 +355,7 @@ class SQLiteLedger:
         if moved is None:
             return None
         values = step_values(moved, usage, latency_s, anomaly, handed_to, self._clock())
+        charge_budgets(conn, hold_id, moved.deltas)
         conn.execute(MOVE_HELD if held else UPDATE_FINAL, (*values, hold_id))
         if held:  # it left 'held' (a hold never returns to it): its row moved to calls
             conn.execute("DELETE FROM holds WHERE id = ?", (hold_id,))
@@ -416,8 +440,31 @@ class SQLiteLedger:
         return reclaimed
 
     def counters(self, keys: Sequence[str]) -> dict[str, Counters]:
+        budget_keys = [key for key in keys if key.startswith(BUDGET_PREFIX)]
+        if not budget_keys:
+            with self._errors("read"):
+                return read_counters(self._conn(), keys)
+        with self._write("read") as conn:  # one snapshot of both kinds of counter
+            found = read_counters(conn, [key for key in keys if not key.startswith(BUDGET_PREFIX)])
+            found.update(budget_counters(conn, budget_keys))
+        return {key: found[key] for key in keys}
+
+    # -- budgets (ledger/budgets.py) -------------------------------------------------------------
+
+    def set_budget(self, budget: Budget) -> bool:
+        with self._write("budget") as conn:
+            return store_budget(conn, budget, self._clock())
+
+    def remove_budget(self, budget_id: str) -> bool:
+        with self._write("budget") as conn:
+            return remove_budget(conn, budget_id)
+
+    def budgets(self, run_id: str | None = None) -> list[Budget]:
         with self._errors("read"):
-            return read_counters(self._conn(), keys)
+            return self._budget_book.decode(list_budget_texts(self._conn(), run_id))
+
+    def budget_uses(self, now: float, run_id: str | None = None) -> list[BudgetUse]:
+        return budget_uses(self, now, run_id)
 
     def snapshot(self, model: str) -> Snapshot | None:
         with self._errors("read"):

@@ -160,6 +160,12 @@ def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: di
             from ..ledger.base import RunRecord
 
             ledger.start_run(RunRecord(settings.run_id, time.time(), command=line, tags=all_tags))
+        if settings.budget:  # the run's own budgets, in the ledger before its first call
+            from ..core.budgets import parse_budget
+
+            books = ledger.full() if _lean(ledger) else ledger
+            for spec in settings.budget:
+                books.set_budget(parse_budget(spec, run_id=settings.run_id))
     except QuotawrapError as exc:
         if not settings.fail_open:
             fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)

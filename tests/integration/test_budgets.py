@@ -74,6 +74,7 @@ def _check_bills(sim: ArkSimulator, store: str) -> None:
 
 def test_two_teams_each_held_to_its_budget(sim: ArkSimulator, shared_store: str) -> None:
     """Threads in one wrapper, processes in another (on Redis a third wrapper shares the search budget)."""
+    sim.configure(reply_tokens=300, latency_s=0.02)  # most of each hold is used, and holds overlap in flight
     _set_budgets(shared_store)
     runs = [
         _team(sim, shared_store, "search", SEARCH_MODEL, threads=4, processes=0),

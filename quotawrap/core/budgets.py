@@ -29,9 +29,9 @@ from fnmatch import fnmatchcase
 from typing import Literal, get_args
 
 from .errors import ConfigError
-from .records import Record
 from .money import format_cny, parse_cny
-from .quota import BEIJING, COST_BUDGET_PREFIX, Counters, Limit, beijing_day, counts_cost
+from .quota import BEIJING, Counters, Limit, beijing_day
+from .records import Record
 
 __all__ = [
     "BUDGET_LIMIT",
@@ -159,7 +159,7 @@ def parse_budget(spec: str, *, soft: bool = False, run_id: str = "") -> Budget:
         if mark != "soft":
             raise ConfigError(f"budget {spec!r}: {mark!r} is no mark (only 'soft' may follow the period)")
     amount, unit = _amount(amount_text.strip(), spec)
-    return Budget(_selector(selector, spec), amount, unit, period, soft or bool(marks), run_id)  
+    return Budget(_selector(selector, spec), amount, unit, period, soft or bool(marks), run_id)
 
 
 # -- periods (Beijing time; China keeps no daylight saving) ----------------------------------------
@@ -237,7 +237,7 @@ def budget_limits(budgets: Sequence[Budget], now: float, run_id: str) -> tuple[l
                 f" {_when(period_end(budget.period, now))}; raise it with `quotawrap budget set"
                 f" '{budget.selector}:NEW/{budget.period}'`"
             )
-            limits.append(Limit(f"{BUDGET_LIMIT} {budget.id}", scope, budget.amount, "hold", detail))  
+            limits.append(Limit(f"{BUDGET_LIMIT} {budget.id}", scope, budget.amount, "hold", detail))
     return limits, scopes
 
 

@@ -43,7 +43,9 @@ def _set_budgets(store: str) -> None:
         assert done.returncode == 0, done.stderr
 
 
-def _team(sim: ArkSimulator, store: str, team: str, model: str, *, threads: int, processes: int) -> subprocess.Popen[str]:
+def _team(
+    sim: ArkSimulator, store: str, team: str, model: str, *, threads: int, processes: int
+) -> subprocess.Popen[str]:
     """One wrapper of agents tagged for ``team`` (no budget flag): each worker calls until refused."""
     swarm = child("swarm.py", "--model", model, "--threads", str(threads), "--processes", str(processes))
     swarm += ["--max-calls", "40", "--max-tokens", str(MAX_TOKENS)]
@@ -90,16 +92,40 @@ def test_two_teams_each_held_to_its_budget(sim: ArkSimulator, shared_store: str)
 def test_refusal_names_budget_numbers_reset_and_cure(sim: ArkSimulator, store: str) -> None:
     assert run_cli("budget", "set", "team=x:50/day", "--store", store).returncode == 0
     done = run_cli(
-        "run", "--store", store, "--base-url", sim.url, "--tag", "team=x", "--quiet", "--", *child("one_call.py"),
+        "run",
+        "--store",
+        store,
+        "--base-url",
+        sim.url,
+        "--tag",
+        "team=x",
+        "--quiet",
+        "--",
+        *child("one_call.py"),
         env={"SIM_URL": sim.url},
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("BLOCKED"), done.stdout
-    for words in ("budget team=x/day/tokens", "> 50", "resets", "Beijing time", "quotawrap budget set 'team=x:NEW/day'"):
+    for words in (
+        "budget team=x/day/tokens",
+        "> 50",
+        "resets",
+        "Beijing time",
+        "quotawrap budget set 'team=x:NEW/day'",
+    ):
         assert words in done.stdout, (words, done.stdout)
     assert sim.calls() == 0
     other = run_cli(
-        "run", "--store", store, "--base-url", sim.url, "--tag", "team=y", "--quiet", "--", *child("one_call.py"),
+        "run",
+        "--store",
+        store,
+        "--base-url",
+        sim.url,
+        "--tag",
+        "team=y",
+        "--quiet",
+        "--",
+        *child("one_call.py"),
         env={"SIM_URL": sim.url},
     )
     assert other.stdout.startswith("TOTAL"), other.stdout  # another team's call is not the budget's business
@@ -168,7 +194,9 @@ def _at(tmp_path: Path, utc: str) -> tuple[list[str], dict[str, str]]:
     return [binary, "-f", f"@{utc}"], env
 
 
-def _quotawrap_at(tmp_path: Path, utc: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _quotawrap_at(
+    tmp_path: Path, utc: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     prefix, fake_env = _at(tmp_path, utc)
     full = {**{k: v for k, v in os.environ.items() if not k.startswith("QUOTAWRAP_")}, **fake_env, **(env or {})}
     return subprocess.run(
@@ -186,7 +214,12 @@ def test_monthly_money_budget_carries_across_beijing_days(sim: ArkSimulator, sto
     one = child("one_call.py")
     list_budgets = ("budget", "list", "--json", "--store", store)
     # what one call costs, priced as the guard prices it: a first call on 2026-12-10, Beijing 23:00
-    assert _quotawrap_at(tmp_path, "2026-12-10 15:00:00", "budget", "set", "team=m:cny1000/month", "--store", store).returncode == 0
+    assert (
+        _quotawrap_at(
+            tmp_path, "2026-12-10 15:00:00", "budget", "set", "team=m:cny1000/month", "--store", store
+        ).returncode
+        == 0
+    )
     first = _quotawrap_at(tmp_path, "2026-12-10 15:00:00", *run, *one, env=env)
     assert first.stdout.startswith("TOTAL"), first.stderr
     (use,) = json.loads(_quotawrap_at(tmp_path, "2026-12-10 15:00:01", *list_budgets).stdout)

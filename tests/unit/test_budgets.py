@@ -7,19 +7,19 @@ from datetime import datetime
 
 import pytest
 
-from quotawrap.core.errors import ConfigError
 from quotawrap.core.budgets import (
     PERIODS,
     Budget,
     applicable,
     budget_limits,
     budget_scope,
-    uses_in,
     crossed,
     parse_budget,
     period_end,
     period_key,
+    uses_in,
 )
+from quotawrap.core.errors import ConfigError
 from quotawrap.core.quota import BEIJING, Counters, counts_cost, verdict
 
 
@@ -49,7 +49,9 @@ def bj(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: 
         ("team=a:0/day", (("team", "a"),), 0, "tokens", "day", False),
     ],
 )
-def test_spec_parses(spec: str, match: tuple[tuple[str, str], ...], amount: int, unit: str, period: str, soft: bool) -> None:
+def test_spec_parses(
+    spec: str, match: tuple[tuple[str, str], ...], amount: int, unit: str, period: str, soft: bool
+) -> None:
     budget = parse_budget(spec)
     assert (budget.match, budget.amount, budget.unit, budget.period, budget.soft) == (match, amount, unit, period, soft)
     assert parse_budget(budget.spec) == budget  # the canonical spec reads back as the same budget
@@ -165,7 +167,9 @@ def test_limits_refuse_past_a_hard_budget_and_never_past_a_soft_one() -> None:
     found = applicable([hard, soft, money, parse_budget("team=ads:1/day")], {"team": "search"}, "m", None, "r")
     assert found == sorted([hard, soft, money], key=lambda b: b.id)
     limits, scopes = budget_limits(found, now, "r")
-    assert [limit.scope for limit in limits] == [budget_scope(b, period_key(b.period, now, "r")) for b in found if not b.soft]
+    assert [limit.scope for limit in limits] == [
+        budget_scope(b, period_key(b.period, now, "r")) for b in found if not b.soft
+    ]
     assert len(scopes) == 3
     hard_scope = budget_scope(hard, "2026-08-13")
     money_scope = budget_scope(money, "2026-08")

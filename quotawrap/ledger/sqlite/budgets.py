@@ -2,8 +2,9 @@
 
 A budget counter's settled part is a row of ``counters`` under its scope, as the run's is; what it has in
 flight is summed from the holds that remember it (``hold_budgets`` joined with ``holds``), as every other
-scope's is summed from holds (reserve.IN_FLIGHT); the tables are file.BUDGET_TABLES. ``hold_budgets`` keeps a call's rows after it left
-holds, so a late settle of an unresolved call corrects the same counters; they go with the call's row.
+scope's is summed from holds (reserve.IN_FLIGHT). The tables are file.BUDGET_TABLES. ``hold_budgets`` keeps
+a call's rows after it left holds, so a late settle of an unresolved call corrects the same counters; they
+go with the call's row (prune).
 """
 
 from __future__ import annotations

@@ -40,6 +40,15 @@ from ..budgets import BudgetBook, budget_uses
 from ..holds import Deltas, Event, add_deltas, clamp, step
 from ..reasoning import REASONING_HISTORY
 from ..scopes import model_day_key, run_cost_key, run_key, scope_keys
+from .budgets import (
+    budget_counters,
+    budget_texts,
+    charge_budgets,
+    list_budget_texts,
+    remember_budgets,
+    remove_budget,
+    store_budget,
+)
 from .file import (
     LOCK_WAIT_S,
     MIGRATIONS,
@@ -54,15 +63,6 @@ from .file import (
     refuse_symlink,
     retry_locked,
     write_lock,
-)
-from .budgets import (
-    budget_counters,
-    budget_texts,
-    charge_budgets,
-    list_budget_texts,
-    remember_budgets,
-    remove_budget,
-    store_budget,
 )
 from .lines import Place, count_waiting
 from .records import read_call_records

@@ -461,7 +461,7 @@ class SQLiteLedger:
 
     def budgets(self, run_id: str | None = None) -> list[Budget]:
         with self._errors("read"):
-            return self._budget_book.decode(list_budget_texts(self._conn(), run_id))
+            return sorted(self._budget_book.decode(list_budget_texts(self._conn(), run_id)), key=lambda b: b.id)
 
     def budget_uses(self, now: float, run_id: str | None = None) -> list[BudgetUse]:
         return budget_uses(self, now, run_id)

@@ -14,8 +14,8 @@ A spec reads ``SELECTOR:AMOUNT/PERIOD[,soft]``:
 * ``AMOUNT``: tokens (``200000``, ``500k``, ``2M``, ``1.5m``) or CNY (``¥300``, ``300cny``, ``cny300``),
   priced as ``--cap-cost`` is.
 * ``PERIOD``: ``run``, ``hour``, ``day``, ``week`` (ISO, from Monday) or ``month``, in Beijing time.
-* ``soft``: never refuses; ``status`` and the live view show it, and a call that takes it past
-  :data:`SOFT_THRESHOLDS` is warned about.
+* ``soft``: never refuses; ``status`` and the live view show it, and the live view warns as it passes
+  the thresholds it warns at for every limit.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from fnmatch import fnmatchcase
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from .errors import ConfigError
 from .money import format_cny, parse_cny
@@ -37,7 +37,6 @@ __all__ = [
     "BUDGET_LIMIT",
     "BUDGET_PREFIX",
     "PERIODS",
-    "SOFT_THRESHOLDS",
     "Budget",
     "BudgetUse",
     "Period",
@@ -45,7 +44,6 @@ __all__ = [
     "applicable",
     "budget_limits",
     "budget_scope",
-    "crossed",
     "parse_budget",
     "period_end",
     "period_key",
@@ -58,8 +56,6 @@ PERIODS: tuple[Period, ...] = get_args(Period)
 
 BUDGET_LIMIT = "budget"  # a budget's Limit is named "budget <its id>" (what a refusal, its hint and the records name)
 BUDGET_PREFIX = "budget:"
-# Shares of a soft budget at which a call that crosses one is warned about (and alerted, once per period).
-SOFT_THRESHOLDS: tuple[float, ...] = (0.8, 1.0)
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _TOKENS = re.compile(r"(\d+(?:\.\d+)?)([kKmMbB]?)")
@@ -106,6 +102,14 @@ class Budget(Record, frozen=True):
             if value is None or not fnmatchcase(value, pattern):
                 return False
         return True
+
+    def may_match(self, tags: Mapping[str, str], run_id: str) -> bool:
+        """Whether some call of a run with these tags may count against it (whatever its model and key): the
+        budgets a run's live view and summary show."""
+        if self.run_id and self.run_id != run_id:
+            return False
+        tags_only = tuple((name, pattern) for name, pattern in self.match if name not in ("model", "key"))
+        return Budget(tags_only, self.amount, self.unit, self.period).matches(tags, "")
 
 
 def _amount(text: str, spec: str) -> tuple[int, Unit]:
@@ -254,6 +258,22 @@ class BudgetUse(Record, frozen=True):
     def left(self) -> int:
         return max(self.budget.amount - self.used - self.in_flight, 0)
 
+    @property
+    def fraction(self) -> float:
+        """The share of the budget used (settled), 1.0 for a budget of nothing."""
+        return self.used / self.budget.amount if self.budget.amount else 1.0
+
+    @property
+    def label(self) -> str:
+        return f"budget {self.budget.selector}/{self.budget.period}"
+
+    def numbers(self) -> str:
+        """``1,200 / 200,000 tokens, +300 in flight`` (or in CNY)."""
+        fmt = format_cny if self.budget.unit == "cny" else (lambda n: f"{n:,}")
+        unit = "" if self.budget.unit == "cny" else " tokens"
+        flight = f", +{fmt(self.in_flight)} in flight" if self.in_flight else ""
+        return f"{fmt(self.used)} / {fmt(self.budget.amount)}{unit}{flight}"
+
     def as_json(self) -> dict[str, object]:
         return {
             "id": self.budget.id,
@@ -267,7 +287,14 @@ class BudgetUse(Record, frozen=True):
             "in_flight": self.in_flight,
             "left": self.left,
             "resets_at": self.resets_at,
+            "run_id": self.budget.run_id,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BudgetUse:
+        """The use ``as_json`` wrote (a run's report read back)."""
+        budget = parse_budget(data["spec"], run_id=data.get("run_id", ""))
+        return cls(budget, data["period_key"], data["used"], data["in_flight"], data["resets_at"])
 
     def line(self) -> str:
         """One line: ``team=search 200,000 tokens/day: used 1,200, in flight 300, left 198,500, resets ...``."""
@@ -288,9 +315,3 @@ def uses_in(budgets: Sequence[Budget], now: float, run_id: str, counters: Mappin
         seen = counters.get(budget_scope(budget, key), Counters())
         uses.append(BudgetUse(budget, key, seen.settled, seen.in_flight, period_end(budget.period, now)))
     return uses
-
-
-def crossed(budget: Budget, before: int, after: int) -> float | None:
-    """The highest of :data:`SOFT_THRESHOLDS` a soft budget's use passed going from ``before`` to ``after``."""
-    passed = [share for share in SOFT_THRESHOLDS if before < share * budget.amount <= after]
-    return max(passed) if passed else None

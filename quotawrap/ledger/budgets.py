@@ -23,7 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .interface import Ledger
 
-__all__ = ["BudgetBook", "budget_uses", "decode_budget", "encode_budget"]
+__all__ = ["BudgetBook", "budget_uses", "decode_budget", "encode_budget", "run_budget_uses"]
 
 
 def encode_budget(budget: Budget) -> str:
@@ -75,3 +75,9 @@ def budget_uses(ledger: Ledger, now: float, run_id: str | None) -> list[BudgetUs
     budgets = ledger.budgets(run_id)
     scopes = [budget_scope(b, period_key(b.period, now, run_id or b.run_id)) for b in budgets]
     return uses_in(budgets, now, run_id or "", ledger.counters(scopes))
+
+
+def run_budget_uses(ledger: Ledger, now: float, run_id: str, tags: Iterable[str]) -> list[BudgetUse]:
+    """The budgets some call of a run may count against, given its ``KEY=VALUE`` tags (its live view, its summary)."""
+    tagged = dict(tag.partition("=")[::2] for tag in tags)
+    return [use for use in budget_uses(ledger, now, run_id) if use.budget.may_match(tagged, run_id)]

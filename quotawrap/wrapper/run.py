@@ -273,6 +273,7 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
         unguarded_processes=[process.as_dict() for process in result.unguarded_processes],
         connections=result.connections,
         events=read_events(settings.events_log),
+        budgets=result.budgets,
     )
     _remove_events_log(settings, own_events_log)
     if not settings.quiet:

@@ -243,3 +243,30 @@ def test_monthly_money_budget_carries_across_beijing_days(sim: ArkSimulator, sto
     (fresh,) = json.loads(_quotawrap_at(tmp_path, "2026-12-31 16:31:00", *list_budgets).stdout)
     assert fresh["period_key"] == "2027-01" and 0 < fresh["used"] < spent["used"]
     assert sim.calls() == 2 + fitted
+
+
+def test_budgets_shown_where_people_look(sim: ArkSimulator, store: str) -> None:
+    """The run's summary and live view, `status`, `report` and `budget list` show each budget: used, in flight,
+    left, when it resets; the live view warns as a soft budget passes its thresholds."""
+    for spec in ("team=v:100k/day", "team=v:10/hour,soft", "team=other:5/day"):
+        assert run_cli("budget", "set", spec, "--store", store).returncode == 0
+    run = ["run", "--store", store, "--base-url", sim.url, "--tag", "team=v", "--reasoning-reserve", "cut"]
+    done = run_cli(*run, "--", *child("one_call.py"), env={"SIM_URL": sim.url})
+    assert done.stdout.startswith("TOTAL"), done.stderr
+    spent = int(done.stdout.split()[1])
+    assert f"team=v 100,000 tokens/day: used {spent:,}, in flight 0, left {100_000 - spent:,}, resets" in done.stderr
+    assert f"team=v 10 tokens/hour (soft): used {spent:,}" in done.stderr
+    assert "team=other" not in done.stderr  # no call of the run could count against it
+    assert "quotawrap: budget team=v/hour at 100%" in done.stderr  # the soft budget's alert
+    rows = cli_json("status", "--json", "--store", store)
+    assert rows and all(
+        {use["spec"]: use["used"] for use in row["budgets"]}
+        == {"team=v:100000/day": spent, "team=v:10/hour,soft": spent, "team=other:5/day": 0}
+        for row in rows
+    )
+    report = cli_json("report", "--format", "json", "--store", store)
+    by_spec = {use["spec"]: use for use in report["budgets"]}
+    assert (by_spec["team=v:100000/day"]["left"], by_spec["team=v:100000/day"]["in_flight"]) == (100_000 - spent, 0)
+    assert by_spec["team=v:100000/day"]["resets_at"] > by_spec["team=v:10/hour,soft"]["resets_at"]
+    status = run_cli("status", "--store", store)
+    assert "budgets:" in status.stdout and f"used {spent:,}" in status.stdout

@@ -13,7 +13,6 @@ from quotawrap.core.budgets import (
     applicable,
     budget_limits,
     budget_scope,
-    crossed,
     parse_budget,
     period_end,
     period_key,
@@ -184,7 +183,7 @@ def test_limits_refuse_past_a_hard_budget_and_never_past_a_soft_one() -> None:
     assert by_cost.blocking is not None and by_cost.blocking.scope == money_scope
 
 
-def test_uses_and_soft_thresholds() -> None:
+def test_uses() -> None:
     now = bj(2026, 8, 13, 12)
     budget = parse_budget("team=search:1000/day,soft")
     scope = budget_scope(budget, "2026-08-13")
@@ -192,11 +191,8 @@ def test_uses_and_soft_thresholds() -> None:
     assert (use.used, use.in_flight, use.left, use.resets_at) == (700, 200, 100, bj(2026, 8, 14))
     assert use.as_json()["left"] == 100 and "left 100" in use.line()
     (over,) = uses_in([budget], now, "r", {scope: Counters(1200, 0)})
-    assert over.left == 0
-    assert crossed(budget, 700, 799) is None
-    assert crossed(budget, 700, 800) == 0.8
-    assert crossed(budget, 700, 1000) == 1.0
-    assert crossed(budget, 1000, 5000) is None
+    assert over.left == 0 and over.fraction == 1.2
+    assert use.numbers() == "700 / 1,000 tokens, +200 in flight" and use.label == "budget team=search/day"
 
 
 def test_record_is_hashable_and_frozen() -> None:

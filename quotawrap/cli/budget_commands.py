@@ -12,7 +12,9 @@ from typing import Any
 import click
 
 from ..core.errors import EXIT_USAGE, ConfigError
-from .common import command_settings, echo, fail, open_ledger, settings_options
+from ..ledger import open_store
+from ..support.log import fail
+from .common import command_settings, echo, settings_options
 
 __all__ = ["budget_group"]
 
@@ -39,7 +41,7 @@ def budget_set(spec: str, soft: bool, **values: Any) -> None:
         budget = parse_budget(spec, soft=soft)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    ledger = open_ledger(command_settings(values))
+    ledger = open_store(command_settings(values))
     changed = ledger.set_budget(budget)
     echo(f"budget {budget.spec} {'set' if changed else 'already set'}")
 
@@ -55,7 +57,7 @@ def budget_rm(spec: str, **values: Any) -> None:
         budget = parse_budget(spec)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    ledger = open_ledger(command_settings(values))
+    ledger = open_store(command_settings(values))
     if not ledger.remove_budget(budget.id):
         fail(f"no budget {budget.selector} per {budget.period} ({budget.unit}); `quotawrap budget list` shows them", 1)
     echo(f"budget {budget.selector} per {budget.period} removed")
@@ -68,7 +70,7 @@ def budget_list(as_json: bool, **values: Any) -> None:
     """Every budget of the ledger: used, in flight, left, and when it resets."""
     from ..ledger.base import ledger_clock
 
-    ledger = open_ledger(command_settings(values))
+    ledger = open_store(command_settings(values))
     uses = ledger.budget_uses(ledger_clock(ledger)(), None)
     if as_json:
         click.echo(json.dumps([use.as_json() for use in uses], indent=2, sort_keys=True))

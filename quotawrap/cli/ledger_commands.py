@@ -15,7 +15,9 @@ from typing import Any
 import click
 
 from ..core.errors import EXIT_STORE, EXIT_USAGE, QuotawrapError, exit_code, with_cure
-from .common import command_settings, echo, fail, open_ledger, settings_options
+from ..ledger import open_store
+from ..support.log import fail
+from .common import command_settings, echo, settings_options
 
 __all__ = ["COMMANDS"]
 
@@ -39,13 +41,13 @@ __all__ = ["COMMANDS"]
 def status_command(as_json: bool, **values: Any) -> None:
     """Per model: tokens used today, in flight and waiting, the limit that applies now and why."""
     from ..books.status import model_status, render_status, render_unguarded, unguarded_now
+    from ..config.paths import default_events_log
     from ..support.events import waiting_now
-    from ..wrapper.launcher import default_events_log
 
     settings = command_settings(values)
     from ..ledger.base import ledger_clock
 
-    ledger = open_ledger(settings)
+    ledger = open_store(settings)
     now = ledger_clock(ledger)()  # on Redis the server's: a host whose clock is off shows the ledger's day
     ledger.reclaim_orphans(now)
     waiting = waiting_now(os.path.dirname(default_events_log("any")))  # this host's runs, from their events logs
@@ -123,7 +125,7 @@ def report_command(
             ]
             rows = aggregate(records, by)
         else:
-            ledger = open_ledger(command_settings(values))
+            ledger = open_store(command_settings(values))
             rows = ledger_rows(ledger, by, since=start, until=end, session=session)
             budgets = ledger.budget_uses(ledger_clock(ledger)(), session)
     except QuotawrapError as exc:
@@ -146,7 +148,7 @@ def sessions_command(since: str | None, until: str | None, as_json: bool, **valu
     from ..books.status import render_sessions, session_rows
 
     start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
-    rows = session_rows(open_ledger(command_settings(values)), start, end)
+    rows = session_rows(open_store(command_settings(values)), start, end)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
@@ -200,7 +202,7 @@ def sync_command(
     from ..ledger.base import ledger_clock
 
     settings = command_settings(values)
-    ledger = open_ledger(settings)
+    ledger = open_store(settings)
     now = ledger_clock(ledger)()
     try:
         if calibrate:
@@ -263,7 +265,7 @@ def prune_command(older_than: str, dry_run: bool, **values: Any) -> None:
         seconds = parse_duration(older_than)
     except ValueError as exc:
         fail(f"--older-than: {exc}", EXIT_USAGE)
-    ledger = open_ledger(command_settings(values))
+    ledger = open_store(command_settings(values))
     try:
         result = ledger.prune(cutoff_day(time.time(), seconds), dry_run=dry_run)
     except QuotawrapError as exc:

@@ -23,6 +23,7 @@ from ...core.errors import StoreCorrupt, StoreError
 from ...core.quota import Counters, Package, Snapshot, Verdict, verdict
 from ...core.usage import Usage
 from ...support.host import hostname
+from ...support.processes import pid_alive
 from ..base import (
     CallRecord,
     DayAggregate,
@@ -34,7 +35,6 @@ from ..base import (
     RunRecord,
     RunTotals,
     Settle,
-    pid_alive,
 )
 from ..budgets import BudgetBook, budget_uses
 from ..holds import Deltas, Event, add_deltas, clamp, step

@@ -21,6 +21,7 @@ from ..core.quota import Limit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from .base import HoldRequest
     from .interface import Ledger
 
 __all__ = ["BudgetBook", "budget_uses", "decode_budget", "encode_budget", "run_budget_uses"]
@@ -68,6 +69,14 @@ class BudgetBook:
         if not budgets:
             return [], []
         return budget_limits(applicable(budgets, tags, model, key, run_id), now, run_id)
+
+    @staticmethod
+    def for_hold(budgets: Sequence[Budget], request: HoldRequest, now: float) -> tuple[list[Limit], list[str]]:
+        """``for_call`` of a hold; one taking over another's room (``taken_over``) is charged and never refused."""
+        limits, scopes = BudgetBook.for_call(
+            budgets, request.tags, request.model, request.key_fingerprint, request.run_id, now
+        )
+        return ([] if request.taken_over else limits), scopes
 
 
 def budget_uses(ledger: Ledger, now: float, run_id: str | None) -> list[BudgetUse]:

@@ -123,6 +123,18 @@ def test_every_step_charges_the_budget_as_the_run(ledger: Ledger) -> None:
     assert run.settled == used(ledger).settled and cost[run_cost_key("run-a")].settled == used(ledger, MONEY).settled
 
 
+def test_a_video_tasks_hold_is_charged_never_refused(ledger: Ledger) -> None:
+    """A video task takes over its create's hold (settling/tasks.py): its room was checked when the create was
+    reserved, so the budget never refuses the handover (that would let the task run unbudgeted), and counts it."""
+    ledger.set_budget(TEAM)
+    create = ledger.reserve(hold(800), no_limits)
+    task = dataclasses.replace(hold(800), hold_id="task-1", taken_over=True)
+    assert create.held and ledger.reserve(task, no_limits).held
+    ledger.release(create.hold_id, handed_to="task-1")
+    ledger.settle("task-1", usage(700))
+    assert used(ledger) == Counters(700, 0)
+
+
 def test_reclaimed_holds_are_charged_to_the_budget(ledger: Ledger) -> None:
     ledger.set_budget(TEAM)
     ledger.reserve(hold(300, expires_in=-1), no_limits)

@@ -323,9 +323,7 @@ class RedisLedger(RedisHistory):
     def _budgets_for(self, request: HoldRequest, now: float, *, fresh: bool) -> tuple[str, list[Limit], list[str]]:
         """(the budgets' version, the hard budgets' limits, every matching budget's scope) of ``request``."""
         version, budgets = self._budgets.for_reserve(fresh=fresh)
-        limits, scopes = BudgetBook.for_call(
-            budgets, request.tags, request.model, request.key_fingerprint, request.run_id, now
-        )
+        limits, scopes = BudgetBook.for_hold(budgets, request, now)
         return version, limits, scopes
 
     def _on_the_servers_day(self, request: HoldRequest, server: object, sent: float, received: float) -> HoldRequest:

@@ -277,9 +277,7 @@ class SQLiteLedger:
             scoped, snapshot, waiting = read_for_reserve(conn, scopes, call, request.enforce)
             limits = limits_for(snapshot)
             budgets = self._budget_book.decode(budget_texts(conn, request.run_id))
-            budget_limits, budget_scopes = self._budget_book.for_call(
-                budgets, request.tags, request.model, request.key_fingerprint, request.run_id, self._clock()
-            )
+            budget_limits, budget_scopes = self._budget_book.for_hold(budgets, request, self._clock())
             if budget_scopes:
                 if request.advance:  # no room ahead past a budget (ledger/budgets.py): its calls reserve one by one
                     return Decision(request.hold_id, Verdict(True), False, scoped)

@@ -217,3 +217,22 @@ def test_budgets_on_cluster() -> None:
         ledger.close()
     finally:
         cluster.cleanup()
+
+
+def test_prune_takes_a_calls_budget_scopes_with_it(tmp_path: Path) -> None:
+    """SQLite: a pruned call's rows of hold_budgets go with it; what the budget counted stays counted."""
+    import sqlite3
+    from datetime import date, timedelta
+
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    try:
+        ledger.set_budget(TEAM)
+        settled, open_ = ledger.reserve(hold(300), no_limits), ledger.reserve(hold(200), no_limits)
+        ledger.settle(settled.hold_id, usage(250))
+        ledger.prune((date.fromisoformat(DAY) + timedelta(days=1)).isoformat())
+        with sqlite3.connect(tmp_path / "ledger.sqlite3") as conn:
+            kept = [hold_id for (hold_id,) in conn.execute("SELECT hold_id FROM hold_budgets")]
+        assert kept == [open_.hold_id]  # the hold in flight keeps its scopes
+        assert used(ledger) == Counters(250, 200)
+    finally:
+        ledger.close()

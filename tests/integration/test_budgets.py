@@ -44,12 +44,13 @@ def _set_budgets(store: str) -> None:
 
 
 def _team(
-    sim: ArkSimulator, store: str, team: str, model: str, *, threads: int, processes: int
+    sim: ArkSimulator, store: str, team: str, model: str, *, threads: int, processes: int, report: Path
 ) -> subprocess.Popen[str]:
     """One wrapper of agents tagged for ``team`` (no budget flag): each worker calls until refused."""
     swarm = child("swarm.py", "--model", model, "--threads", str(threads), "--processes", str(processes))
     swarm += ["--max-calls", "40", "--max-tokens", str(MAX_TOKENS)]
     run = ["run", "--store", store, "--base-url", sim.url, "--tag", f"team={team}", "--wait", "60", "--quiet"]
+    run += ["--report-json", str(report)]
     return start_cli(*run, "--", *swarm, env={"SIM_URL": sim.url})
 
 
@@ -74,19 +75,24 @@ def _check_bills(sim: ArkSimulator, store: str) -> None:
         assert record.blocked_by is not None and f"team={team}" in record.blocked_by, (team, record.blocked_by)
 
 
-def test_two_teams_each_held_to_its_budget(sim: ArkSimulator, shared_store: str) -> None:
+def test_two_teams_each_held_to_its_budget(sim: ArkSimulator, shared_store: str, tmp_path: Path) -> None:
     """Threads in one wrapper, processes in another (on Redis a third wrapper shares the search budget)."""
     sim.configure(reply_tokens=300, latency_s=0.02)  # most of each hold is used, and holds overlap in flight
     _set_budgets(shared_store)
+    reports = [tmp_path / f"report-{n}.json" for n in range(3)]
     runs = [
-        _team(sim, shared_store, "search", SEARCH_MODEL, threads=4, processes=0),
-        _team(sim, shared_store, "ads", ADS_MODEL, threads=2, processes=2),
+        _team(sim, shared_store, "search", SEARCH_MODEL, threads=4, processes=0, report=reports[0]),
+        _team(sim, shared_store, "ads", ADS_MODEL, threads=2, processes=2, report=reports[1]),
     ]
     if shared_store.startswith("redis"):
-        runs.append(_team(sim, shared_store, "search", SEARCH_MODEL, threads=1, processes=2))
+        runs.append(_team(sim, shared_store, "search", SEARCH_MODEL, threads=1, processes=2, report=reports[2]))
     for proc, (_, err) in zip(runs, communicate_all(runs, timeout=300), strict=True):
         assert proc.returncode == 0, err
     _check_bills(sim, shared_store)
+    finished = [json.loads(report.read_text()) for report in reports[: len(runs)]]
+    for report in finished:  # each run's summary names the budget its calls count against, and no other
+        (shown,) = report["budgets"]
+        assert shown["spec"].startswith(f"team={report['tags']['team']}:")
 
 
 def test_refusal_names_budget_numbers_reset_and_cure(sim: ArkSimulator, store: str) -> None:

@@ -104,6 +104,22 @@ def test_refused_past_the_budget_named_with_its_numbers(ledger: Ledger) -> None:
     assert ledger.reserve(hold(5000, team="ads"), no_limits).held  # another team's calls are not its business
 
 
+def test_a_call_waits_for_room_held_by_calls_in_flight(ledger: Ledger) -> None:
+    """A call that does not fit a budget only because of holds in flight waits at the head of its lines (it is not
+    refused, nothing is held), and is admitted once they settle: as for every other limit (ledger/lines.py)."""
+    ledger.set_budget(TEAM)
+    first = ledger.reserve(hold(600), no_limits)
+    waiter = dataclasses.replace(hold(500), waiter="w-1", can_wait=True)
+    waiting = ledger.reserve(waiter, no_limits)
+    assert waiting.waiting and not waiting.held and used(ledger) == Counters(0, 600)
+    never = ledger.reserve(dataclasses.replace(hold(1001, run="run-b"), waiter="w-2", can_wait=True), no_limits)
+    assert (never.waiting, never.queued, never.held) == (False, 0, False)  # no room could ever be made for it
+    assert never.verdict.blocking is not None and never.verdict.blocking.name == f"budget {TEAM.id}"
+    ledger.settle(first.hold_id, usage(300))
+    admitted = ledger.reserve(dataclasses.replace(waiter, ticket=waiting.ticket), no_limits)
+    assert admitted.held and used(ledger) == Counters(300, 500)
+
+
 def test_every_step_charges_the_budget_as_the_run(ledger: Ledger) -> None:
     ledger.set_budget(TEAM)
     ledger.set_budget(MONEY)

@@ -13,14 +13,18 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import openai
 import pytest
 
 from quotawrap.ledger import open_ledger
-from quotawrap.simulator import ArkSimulator
+from quotawrap.simulator import ArkSimulator, SimConfig, serve
 from tests.conftest import child, cli_json, communicate_all, run_cli, start_cli
+from tests.integration.gateway_process import gateway
 from tests.redis_server import flushed, session_url
 
 SEARCH_MODEL, ADS_MODEL = "deepseek-v4-flash", "doubao-seed-1-6-flash-250828"
@@ -276,3 +280,46 @@ def test_budgets_shown_where_people_look(sim: ArkSimulator, store: str) -> None:
     assert by_spec["team=v:100000/day"]["resets_at"] > by_spec["team=v:10/hour,soft"]["resets_at"]
     status = run_cli("status", "--store", store)
     assert "budgets:" in status.stdout and f"used {spent:,}" in status.stdout
+
+
+def _spend_until_refused(client: openai.OpenAI, model: str) -> list[str]:
+    """Calls until one is refused (a 429): the refusal's message; at most 200 calls."""
+    for _ in range(200):
+        try:
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "say something long"}],
+                max_tokens=MAX_TOKENS,
+                extra_body={"thinking": {"type": "disabled"}},
+            )
+        except openai.RateLimitError as exc:
+            return [exc.message]
+    return []
+
+
+def test_member_keys_each_held_to_their_teams_budget(tmp_path: Path) -> None:
+    """Through the gateway with member keys (issue 33, item 3): the members carry their keys' tags, so each team's
+    budget holds its members' calls, and no member holds the provider's key."""
+    provider_key = str(uuid.uuid4())
+    store = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    _set_budgets(store)
+    keys = {}
+    for name, team in (("ana", "search"), ("bob", "ads")):
+        added = run_cli("keys", "add", name, "--tag", f"team={team}", "--store", store)
+        assert added.returncode == 0, added.stderr
+        keys[name] = next(word for word in added.stdout.split() if word.startswith("qwk-"))
+    with serve(config=SimConfig(api_keys=(provider_key,), reply_tokens=300)) as sim:
+        args = ["--store", store, "--base-url", sim.url, "--upstream-key-env", "QW_TEST_PROVIDER_KEY"]
+        with gateway(args, env={"QW_TEST_PROVIDER_KEY": provider_key}) as gw:
+            members = {name: openai.OpenAI(base_url=gw.url, api_key=key, max_retries=0) for name, key in keys.items()}
+            with ThreadPoolExecutor(4) as pool:
+                refusals = list(
+                    pool.map(
+                        _spend_until_refused,
+                        [members["ana"], members["ana"], members["bob"], members["bob"]],
+                        [SEARCH_MODEL, SEARCH_MODEL, ADS_MODEL, ADS_MODEL],
+                    )
+                )
+        for (message,), team in zip(refusals, ("search", "search", "ads", "ads"), strict=True):
+            assert f"budget team={team}/day/tokens" in message, message
+        _check_bills(sim, store)

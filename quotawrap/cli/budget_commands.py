@@ -71,7 +71,7 @@ def budget_list(as_json: bool, **values: Any) -> None:
     from ..ledger.base import ledger_clock
 
     ledger = open_store(command_settings(values))
-    uses = ledger.budget_uses(ledger_clock(ledger)(), None)
+    uses = ledger.budget_uses(ledger_clock(ledger)(), "")  # the ledger's own: a run's end with it
     if as_json:
         click.echo(json.dumps([use.as_json() for use in uses], indent=2, sort_keys=True))
     elif not uses:

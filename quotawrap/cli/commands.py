@@ -83,7 +83,10 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     run_guarded(command_settings(values), command)
 
 
-_SERVE_OPTIONS = [option.name for option in OPTIONS if option.name not in ("proxy", "report_json", "fail_on_block")]
+# a run's own budget (--budget) is stored by the wrapper of a run: the gateway keeps to the ledger's budgets
+_SERVE_OPTIONS = [
+    option.name for option in OPTIONS if option.name not in ("proxy", "report_json", "fail_on_block", "budget")
+]
 
 
 @cli.command("serve")

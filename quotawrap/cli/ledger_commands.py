@@ -55,7 +55,7 @@ def status_command(as_json: bool, **values: Any) -> None:
         waiting[model] = max(count, waiting.get(model, 0))
     rows = model_status(ledger, settings, now, waiting=waiting)
     unguarded = unguarded_now(os.path.dirname(default_events_log("any")))
-    budgets = ledger.budget_uses(now)
+    budgets = ledger.budget_uses(now, "")  # the ledger's own (a run's own are its summary's)
     if as_json:
         for row in rows:  # the list of model rows stays the output's shape; like the reset time, same in each
             row["unguarded_processes"] = unguarded
@@ -127,7 +127,7 @@ def report_command(
         else:
             ledger = open_store(command_settings(values))
             rows = ledger_rows(ledger, by, since=start, until=end, session=session)
-            budgets = ledger.budget_uses(ledger_clock(ledger)(), session)
+            budgets = ledger.budget_uses(ledger_clock(ledger)(), session or "")
     except QuotawrapError as exc:
         fail(with_cure(exc), exit_code(exc))
     if fmt == "json":

@@ -434,6 +434,10 @@ def _run(
             from ..ledger.budgets import run_budget_uses
 
             budgets = run_budget_uses(ledger, ledger_clock(ledger)(), settings.run_id, settings.tag)
+            if not nested:  # the run's own budgets (--budget) end with it: no reserve reads them again
+                for use in budgets:
+                    if use.budget.run_id == settings.run_id:
+                        ledger.remove_budget(use.budget.id)
         except QuotawrapError as exc:
             # Nothing is lost: the run's open holds stay in the ledger and the next run, `status` or
             # reclaim charges them (they carry an expiry and their owner's pid).

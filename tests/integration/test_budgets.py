@@ -146,6 +146,7 @@ def test_a_runs_own_budget(sim: ArkSimulator, store: str) -> None:
     run = ["run", "--store", store, "--base-url", sim.url, "--quiet"]
     limited = run_cli(*run, "--budget", "*:50/run", "--", *child("one_call.py"), env={"SIM_URL": sim.url})
     assert limited.stdout.startswith("BLOCKED") and "budget" in limited.stdout, limited.stdout
+    assert cli_json("budget", "list", "--json", "--store", store) == []  # it ended with its run
     free = run_cli(*run, "--", *child("one_call.py"), env={"SIM_URL": sim.url})
     assert free.stdout.startswith("TOTAL"), free.stdout
     bad = run_cli(*run, "--budget", "*:lots/run", "--", *child("one_call.py"), env={"SIM_URL": sim.url})

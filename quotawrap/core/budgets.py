@@ -103,6 +103,12 @@ class Budget(Record, frozen=True):
                 return False
         return True
 
+    def matches_any_key(self, tags: Mapping[str, str], model: str, run_id: str) -> bool:
+        """Whether a call with these tags, model and run counts against it through some API key (a process's
+        calls to one model may use several)."""
+        other = tuple((name, pattern) for name, pattern in self.match if name != "key")
+        return Budget(other, self.amount, self.unit, self.period, run_id=self.run_id).matches(tags, model, None, run_id)
+
     def may_match(self, tags: Mapping[str, str], run_id: str) -> bool:
         """Whether some call of a run with these tags may count against it (whatever its model and key): the
         budgets a run's live view and summary show."""

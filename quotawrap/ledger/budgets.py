@@ -71,6 +71,12 @@ class BudgetBook:
         return budget_limits(applicable(budgets, tags, model, key, run_id), now, run_id)
 
     @staticmethod
+    def bars_advance(budgets: Sequence[Budget], request: HoldRequest) -> bool:
+        """Whether ``request`` is an advance some budget may apply to: its calls, drawn without asking the ledger,
+        share its run, model and tags, but not always its API key."""
+        return request.advance and any(b.matches_any_key(request.tags, request.model, request.run_id) for b in budgets)
+
+    @staticmethod
     def for_hold(budgets: Sequence[Budget], request: HoldRequest, now: float) -> tuple[list[Limit], list[str]]:
         """``for_call`` of a hold; one taking over another's room (``taken_over``) is charged and never refused."""
         limits, scopes = BudgetBook.for_call(

@@ -152,6 +152,13 @@ def test_matching(spec: str, tags: dict[str, str], model: str, key: str | None, 
     assert parse_budget(spec).matches(tags, model, key, run) is matches
 
 
+def test_matching_for_a_run_and_for_any_key() -> None:
+    budget = parse_budget("team=a,model=m*,key=k1:1/day")
+    assert budget.matches_any_key({"team": "a"}, "m1", "r") and not budget.matches_any_key({"team": "a"}, "x", "r")
+    assert budget.may_match({"team": "a"}, "r") and not budget.may_match({"team": "b"}, "r")
+    assert not budget.may_match({}, "r")
+
+
 def test_a_runs_own_budget_matches_that_run_alone() -> None:
     budget = parse_budget("*:100/day", run_id="r1")
     assert budget.matches({}, "m", None, "r1")

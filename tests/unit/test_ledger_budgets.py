@@ -185,6 +185,10 @@ def test_no_advance_past_a_budget(ledger: Ledger) -> None:
     assert not declined.held and declined.verdict.allowed and used(ledger) == Counters(0, 0)
     other = dataclasses.replace(hold(100, team="ads"), endpoint=ADVANCE, advance=True)
     assert ledger.reserve(other, no_limits).held
+    # a budget on an API key bars advances whatever key asked: the calls drawn from one may use another key
+    ledger.set_budget(parse_budget("team=infra,key=sk-other*:100/day"))
+    keyed = dataclasses.replace(hold(100, team="infra"), endpoint=ADVANCE, advance=True, key_fingerprint="sk-mine")
+    assert not ledger.reserve(keyed, no_limits).held
 
 
 def test_threads_never_overrun_a_budget(ledger: Ledger) -> None:

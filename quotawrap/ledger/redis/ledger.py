@@ -328,7 +328,7 @@ class RedisLedger:
             day, now = request.day, self._now()
             fingerprint, snapshot = self._snapshot_for_reserve(model, fresh=fresh)
             version, budget_limits, scopes = self._budgets_for(request, now, fresh=fresh)
-            if scopes and request.advance:  # no room ahead past a budget (ledger/budgets.py)
+            if scopes is None:  # no room ahead past a budget (ledger/budgets.py): its calls reserve one by one
                 return Decision(request.hold_id, Verdict(True), False, {})
             of_day = limits_for(_of_day(snapshot, day) if other_day else snapshot)
             ordered, limits = self._args.ordered([*of_day, *budget_limits] if budget_limits else of_day)
@@ -369,9 +369,14 @@ class RedisLedger:
             store=self._store,
         )
 
-    def _budgets_for(self, request: HoldRequest, now: float, *, fresh: bool) -> tuple[str, list[Limit], list[str]]:
-        """(the budgets' version, the hard budgets' limits, every matching budget's scope) of ``request``."""
+    def _budgets_for(
+        self, request: HoldRequest, now: float, *, fresh: bool
+    ) -> tuple[str, list[Limit], list[str] | None]:
+        """(the budgets' version, the hard budgets' limits, every matching budget's scope) of ``request``; scopes
+        None: an advance a budget bars."""
         version, budgets = self._budgets.for_reserve(fresh=fresh)
+        if BudgetBook.bars_advance(budgets, request):
+            return version, [], None
         limits, scopes = BudgetBook.for_hold(budgets, request, now)
         return version, limits, scopes
 

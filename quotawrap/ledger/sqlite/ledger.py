@@ -300,10 +300,10 @@ class SQLiteLedger:
             scoped, snapshot, waiting = read_for_reserve(conn, scopes, call, request.enforce)
             limits = limits_for(snapshot)
             budgets = self._budget_book.decode(budget_texts(conn, request.run_id))
+            if self._budget_book.bars_advance(budgets, request):  # its calls reserve one by one (ledger/budgets.py)
+                return Decision(request.hold_id, Verdict(True), False, scoped)
             budget_limits, budget_scopes = self._budget_book.for_hold(budgets, request, self._clock())
             if budget_scopes:
-                if request.advance:  # no room ahead past a budget (ledger/budgets.py): its calls reserve one by one
-                    return Decision(request.hold_id, Verdict(True), False, scoped)
                 scoped = {**scoped, **budget_counters(conn, budget_scopes)}
                 limits = [*limits, *budget_limits]
             result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)

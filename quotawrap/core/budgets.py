@@ -244,8 +244,8 @@ def budget_limits(budgets: Sequence[Budget], now: float, run_id: str) -> tuple[l
         if not budget.soft:
             detail = (
                 f"budget {budget.spec} ({budget.amount_text()} per {budget.period}), resets"
-                f" {_when(period_end(budget.period, now))}; raise it with `quotawrap budget set"
-                f" '{budget.selector}:NEW/{budget.period}'`"
+                f" {_when(period_end(budget.period, now))}; anyone who can reach the ledger may raise it:"
+                f" `quotawrap budget set '{budget.selector}:NEW/{budget.period}'`"
             )
             limits.append(Limit(f"{BUDGET_LIMIT} {budget.id}", scope, budget.amount, "hold", detail))
     return limits, scopes

@@ -23,7 +23,7 @@ import pytest
 
 from quotawrap.ledger import open_ledger
 from quotawrap.simulator import ArkSimulator, SimConfig, serve
-from tests.conftest import child, cli_json, communicate_all, run_cli, start_cli
+from tests.conftest import child, cli_json, communicate_all, run_cli, sigkill_mid_stream, start_cli
 from tests.integration.gateway_process import gateway
 from tests.redis_server import flushed, session_url
 
@@ -121,7 +121,7 @@ def test_refusal_names_budget_numbers_reset_and_cure(sim: ArkSimulator, store: s
         "> 50",
         "resets",
         "Beijing time",
-        "quotawrap budget set 'team=x:NEW/day'",
+        "anyone who can reach the ledger may raise it: `quotawrap budget set 'team=x:NEW/day'`",
     ):
         assert words in done.stdout, (words, done.stdout)
     assert sim.calls() == 0
@@ -324,3 +324,12 @@ def test_member_keys_each_held_to_their_teams_budget(tmp_path: Path) -> None:
         for (message,), team in zip(refusals, ("search", "search", "ads", "ads"), strict=True):
             assert f"budget team={team}/day/tokens" in message, message
         _check_bills(sim, store)
+
+
+def test_an_abandoned_stream_is_charged_to_its_budget(sim: ArkSimulator, store: str) -> None:
+    """A child SIGKILLed mid-stream: the wrapper charges its hold whole (unresolved), and the budget with it."""
+    assert run_cli("budget", "set", "*:10M/day", "--store", store).returncode == 0
+    _, (state, charged, reserved) = sigkill_mid_stream(sim, store)
+    assert state == "unresolved" and charged == reserved > 0
+    (use,) = cli_json("budget", "list", "--json", "--store", store)
+    assert (use["used"], use["in_flight"]) == (charged, 0)

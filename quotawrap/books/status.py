@@ -41,7 +41,7 @@ def model_status(
     ledger: Ledger, settings: Settings, now: float, *, waiting: dict[str, int] | None = None
 ) -> list[dict[str, Any]]:
     """``waiting``: per model, calls waiting for room now (the ledger's lines, and this host's events logs)."""
-    from ..settling.audit import aggregate
+    from .report import aggregate
 
     day = quota.beijing_day(now)
     qsettings = settings.quota
@@ -126,7 +126,7 @@ def _when(ts: float) -> str:
 
 
 def render_status(rows: list[dict[str, Any]]) -> str:
-    from ..settling.audit import anomalous_line, bound_line
+    from .report import anomalous_line, bound_line
 
     if not rows:
         return "quotawrap: the ledger has no models yet (no guarded call, no balance sync)."
@@ -265,7 +265,7 @@ def session_state(run: RunRecord, host: str | None = None) -> str:
 def session_rows(ledger: Reader, since: float | None, until: float | None) -> list[dict[str, Any]]:
     """``quotawrap sessions``: each run with its state, its command (secrets hidden) and its totals."""
     from ..core.redact import redact_command_line
-    from ..settling.audit import aggregate
+    from .report import aggregate
 
     totals = {row["key"]: row for row in aggregate(ledger.call_records(since=since, until=until), "session")}
     rows = []

@@ -226,7 +226,7 @@ def _beside_child(ledger: Any, settings: Settings) -> None:
         return
     _expiry_warnings(ledger, settings)
     if not _lean(ledger):  # lean books: only a run that made calls needs it, and imports it at its end
-        import quotawrap.wrapper.report  # noqa: F401
+        import quotawrap.wrapper.summary  # noqa: F401
 
 
 def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events_log: bool, nested: bool) -> NoReturn:
@@ -249,7 +249,7 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
         _say(summary_head(settings.run_id, 0, 0, NO_COST, 0, would_block=would_block, went_around=False))
         sys.exit(result.exit_code)
     from ..support.events import read_events
-    from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
+    from .summary import append_step_summary, format_summary, read_unguarded, run_report, write_json
 
     totals = result.totals
     if totals is None:  # no process of the run opened the ledger: nothing was held or spent

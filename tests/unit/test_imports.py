@@ -31,6 +31,7 @@ class TestImportRules:
             "quotawrap.core.quota",
             "quotawrap.core.estimate",
             "quotawrap.core.usage",
+            "quotawrap.core.sse",
             "quotawrap.core.endpoints",
             "quotawrap.core.money",
         ):

@@ -60,8 +60,9 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
 
     ``ends_process``: this interpreter exits with the run (the console script, not a test calling in).
     """
-    from ..books.attribution import begin_automatic_tags, merge_tags, parse_tags
+    from ..books.attribution import begin_automatic_tags
     from ..config.paths import default_store_url
+    from ..core.tags import merge_tags, parse_tags
     from ..ledger import normalize_store_url
 
     if not 0 <= settings.wait < float("inf"):

@@ -32,6 +32,8 @@ class TestImportRules:
             "quotawrap.core.estimate",
             "quotawrap.core.usage",
             "quotawrap.core.sse",
+            "quotawrap.core.tags",
+            "quotawrap.serve._http",
             "quotawrap.core.endpoints",
             "quotawrap.core.money",
         ):

@@ -78,7 +78,7 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     from ..config.paths import default_events_log, default_unguarded_log, new_run_id
-    from .launcher import nested_in
+    from .child import nested_in
 
     run_id = settings.run_id or new_run_id()
     settings = settings.replace(run_id=run_id, store=store)

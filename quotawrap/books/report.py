@@ -48,9 +48,7 @@ def _group_key(record: CallRecord | DayAggregate, by: str) -> str:
     raise ConfigError(f"--by {by!r}: use one of {', '.join(GROUPINGS)}")
 
 
-# What a report row counts of the calls still kept, beside REPORT_SUMS (a pruned day keeps none of them):
-# calls the guard sent with a whole-output bound, those whose max_tokens it sent as that bound, and those
-# cut short at it (read from the hold id, admission.bound_mark).
+# Counted from kept calls' hold ids (core/output_bound.py) beside REPORT_SUMS, since a pruned day keeps none of them.
 BOUND_SUMS = ("bounded_calls", "replaced_max_tokens_calls", "cut_by_bound_calls")
 
 

@@ -102,7 +102,7 @@ def model_status(
                 "reasoning_p99": reasoning.get(model),
                 "reasoning_ceiling": reasoning_ceiling(model),
                 "reasoning_ceiling_known": limits_for(model) is not None,
-                # the bound a call that may think and sets no bound goes out with (admission.plan_output)
+                # the bound a call that may think and sets no bound goes out with (admission/room.py: plan_output)
                 "output_allowance": min(
                     MAX_OUTPUT_TOKENS,
                     settings.default_max_tokens + reasoning_ceiling(model),

@@ -236,10 +236,8 @@ class Snapshot(Record, frozen=True):
     synced_at: float
     day: str  # Beijing day of synced_at: a snapshot never applies to another day (§7.2)
     source: str = "manual"  # "billing-api" | "manual" | "command" | "litellm"
-    # The balance lag the sync assumed (lagged_usage = usage at synced_at - lag_s). Kept so that a
-    # snapshot written by another writer without lag information (the LiteLLM limiter's) can be
-    # given the same treatment; 0 where it is not kept (the SQLite ledger, which has no such
-    # writer). Not part of equality: the limits depend on lagged_usage alone.
+    # The lag the sync assumed (lagged_usage = usage at synced_at - lag_s), kept so a snapshot of a writer that
+    # records none (the LiteLLM limiter) gets the same treatment; out of equality, as the limits read lagged_usage.
     lag_s: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:

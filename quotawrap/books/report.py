@@ -1,9 +1,4 @@
-"""The ``report`` command's rows: call records and pruned days' aggregates, grouped and rendered.
-
-Aggregation is pure (records in, rows out), so ``quotawrap report`` gives the same numbers
-whether the records come from the SQLite ledger, the Redis ledger's capped stream or an
-``--audit-log`` JSONL file.
-"""
+"""The ``report`` command's rows: call records and pruned days' aggregates, grouped and rendered."""
 
 from __future__ import annotations
 
@@ -53,7 +48,11 @@ BOUND_SUMS = ("bounded_calls", "replaced_max_tokens_calls", "cut_by_bound_calls"
 
 
 def aggregate(records: Iterable[CallRecord | DayAggregate], by: str = "model") -> list[dict[str, Any]]:
-    """Totals per group, sorted by settled tokens (largest first); a pruned day's aggregate adds its sums."""
+    """Totals per group, sorted by settled tokens (largest first); a pruned day's aggregate adds its sums.
+
+    Pure (records in, rows out), so ``quotawrap report`` gives the same numbers whether the records come from
+    the SQLite ledger, the Redis ledger's capped stream or an ``--audit-log`` JSONL file.
+    """
     groups: dict[str, dict[str, Any]] = {}
     records = list(records)
     retried = set()

@@ -1,10 +1,4 @@
-"""Server-sent event streams: which answers are one, and the reader that finds their usage. Pure, no I/O.
-
-:class:`SSEUsageReader` is fed the raw (already decompressed) bytes of an event stream in
-whatever pieces the transport delivers, hands them on unchanged (or minus the one usage-only
-chunk that quotawrap caused by injecting ``stream_options.include_usage``), and keeps the best
-usage seen so far. The payloads' shapes are read by :mod:`quotawrap.core.usage`.
-"""
+"""Server-sent event streams: which answers are one, and the reader that finds their usage. Pure, no I/O."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..config.file import config_path
-from ..config.settings import OPTIONS, Settings, env_name
+from ..config.settings import OPTIONS, RETIRED, Settings, env_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ def child_environment(settings: Settings, base: Mapping[str, str] | None = None)
     for option in OPTIONS:
         if option.child:
             env.pop(env_name(option.name), None)
+    for name in RETIRED:  # said once, by this wrapper
+        env.pop(env_name(name), None)
     env.update(settings.child_env())
     env[NESTED_VARIABLE] = settings.run_id or ""
     return env

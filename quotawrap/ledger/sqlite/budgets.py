@@ -19,7 +19,6 @@ from ..holds import Deltas
 
 __all__ = [
     "budget_counters",
-    "budget_texts",
     "charge_budgets",
     "list_budget_texts",
     "remember_budgets",
@@ -35,16 +34,12 @@ _IN_FLIGHT = (
 )
 
 
-def budget_texts(conn: sqlite3.Connection, run_id: str) -> list[str]:
-    """The stored budgets that may apply to a call of ``run_id``: the ledger's, and the run's own."""
-    return [text for (text,) in conn.execute("SELECT budget FROM budgets WHERE run_id IN ('', ?)", (run_id,))]
-
-
 def list_budget_texts(conn: sqlite3.Connection, run_id: str | None) -> list[str]:
-    """The ledger's budgets, and the run's own when ``run_id`` is given (None: every run's as well)."""
+    """The ledger's budgets, and the run's own when ``run_id`` is given (None: every run's too); a reserve reads
+    them in its one statement (reserve.read_for_reserve)."""
     if run_id is None:
-        return [text for (text,) in conn.execute("SELECT budget FROM budgets ORDER BY id")]
-    return budget_texts(conn, run_id)
+        return [text for (text,) in conn.execute("SELECT budget FROM budgets")]
+    return [text for (text,) in conn.execute("SELECT budget FROM budgets WHERE run_id IN ('', ?)", (run_id,))]
 
 
 def budget_counters(conn: sqlite3.Connection, scopes: Sequence[str]) -> dict[str, Counters]:

@@ -43,7 +43,6 @@ from . import books
 from .advances import close_advance, drawn_runs, land_drawn, release_dead_advances, split_from_advance
 from .budgets import (
     budget_counters,
-    budget_texts,
     charge_budgets,
     list_budget_texts,
     remember_budgets,
@@ -297,9 +296,9 @@ class SQLiteLedger:
         reserve, reserve_cost = clamp(request.reserve), clamp(request.reserve_cost)
         with self._write("reserve") as conn:
             call = (request.run_id, request.model, request.day)
-            scoped, snapshot, waiting = read_for_reserve(conn, scopes, call, request.enforce)
+            scoped, snapshot, waiting, stored = read_for_reserve(conn, scopes, call, request.enforce)
             limits = limits_for(snapshot)
-            budgets = self._budget_book.decode(budget_texts(conn, request.run_id))
+            budgets = self._budget_book.decode(stored)
             if self._budget_book.bars_advance(budgets, request):  # its calls reserve one by one (ledger/budgets.py)
                 return Decision(request.hold_id, Verdict(True), False, scoped)
             budget_limits, budget_scopes = self._budget_book.for_hold(budgets, request, self._clock())

@@ -20,6 +20,7 @@ from ..core.errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, S
 from ..ledger import open_store
 from ..support.log import fail
 from ..support.packages import import_problem
+from .budget_commands import budget_group
 from .common import command_settings, echo, settings_options
 from .key_commands import keys_group
 from .ledger_commands import COMMANDS
@@ -64,6 +65,7 @@ def cli() -> None:
 
 for _command in COMMANDS:  # status, report, sessions, sync, prune: defined beside the modules they drive
     cli.add_command(_command)
+cli.add_command(budget_group)
 cli.add_command(keys_group)
 
 
@@ -81,7 +83,10 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     run_guarded(command_settings(values), command)
 
 
-_SERVE_OPTIONS = [option.name for option in OPTIONS if option.name not in ("proxy", "report_json", "fail_on_block")]
+# a run's own budget (--budget) is stored by the wrapper of a run: the gateway keeps to the ledger's budgets
+_SERVE_OPTIONS = [
+    option.name for option in OPTIONS if option.name not in ("proxy", "report_json", "fail_on_block", "budget")
+]
 
 
 @cli.command("serve")

@@ -55,12 +55,15 @@ def status_command(as_json: bool, **values: Any) -> None:
         waiting[model] = max(count, waiting.get(model, 0))
     rows = model_status(ledger, settings, now, waiting=waiting)
     unguarded = unguarded_now(os.path.dirname(default_events_log("any")))
+    budgets = ledger.budget_uses(now, "")  # the ledger's own (a run's own are its summary's)
     if as_json:
         for row in rows:  # the list of model rows stays the output's shape; like the reset time, same in each
             row["unguarded_processes"] = unguarded
+            row["budgets"] = [use.as_json() for use in budgets]
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
     else:
-        echo("\n".join([render_status(rows), *render_unguarded(unguarded)]))
+        shown = ["budgets:", *(f"  {use.line()}" for use in budgets)] if budgets else []
+        echo("\n".join([render_status(rows), *shown, *render_unguarded(unguarded)]))
 
 
 def _time_bound(value: str | None, flag: str) -> float | None:
@@ -105,9 +108,12 @@ def report_command(
 ) -> None:
     """Who spent what: guarded calls grouped by model, session, day or any tag."""
     from ..books.report import aggregate, ledger_rows, render_csv, render_table
+    from ..core.budgets import BudgetUse
+    from ..ledger.base import ledger_clock
     from ..settling.audit_log import read_jsonl
 
     start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
+    budgets: list[BudgetUse] = []  # the ledger's budgets now (an audit log keeps none)
     try:
         if audit_path:
             records = [
@@ -117,18 +123,19 @@ def report_command(
                 and (end is None or r.started_at < end)
                 and (session is None or r.run_id == session)
             ]
-        else:
-            rows = ledger_rows(open_store(command_settings(values)), by, since=start, until=end, session=session)
-        if audit_path:
             rows = aggregate(records, by)
+        else:
+            ledger = open_store(command_settings(values))
+            rows = ledger_rows(ledger, by, since=start, until=end, session=session)
+            budgets = ledger.budget_uses(ledger_clock(ledger)(), session or "")
     except QuotawrapError as exc:
         fail(with_cure(exc), exit_code(exc))
     if fmt == "json":
-        click.echo(json.dumps({"by": by, "rows": rows}, indent=2))
+        click.echo(json.dumps({"by": by, "rows": rows, "budgets": [use.as_json() for use in budgets]}, indent=2))
     elif fmt == "csv":
         click.echo(render_csv(rows), nl=False)
     else:
-        echo(render_table(rows, by))
+        echo("\n".join([render_table(rows, by), *(use.line() for use in budgets)]))
 
 
 @click.command("sessions")

@@ -133,6 +133,16 @@ def _cny(value: Any) -> str | None:
     return None if math.isfinite(value) and value >= 0 else "must be a finite amount of CNY >= 0"
 
 
+def _budget(value: Any) -> str | None:
+    from ..core.budgets import parse_budget
+
+    try:
+        parse_budget(value)
+    except ConfigError as exc:
+        return str(exc).removeprefix(f"budget {value!r}: ")
+    return None
+
+
 def _price_policy(value: Any) -> str | None:
     from ..core.money import UNKNOWN_PRICE_POLICIES
 
@@ -396,6 +406,16 @@ OPTIONS: tuple[Option, ...] = (
         multiple=True,
     ),
     Option(
+        "budget",
+        str,
+        (),
+        "A budget for this run alone, SELECTOR:AMOUNT/PERIOD[,soft] as `quotawrap budget set` takes it (repeatable):"
+        " it limits this run's calls and counts them only.",
+        multiple=True,
+        child=False,
+        check=_budget,
+    ),
+    Option(
         "cap_cost",
         float,
         None,
@@ -610,6 +630,7 @@ class Settings:
     inject_usage: bool
     run_id: str | None
     tag: tuple[str, ...]
+    budget: tuple[str, ...]
     cap_cost: float | None
     audit_log: str | None
     unknown_price: str

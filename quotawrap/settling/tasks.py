@@ -102,6 +102,7 @@ class TaskCreated:
             tags=self._guard.tags,
             reserve_cost=context.reserved_cost,
             hold_id=task_hold_id(task_id),
+            taken_over=True,
         )
         ledger = self._guard.ledger
         try:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
+    from ..core.budgets import BudgetUse
     from ..ledger import Books, Ledger, RunTotals
     from .registry import UnguardedProcess
 
@@ -131,6 +132,7 @@ class ChildResult:
         *,
         unguarded_processes: Sequence[UnguardedProcess] = (),
         connections: Sequence[Mapping[str, object]] = (),
+        budgets: Sequence[BudgetUse] = (),
     ) -> None:
         self.exit_code = exit_code
         self.totals = totals  # None: no process of the run opened the ledger, so every total is zero
@@ -138,6 +140,7 @@ class ChildResult:
         self.store_error = store_error  # the books could not be closed: totals are empty, holds stay open
         self.unguarded_processes = list(unguarded_processes)  # Python processes that ran without the hook
         self.connections = list(connections)  # connections to guarded hosts that went around every client
+        self.budgets = list(budgets)  # the budgets its calls may count against, as the run ends
 
 
 def _exit_code(returncode: int) -> int:
@@ -343,6 +346,13 @@ def _run(
                 else ledger.resolve_run(settings.run_id, release_advances=every_draw_landed)
             )
             totals = ledger.run_totals(settings.run_id)
+            from ..ledger.budgets import run_budget_uses
+
+            budgets = run_budget_uses(ledger, ledger_clock(ledger)(), settings.run_id, settings.tag)
+            if not nested:  # the run's own budgets (--budget) end with it: no reserve reads them again
+                for use in budgets:
+                    if use.budget.run_id == settings.run_id:
+                        ledger.remove_budget(use.budget.id)
         except QuotawrapError as exc:
             # Nothing is lost: the run's open holds stay in the ledger and the next run, `status` or
             # reclaim charges them (they carry an expiry and their owner's pid).
@@ -357,7 +367,14 @@ def _run(
                 unguarded_processes=unguarded,
                 connections=connections,
             )
-    return ChildResult(_exit_code(returncode), totals, resolved, unguarded_processes=unguarded, connections=connections)
+    return ChildResult(
+        _exit_code(returncode),
+        totals,
+        resolved,
+        unguarded_processes=unguarded,
+        connections=connections,
+        budgets=budgets,
+    )
 
 
 class _Relay:

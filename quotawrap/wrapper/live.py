@@ -31,9 +31,11 @@ from typing import TextIO
 
 from ..config.settings import Settings
 from ..core import quota
+from ..core.budgets import BudgetUse
 from ..core.records import Record
 from ..ledger import Ledger, model_day_key, run_key
 from ..ledger.base import ledger_clock
+from ..ledger.budgets import run_budget_uses
 from ..support.events import EventsTail, RunEvents
 from ..support.log import printable
 
@@ -177,10 +179,12 @@ class Gauge(Record, frozen=True):
 
 
 class Reading(Record, frozen=True):
-    """One poll of the ledger: the run cap (if any) and each model's daily limit, for this run's models."""
+    """One poll of the ledger: the run cap (if any) and each model's daily limit, for this run's models, and the
+    budgets its calls may count against."""
 
     run: Gauge | None
     models: dict[str, Gauge]
+    budgets: tuple[BudgetUse, ...] = ()
 
 
 def day_limit(snapshot: quota.Snapshot | None, settings: quota.QuotaSettings, day: str) -> int:
@@ -218,7 +222,7 @@ def read_gauges(ledger: Ledger, settings: Settings, run_id: str, now: float) -> 
         )
         for model, key in zip(models, day_keys, strict=True)
     }
-    return Reading(run, gauges)
+    return Reading(run, gauges, tuple(run_budget_uses(ledger, now, run_id, settings.tag)))
 
 
 def block_lines(reading: Reading) -> list[str]:
@@ -233,7 +237,7 @@ def block_lines(reading: Reading) -> list[str]:
     return [
         render_line(label.ljust(width), gauge.settled, gauge.in_flight, gauge.limit, name)
         for label, gauge, name in rows
-    ]
+    ] + [printable(use.line()) for use in reading.budgets]
 
 
 def wait_line(events: RunEvents) -> str | None:
@@ -443,6 +447,11 @@ class LiveView:
             for threshold in threshold_crossings(self._fractions.get(key, 0.0), now):
                 warnings.append(warning_line(label, threshold, gauge))
             self._fractions[key] = now  # a drop (new day, bigger pool) re-arms the thresholds
+        for use in reading.budgets:  # a soft budget's alert: it refuses nothing, so this is where it is heard
+            key = (use.label, use.period)
+            for threshold in threshold_crossings(self._fractions.get(key, 0.0), use.fraction):
+                warnings.append(f"quotawrap: {printable(use.label)} at {round(threshold * 100)}% ({use.numbers()})")
+            self._fractions[key] = use.fraction
         return warnings
 
     def _write(self, text: str) -> None:

@@ -162,6 +162,12 @@ def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: di
             from ..ledger.base import RunRecord
 
             ledger.start_run(RunRecord(settings.run_id, time.time(), command=line, tags=all_tags))
+        if settings.budget:  # the run's own budgets, in the ledger before its first call
+            from ..core.budgets import parse_budget
+
+            books = ledger.full() if _lean(ledger) else ledger
+            for spec in settings.budget:
+                books.set_budget(parse_budget(spec, run_id=settings.run_id))
     except QuotawrapError as exc:
         if not settings.fail_open:
             fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)
@@ -269,6 +275,7 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
         unguarded_processes=[process.as_dict() for process in result.unguarded_processes],
         connections=result.connections,
         events=read_events(settings.events_log),
+        budgets=result.budgets,
     )
     _remove_events_log(settings, own_events_log)
     if not settings.quiet:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..books.report import anomalous_line
 from ..config.settings import Settings
+from ..core.budgets import BudgetUse
 from ..core.errors import EXIT_BLOCKED
 from ..core.identity import UNMAPPED
 from ..core.money import format_cny
@@ -71,6 +72,7 @@ def run_report(
     connections: Sequence[Mapping[str, Any]] = (),
     events: RunEvents | None = None,
     outside_filter: Mapping[str, int] | None = None,
+    budgets: Sequence[BudgetUse] = (),
 ) -> dict[str, Any]:
     """The run's summary as data; token counts are tokens, costs ``cost_micro_cny`` (micro-CNY, the name and
     unit ``quotawrap report --format json`` uses; the ledger's ``settled_cost``).
@@ -131,6 +133,8 @@ def run_report(
         "unguarded_log": settings.unguarded_log if unguarded else None,
         "store_error": store_error,
         "connections": [dict(connection) for connection in connections],
+        # the budgets its calls may count against, as the run ended (issue 33)
+        "budgets": [use.as_json() for use in budgets],
         "waits": events.as_dict(),
         # calls the guard sent with a whole-output bound, per how (added / replaced max_tokens), and those cut there
         "bounds": {
@@ -194,6 +198,7 @@ def format_summary(report: dict[str, Any]) -> str:
             f" wait p50 {waits['wait_p50_s']:.2f}s, p99 {waits['wait_p99_s']:.2f}s"
         )
     lines += _bound_lines(report.get("bounds") or {})
+    lines += [f"  {BudgetUse.from_json(budget).line()}" for budget in report.get("budgets") or ()]
     if totals.get("unguarded_calls"):
         lines.append(
             f"  {totals['unguarded_calls']} call(s) went out UNGUARDED while the store was unreachable"

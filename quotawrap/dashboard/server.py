@@ -1,0 +1,81 @@
+"""``quotawrap dashboard``: the page on a small standard-library HTTP server (no extra to install).
+
+One thread per connection (``ThreadingHTTPServer``): a poll that reads the store never holds up
+another tab's script. Only GET and HEAD are answered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from urllib.parse import urlsplit
+
+from .._log import warn
+from .pages import Answer, Pages
+
+__all__ = ["LOOPBACK", "DashboardServer", "warn_if_exposed"]
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def warn_if_exposed(what: str, host: str) -> None:
+    """One line when a listener is told to bind beyond this machine: whoever reaches it sees (or spends) through it."""
+    if host not in LOOPBACK:
+        warn(f"{what}: listening on {host}, not loopback: whoever reaches it can read what it shows")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: DashboardServer
+    server_version = "quotawrap-dashboard"
+    sys_version = ""  # the Python version is nobody's business
+
+    def do_GET(self) -> None:
+        self._send(self.server.pages.answer(urlsplit(self.path).path.lstrip("/")), body=True)
+
+    def do_HEAD(self) -> None:
+        self._send(self.server.pages.answer(urlsplit(self.path).path.lstrip("/")), body=False)
+
+    def _send(self, answer: Answer, *, body: bool) -> None:
+        self.send_response(answer.status)
+        self.send_header("Content-Type", answer.content_type)
+        self.send_header("Content-Length", str(len(answer.body)))
+        for name, value in answer.headers:
+            self.send_header(name, value)
+        self.end_headers()
+        if body:
+            self.wfile.write(answer.body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: a tab polls every two seconds, and each poll would be a line."""
+
+
+class DashboardServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, pages: Pages, host: str, port: int) -> None:
+        if ":" in host:
+            self.address_family = socket.AF_INET6
+        super().__init__((host, port), _Handler)
+        self.pages = pages
+
+    @property
+    def url(self) -> str:
+        host, port = str(self.server_address[0]), int(self.server_address[1])
+        shown = f"[{host}]" if ":" in host else host
+        return f"http://{shown}:{port}/"
+
+    def serve_until_stopped(self, on_ready: Callable[[str], None]) -> None:
+        """Serve until SIGTERM or Ctrl-C."""
+
+        def stop(_signum: int, _frame: FrameType | None) -> None:
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGTERM, stop)
+        on_ready(self.url)
+        with contextlib.suppress(KeyboardInterrupt):
+            self.serve_forever()
+        self.server_close()

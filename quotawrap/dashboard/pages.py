@@ -14,13 +14,12 @@ from collections.abc import Callable
 from importlib.resources import files
 from typing import Any
 
-from .._errors import QuotawrapError
-from .._records import Record
-from ..books.snapshot import status_snapshot
+from ..books.status import current_status
+from ..config.settings import Settings
+from ..core.errors import QuotawrapError
+from ..core.records import Record
+from ..core.redact import redact_text, redact_url
 from ..ledger import Ledger
-from ..ledger.base import ledger_clock
-from ..redact import redact_text, redact_url
-from ..settings import Settings
 
 __all__ = ["DASHBOARD_PATH", "FRESH_S", "REFRESH_S", "Answer", "Pages", "store_reader"]
 
@@ -60,9 +59,7 @@ def store_reader(ledger: Ledger, settings: Settings, events_dir: str | None) -> 
     """A read of the store as ``status --json`` makes it: on the ledger's clock, dead runs' holds charged first."""
 
     def read() -> dict[str, Any]:
-        now = ledger_clock(ledger)()  # on Redis the server's: every host shows the same Beijing day
-        ledger.reclaim_orphans(now)
-        snapshot = status_snapshot(ledger, settings, now, events_dir=events_dir)
+        snapshot = current_status(ledger, settings, events_dir=events_dir)
         return {"store": redact_url(ledger.url), "refresh_s": REFRESH_S, **snapshot}
 
     return read

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from urllib.parse import urlsplit
 
-from .._log import warn
+from ..support.log import warn
 from .pages import Answer, Pages
 
 __all__ = ["LOOPBACK", "DashboardServer", "warn_if_exposed"]
@@ -22,10 +22,10 @@ __all__ = ["LOOPBACK", "DashboardServer", "warn_if_exposed"]
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def warn_if_exposed(what: str, host: str) -> None:
-    """One line when a listener is told to bind beyond this machine: whoever reaches it sees (or spends) through it."""
+def warn_if_exposed(what: str, host: str, *, reach: str = "reads the store's figures") -> None:
+    """One line when a listener is told to bind beyond this machine, saying what a stranger who reaches it can do."""
     if host not in LOOPBACK:
-        warn(f"{what}: listening on {host}, not loopback: whoever reaches it can read what it shows")
+        warn(f"{what}: listening on {host}, not loopback: whoever reaches it {reach}")
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -75,7 +75,7 @@ class DashboardServer(ThreadingHTTPServer):
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGTERM, stop)
-        on_ready(self.url)
-        with contextlib.suppress(KeyboardInterrupt):
+        with contextlib.suppress(KeyboardInterrupt):  # a signal may come before serving starts, too
+            on_ready(self.url)
             self.serve_forever()
         self.server_close()

@@ -11,6 +11,7 @@ import re
 import selectors
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -227,3 +228,55 @@ def test_it_binds_loopback_and_warns_once_when_told_otherwise(store: str) -> Non
         assert served.url.startswith("http://0.0.0.0:")
     lines = served.stderr.splitlines()
     assert len(lines) == 1 and "not loopback" in lines[0]
+
+
+def test_budgets_show_used_in_flight_left_and_their_reset(browser: Any, store: str) -> None:
+    """The budgets section draws the ``budgets`` list of the snapshot; a store without budgets has it hidden."""
+    from quotawrap.books.status import current_status
+    from quotawrap.config.settings import Settings
+    from quotawrap.dashboard.pages import Pages
+    from quotawrap.dashboard.server import DashboardServer
+    from quotawrap.ledger import open_ledger
+
+    ledger = open_ledger(store)
+    resets_at = 1_767_196_800  # 2026-01-01 00:00 Beijing
+    budgets = [
+        {
+            "name": "team-infra",
+            "used": 1_200,
+            "in_flight": 300,
+            "limit": 5_000,
+            "unit": "tokens",
+            "resets_at": resets_at,
+        },
+        {"name": "alice", "used": 900, "in_flight": 0, "limit": 800, "unit": "tokens", "resets_at": None},
+    ]
+    shown_budgets: list[list[dict[str, Any]]] = [[]]
+
+    def read() -> dict[str, Any]:
+        return {"store": "sqlite:", "refresh_s": 0.2, **current_status(ledger, Settings()), "budgets": shown_budgets[0]}
+
+    server = DashboardServer(Pages(read, fresh_s=0), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        tab = _Page(browser, server.url)
+        assert tab.page.locator("#budgets-section").is_hidden()
+        shown_budgets[0] = budgets
+        tab.page.wait_for_selector('#budgets tr[data-budget="alice"]')
+        assert tab.page.locator("#budgets-section").is_visible()
+        cells = tab.page.locator('#budgets tr[data-budget="team-infra"] td').all_inner_texts()
+        assert cells[0] == "team-infra" and cells[2:] == [
+            "1,200 tokens",
+            "300",
+            "3,500 tokens",
+            "5,000 tokens",
+            "01-01 00:00",
+        ]
+        cells = tab.page.locator('#budgets tr[data-budget="alice"] td').all_inner_texts()
+        assert cells[4:] == ["0 tokens", "800 tokens", "never"]  # over its limit: nothing left
+        assert tab.errors == []
+    finally:
+        server.shutdown()
+        server.server_close()
+        ledger.close()

@@ -5,13 +5,20 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 const DAY_S = 86400;
+const ZOOM = 4; // the chart zooms to the day's usage when the highest limit is more than this many times it
 const beijingTime = new Intl.DateTimeFormat("en-GB", {
   timeZone: "Asia/Shanghai", hour: "2-digit", minute: "2-digit", hour12: false,
 });
-// sv-SE writes 12-08 01:07, the form `quotawrap status` uses.
-const beijingDateTime = new Intl.DateTimeFormat("sv-SE", {
-  timeZone: "Asia/Shanghai", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", hour12: false,
+const beijingParts = new Intl.DateTimeFormat("en-US", {
+  timeZone: "Asia/Shanghai", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", hourCycle: "h23",
 });
+// 12-08 01:07, the form `quotawrap status` uses.
+const beijingDateTime = {
+  format(ms) {
+    const part = Object.fromEntries(beijingParts.formatToParts(ms).map((p) => [p.type, p.value]));
+    return `${part.month}-${part.day} ${part.hour}:${part.minute}`;
+  },
+};
 
 function tokens(n) {
   return Number(n).toLocaleString("en-US");
@@ -66,23 +73,38 @@ function bar(settled, inFlight, limit, label) {
   return root;
 }
 
+// The smallest of 1, 2, 2.5 or 5 times a power of ten that is at least n: the chart's top, so its ticks are round.
+function roundUp(n) {
+  const power = 10 ** Math.floor(Math.log10(n));
+  return [1, 2, 2.5, 5, 10].map((m) => m * power).find((v) => v >= n);
+}
+
 function percent(used, limit) {
   return limit > 0 ? Math.floor((100 * used) / limit) + "%" : used > 0 ? "over" : "0%";
 }
 
 // The day's usage (settled, a step per minute) with the limits drawn over it: v6's, the lag-aware one, the walls.
 function dayChart(row, curve, now, dayStart) {
-  const W = 720, H = 220, left = 64, right = 12, top = 12, bottom = 28;
+  const W = 720, H = 220, left = 64, right = 24, top = 14, bottom = 28;
   const usage = curve ? curve.usage : [];
   const syncs = curve ? curve.syncs : [];
   const walls = row.limits.walls.filter((w) => w.cap > 1); // a wall at 1 token ("evicted once used") is said in words
-  const peak = Math.max(row.usage + row.in_flight, row.limits.v6, row.limits.lag_aware, ...walls.map((w) => w.cap), 1);
-  const ymax = peak * 1.08;
+  const lines = [
+    ...walls.map((w) => ({ value: w.cap, cls: "wall", label: `wall (${w.name})`, atLeft: true })),
+    ...(row.limits.v6 !== row.limits.lag_aware ? [{ value: row.limits.v6, cls: "v6", label: "v6 limit" }] : []),
+    { value: row.limits.lag_aware, cls: "lag-aware", label: row.limits.v6 === row.limits.lag_aware ? "limit (v6 = lag-aware)" : "lag-aware limit" },
+  ];
+  // A day that used a sliver of its limit is drawn at its own scale, the limits above it named at the top;
+  // otherwise the scale reaches the highest line.
+  const used = Math.max(row.usage + row.in_flight, 1);
+  const highest = Math.max(...lines.map((l) => l.value), 1);
+  const peak = highest <= ZOOM * used ? highest : Math.max(used * 1.25, ...lines.map((l) => l.value).filter((v) => v <= used * 1.25));
+  const ymax = roundUp(peak * 1.05);
   const X = (t) => left + ((Math.min(Math.max(t, dayStart), dayStart + DAY_S) - dayStart) / DAY_S) * (W - left - right);
   const Y = (v) => top + (1 - v / ymax) * (H - top - bottom);
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": `${row.model}: today's usage and limits` });
   for (const fraction of [0, 0.25, 0.5, 0.75, 1]) {
-    const v = peak * fraction;
+    const v = ymax * fraction;
     root.append(
       svg("line", { x1: left, x2: W - right, y1: Y(v), y2: Y(v), class: "grid" }),
       svg("text", { x: left - 6, y: Y(v) + 4, class: "axis", "text-anchor": "end" }, compact(v)),
@@ -103,9 +125,12 @@ function dayChart(row, curve, now, dayStart) {
         : svg("text", { x: W - right - 4, y: Y(value) - 4, class: `label ${cls}`, "text-anchor": "end" }, `${label} ${tokens(value)}`),
     );
   };
-  for (const wall of walls) line(wall.cap, "wall", `wall (${wall.name})`, true);
-  if (row.limits.v6 !== row.limits.lag_aware) line(row.limits.v6, "v6", "v6 limit");
-  line(row.limits.lag_aware, "lag-aware", row.limits.v6 === row.limits.lag_aware ? "limit (v6 = lag-aware)" : "lag-aware limit");
+  const above = lines.filter((l) => l.value > peak);
+  for (const l of lines) if (l.value <= peak) line(l.value, l.cls, l.label, l.atLeft);
+  if (above.length) {
+    root.append(svg("text", { x: W - right - 4, y: top + 10, class: "axis above", "text-anchor": "end" },
+      "above this scale: " + above.map((l) => `${l.label} ${tokens(l.value)}`).join(" · ")));
+  }
   let path = `M${X(dayStart)},${Y(0)}`;
   for (const [t, cumulative] of usage) path += ` H${X(t)} V${Y(cumulative)}`;
   path += ` H${X(now)} V${Y(row.usage)}`;

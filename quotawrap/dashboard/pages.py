@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.resources import files
 from typing import Any
 
@@ -21,12 +21,13 @@ from ..core.records import Record
 from ..core.redact import redact_text, redact_url
 from ..ledger import Ledger
 
-__all__ = ["DASHBOARD_PATH", "FRESH_S", "REFRESH_S", "Answer", "Pages", "store_reader"]
+__all__ = ["DASHBOARD_PATH", "FRESH_S", "LOOPBACK", "REFRESH_S", "Answer", "Pages", "addressed_here", "store_reader"]
 
 #: Where the gateway serves the page: under its reserved prefix, which no upstream path can be.
 DASHBOARD_PATH = "/_quotawrap/dashboard/"
 REFRESH_S = 2.0
 FRESH_S = 1.0
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 _ASSETS = {
     "": ("index.html", "text/html; charset=utf-8"),
@@ -46,6 +47,22 @@ _HEADERS = (
     ("Referrer-Policy", "no-referrer"),
     ("Cache-Control", "no-store"),
 )
+
+
+def addressed_here(host_header: str | None, bound: str) -> bool:
+    """Whether a request to a listener bound to ``bound`` names this machine in its Host header.
+
+    A page of another site can point its own domain name at 127.0.0.1 (DNS rebinding) and read a loopback
+    page as its own; its requests still carry that name. A listener bound beyond loopback was asked to be
+    reached by other names, and answers them all."""
+    if bound not in LOOPBACK or not host_header:
+        return True  # browsers always send Host; a client that sends none is not a page of another site
+    if host_header.startswith("["):  # an IPv6 address, then maybe :port
+        address, _, port = host_header[1:].partition("]")
+        name = address if not port or port.startswith(":") else host_header
+    else:
+        name = host_header.partition(":")[0]
+    return name.lower() in LOOPBACK
 
 
 class Answer(Record, frozen=True):
@@ -68,8 +85,17 @@ def store_reader(ledger: Ledger, settings: Settings, events_dir: str | None) -> 
 class Pages:
     """The dashboard's answers; ``read`` is the store read behind ``data.json``, shared as described above."""
 
-    def __init__(self, read: Callable[[], dict[str, Any]], *, fresh_s: float = FRESH_S) -> None:
+    def __init__(
+        self,
+        read: Callable[[], dict[str, Any]],
+        *,
+        fresh_s: float = FRESH_S,
+        extra: Mapping[str, Callable[[], tuple[str, bytes]]] | None = None,
+    ) -> None:
+        """``extra``: more paths under the page root, each answered 200 with what its function returns
+        (``/metrics`` on ``quotawrap dashboard``)."""
         self._read = read
+        self._extra = dict(extra or {})
         self._fresh_s = fresh_s
         self._lock = threading.Lock()
         self._last: tuple[float, dict[str, Any]] | None = None
@@ -81,8 +107,16 @@ class Pages:
                 self._last = (time.monotonic(), self._read())
             return self._last[1]
 
+    def refused(self, host_header: str | None) -> Answer:
+        """The answer to a request addressed to another name than this machine's (see ``addressed_here``)."""
+        text = f"quotawrap's dashboard answers requests addressed to {', '.join(LOOPBACK)}, not {host_header}\n"
+        return Answer(403, "text/plain; charset=utf-8", text.encode())
+
     def answer(self, name: str) -> Answer:
         """The answer to ``GET <page root>/<name>``. Reads the store for ``data.json``: call it off an event loop."""
+        if name in self._extra:
+            content_type, body = self._extra[name]()
+            return Answer(200, content_type, body)
         if name == "data.json":
             try:
                 body = json.dumps(self.snapshot(), separators=(",", ":")).encode()

@@ -15,11 +15,9 @@ from types import FrameType
 from urllib.parse import urlsplit
 
 from ..support.log import warn
-from .pages import Answer, Pages
+from .pages import LOOPBACK, Answer, Pages, addressed_here
 
-__all__ = ["LOOPBACK", "DashboardServer", "warn_if_exposed"]
-
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
+__all__ = ["DashboardServer", "warn_if_exposed"]
 
 
 def warn_if_exposed(what: str, host: str, *, reach: str = "reads the store's figures") -> None:
@@ -34,10 +32,16 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""  # the Python version is nobody's business
 
     def do_GET(self) -> None:
-        self._send(self.server.pages.answer(urlsplit(self.path).path.lstrip("/")), body=True)
+        self._send(self._answer(), body=True)
 
     def do_HEAD(self) -> None:
-        self._send(self.server.pages.answer(urlsplit(self.path).path.lstrip("/")), body=False)
+        self._send(self._answer(), body=False)
+
+    def _answer(self) -> Answer:
+        pages, host = self.server.pages, self.headers.get("Host")
+        if not addressed_here(host, str(self.server.server_address[0])):
+            return pages.refused(host)
+        return pages.answer(urlsplit(self.path).path.lstrip("/"))
 
     def _send(self, answer: Answer, *, body: bool) -> None:
         self.send_response(answer.status)

@@ -43,7 +43,7 @@ from ..config.settings import Settings
 from ..core.errors import ConfigError
 from ..core.redact import redact_text, redact_url
 from ..core.synthetic import SyntheticResponse
-from ..dashboard.pages import DASHBOARD_PATH, Answer, Pages
+from ..dashboard.pages import DASHBOARD_PATH, Answer, Pages, addressed_here
 from ..ledger import CallPath
 from ..ledger.base import run_key
 from ..settling.call import GuardedCall
@@ -420,6 +420,8 @@ class Gateway:
     async def _dashboard(self, request: web.Request) -> web.Response:
         """A page of the dashboard; its data is read from the store on a thread, off the loop that relays calls."""
         assert self.pages is not None
+        if not addressed_here(request.headers.get("Host"), self.host):
+            return _page(self.pages.refused(request.headers.get("Host")))
         answer = await asyncio.get_running_loop().run_in_executor(None, self.pages.answer, request.match_info["name"])
         return _page(answer)
 

@@ -219,6 +219,10 @@ def test_it_binds_loopback_and_warns_once_when_told_otherwise(store: str) -> Non
         with urllib.request.urlopen(served.url + "data.json", timeout=30) as answer:
             data = json.loads(answer.read())
         assert data["models"] == [] and data["store"].startswith("sqlite:")
+        rebound = urllib.request.Request(served.url + "data.json", headers={"Host": "attacker.example"})
+        with pytest.raises(urllib.error.HTTPError) as elsewhere:  # a page of another site, by DNS rebinding
+            urllib.request.urlopen(rebound, timeout=30)
+        assert elsewhere.value.code == 403
         taken = served.url.rsplit(":", 1)[1].strip("/")
         busy = run_cli("dashboard", "--store", store, "--port", taken)
         assert busy.returncode == 2

@@ -19,7 +19,7 @@ from quotawrap.config.settings import Settings
 from quotawrap.core.errors import StoreError
 from quotawrap.core.quota import Counters, Limit, QuotaSettings, Snapshot, beijing_day, effective_limit
 from quotawrap.core.usage import Usage
-from quotawrap.dashboard.pages import Pages
+from quotawrap.dashboard.pages import Pages, addressed_here
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import HoldRequest, model_day_key
 from tests.redis_server import session_url
@@ -193,3 +193,34 @@ def test_tabs_polling_at_once_share_one_read_of_the_store() -> None:
         thread.join()
     assert len(reads) == 1 and set(answers) == {b'{"reads":1}'}
     assert Pages(read, fresh_s=0).answer("data.json").body == b'{"reads":2}'  # no sharing: read anew
+
+
+@pytest.mark.parametrize(
+    ("host_header", "bound", "answered"),
+    [
+        ("127.0.0.1:8791", "127.0.0.1", True),
+        ("localhost:8791", "127.0.0.1", True),
+        ("LOCALHOST", "127.0.0.1", True),
+        ("[::1]:8791", "::1", True),
+        (None, "127.0.0.1", True),  # no browser omits Host: not a page of another site
+        ("attacker.example:8791", "127.0.0.1", False),  # a name pointed at 127.0.0.1 (DNS rebinding)
+        ("127.0.0.1.attacker.example", "127.0.0.1", False),
+        ("[::1].attacker.example", "::1", False),
+        ("dash.team.internal:8791", "0.0.0.0", True),  # bound beyond loopback: reached by any name, on purpose
+    ],
+)
+def test_a_loopback_page_answers_only_requests_addressed_to_this_machine(
+    host_header: str | None, bound: str, answered: bool
+) -> None:
+    assert addressed_here(host_header, bound) is answered
+
+
+def test_more_paths_are_answered_beside_the_page() -> None:
+    pages = Pages(dict, extra={"metrics": lambda: ("text/plain; version=0.0.4", b"quotawrap_waiting_calls 0\n")})
+    answer = pages.answer("metrics")
+    assert (answer.status, answer.content_type, answer.body) == (
+        200,
+        "text/plain; version=0.0.4",
+        b"quotawrap_waiting_calls 0\n",
+    )
+    assert pages.refused("attacker.example").status == 403

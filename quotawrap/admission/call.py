@@ -28,6 +28,7 @@ from ..core.endpoint_prices import CostRule
 from ..core.errors import StoreError
 from ..core.estimate import Estimate, Kind, usage_bound
 from ..core.identity import UNMAPPED
+from ..core.output_bound import without_bound_mark
 from ..ledger import CallPath, HoldRequest
 from ..ledger.base import Decision, Settle
 from ..ledger.lines import LEASE_S
@@ -36,7 +37,7 @@ from ..settling.call import GuardedCall
 from ..support.events import QueuedPause
 from ..support.log import warn
 from .advances import ENDPOINTS
-from .room import Plan, Room, Wait, only_in_flight_in_the_way, without_bound_mark
+from .room import Plan, Room, Wait, only_in_flight_in_the_way
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -38,6 +38,7 @@ from ..core.errors import PolicyRefused, QuotawrapError, StoreError
 from ..core.estimate import Estimate, EstimateSettings, Kind, ReasoningReserve, estimate_request, unbounded_thinking
 from ..core.identity import UNMAPPED, Identity, answered_model, canonical
 from ..core.model_limits import reasoning_ceiling
+from ..core.output_bound import bound_mark
 from ..core.redact import key_fingerprint
 from ..core.synthetic import SyntheticResponse, blocked_response
 from ..core.tokens import TokenizerUnavailable, utf8_bound
@@ -54,7 +55,7 @@ from ..support.log import warn
 from . import refusals
 from .allowance import AllowanceBook
 from .call import Call, reserve_steps
-from .room import Plan, Room, Wait, bound_mark, plan_output
+from .room import Plan, Room, Wait, plan_output
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ class Guard(GuardBooks):
         if self._ledger is None:
             with self._ledger_lock:
                 if self._ledger is None:
-                    from ..ledger import default_store_url
+                    from ..config.paths import default_store_url
 
                     ledger = open_ledger(self.settings.store or default_store_url())
                     if self.settler is not None and self.settler.relay is not None:

@@ -185,7 +185,7 @@ def _plain_tags(environ: Mapping[str, str] | None, hostname: Callable[[], str] |
 
 def _spawn_git(args: Sequence[str], cwd: str | None) -> tuple[int, int] | None:
     """One read-only git query started: (pid, the read end of its stdout), or None (no git)."""
-    from ..wrapper.launcher import which
+    from ..support.processes import which
 
     git = which("git")
     if git is None:

@@ -17,9 +17,10 @@ from ..core.expiry import keep_alive_daily_usage
 from ..core.identity import UNMAPPED
 from ..core.model_limits import limits_for, reasoning_ceiling
 from ..ledger import CallPath, Ledger, Reader, model_day_key
-from ..ledger.base import RunRecord, pid_alive
+from ..ledger.base import RunRecord
 from ..settling.tasks import TASK_HOLD_PREFIX, open_task_holds
 from ..support.log import printable
+from ..support.processes import pid_alive
 from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
 
 __all__ = [

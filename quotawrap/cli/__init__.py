@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         gc.disable()
     from ..config.file import load_config_file
     from ..core.errors import EXIT_USAGE, ConfigError
-    from .common import fail
+    from ..support.log import fail
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -17,7 +17,10 @@ import click
 
 from ..config.settings import OPTIONS
 from ..core.errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, StoreError, exit_code, with_cure
-from .common import command_settings, echo, fail, import_problem, open_ledger, settings_options
+from ..ledger import open_store
+from ..support.log import fail
+from ..support.packages import import_problem
+from .common import command_settings, echo, settings_options
 from .ledger_commands import COMMANDS
 
 __all__ = ["cli", "click_main"]
@@ -40,7 +43,7 @@ def _refuse_a_misspelt_subcommand(ctx: click.Context, word: str, names: Iterable
     import shlex
     from difflib import get_close_matches
 
-    from ..wrapper.launcher import which
+    from ..support.processes import which
 
     if which(word) is not None:
         return
@@ -90,8 +93,8 @@ def serve_command(host: str, port: int, **values: Any) -> None:
     a guarded run does; on SIGTERM it lets the calls in flight finish, charges them, and exits.
     Its dashboard (what status shows, updating by itself) is at /_quotawrap/dashboard/.
     """
+    from ..config.paths import default_events_log
     from ..serve import without_hook
-    from ..wrapper.launcher import default_events_log
 
     without_hook()
     try:
@@ -104,7 +107,7 @@ def serve_command(host: str, port: int, **values: Any) -> None:
         settings = prepare(command_settings(values))
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    ledger = open_ledger(settings)
+    ledger = open_store(settings)
     try:
         serve(settings, ledger, host=host, port=port, say=echo, events_dir=os.path.dirname(default_events_log("any")))
     except StoreError as exc:
@@ -297,7 +300,7 @@ def consume_command(
             fail("consume interrupted while waiting for --at; nothing spent", 130)
     from ..ledger.base import ledger_clock
 
-    ledger = open_ledger(settings)
+    ledger = open_store(settings)
     now = ledger_clock(ledger)()  # on Redis the server's: every host consumes the same Beijing day
     day = quota.beijing_day(now)
     if sync_source(settings):

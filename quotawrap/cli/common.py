@@ -9,18 +9,14 @@ imported only by the helpers that build or read click's commands: a plain guarde
 from __future__ import annotations
 
 import os
-import sys
 
 from ..config.settings import OPTIONS, Option, Settings, env_name, parse_value
-from ..core.errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
+from ..core.errors import EXIT_USAGE, ConfigError
+from ..support.log import fail
 
 __all__ = [
-    "REDIS_SCHEMES",
     "command_settings",
     "echo",
-    "fail",
-    "import_problem",
-    "open_ledger",
     "settings_from_values",
     "settings_options",
 ]
@@ -28,7 +24,7 @@ __all__ = [
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from typing import Any, NoReturn
+    from typing import Any
 
     F = Callable[..., Any]
 
@@ -86,18 +82,6 @@ def settings_from_values(values: dict[str, Any]) -> Settings:
         fail(str(exc), EXIT_USAGE)
 
 
-def fail(message: str, code: int) -> NoReturn:
-    from ..core.redact import redact_text  # store errors quote their URL; its password stays out of the terminal
-    from ..support.log import printable
-
-    try:
-        sys.stderr.write(f"quotawrap: {printable(redact_text(message))}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass  # no terminal to tell: the exit code still says it
-    sys.exit(code)
-
-
 def echo(text: str, *, err: bool = False) -> None:
     """A subcommand's output lines on the terminal, each escaped (``_log.printable``): model names, commands
     and provider messages come from the network and programs."""
@@ -106,36 +90,3 @@ def echo(text: str, *, err: bool = False) -> None:
     from ..support.log import printable
 
     click.echo(printable(text, lines=True), err=err)
-
-
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def open_ledger(settings: Settings) -> Any:
-    from ..ledger import default_store_url, normalize_store_url, open_ledger
-
-    url = settings.store or default_store_url()
-    if url.startswith(REDIS_SCHEMES) and (problem := import_problem("redis", "the Redis store", "redis")):
-        fail(problem, EXIT_STORE)
-    try:
-        return open_ledger(normalize_store_url(url))
-    except QuotawrapError as exc:
-        fail(f"{with_cure(exc)}; the ledger was left untouched", exit_code(exc))
-
-
-def import_problem(package: str, needed_by: str, extra: str) -> str | None:
-    """Why ``package`` cannot be used, naming the extra that installs it, or None. Imported here, before it
-    is needed: a package that raises on import (a broken or partial install raises anything, not only
-    ImportError) is then one line, not a traceback."""
-    import importlib.util
-
-    if importlib.util.find_spec(package) is None:
-        return f"{needed_by} needs the {package} package: pip install 'quotawrap[{extra}]'"
-    try:
-        importlib.import_module(package)
-    except Exception as exc:
-        return (
-            f"the {package} package is installed but cannot be imported ({type(exc).__name__}: {exc});"
-            f" reinstall it: pip install --force-reinstall 'quotawrap[{extra}]'"
-        )
-    return None

@@ -15,7 +15,9 @@ from typing import Any
 import click
 
 from ..core.errors import EXIT_STORE, EXIT_USAGE, QuotawrapError, exit_code, with_cure
-from .common import command_settings, echo, fail, open_ledger, settings_options
+from ..ledger import open_store
+from ..support.log import fail
+from .common import command_settings, echo, settings_options
 
 __all__ = ["COMMANDS"]
 
@@ -41,10 +43,10 @@ _STATUS_OPTIONS = [
 def status_command(as_json: bool, **values: Any) -> None:
     """Per model: tokens used today, in flight and waiting, the limit that applies now and why."""
     from ..books.status import current_status, render_status, render_unguarded
-    from ..wrapper.launcher import default_events_log
+    from ..config.paths import default_events_log
 
     settings = command_settings(values)
-    ledger = open_ledger(settings)
+    ledger = open_store(settings)
     # the waits and processes outside the guard of this host's runs, from their events logs
     snapshot = current_status(ledger, settings, events_dir=os.path.dirname(default_events_log("any")))
     rows, unguarded = snapshot["models"], snapshot["unguarded_processes"]
@@ -62,12 +64,12 @@ def status_command(as_json: bool, **values: Any) -> None:
 @click.option("--port", default=8791, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free port).")
 def dashboard_command(host: str, port: int, **values: Any) -> None:
     """A local web page of what status shows, updating by itself: open the address it prints."""
+    from ..config.paths import default_events_log
     from ..dashboard.pages import Pages, store_reader
     from ..dashboard.server import DashboardServer, warn_if_exposed
-    from ..wrapper.launcher import default_events_log
 
     settings = command_settings(values)
-    ledger = open_ledger(settings)
+    ledger = open_store(settings)
     pages = Pages(store_reader(ledger, settings, os.path.dirname(default_events_log("any"))))
     try:
         server = DashboardServer(pages, host, port)
@@ -132,7 +134,7 @@ def report_command(
                 and (session is None or r.run_id == session)
             ]
         else:
-            rows = ledger_rows(open_ledger(command_settings(values)), by, since=start, until=end, session=session)
+            rows = ledger_rows(open_store(command_settings(values)), by, since=start, until=end, session=session)
         if audit_path:
             rows = aggregate(records, by)
     except QuotawrapError as exc:
@@ -155,7 +157,7 @@ def sessions_command(since: str | None, until: str | None, as_json: bool, **valu
     from ..books.status import render_sessions, session_rows
 
     start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
-    rows = session_rows(open_ledger(command_settings(values)), start, end)
+    rows = session_rows(open_store(command_settings(values)), start, end)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     else:
@@ -209,7 +211,7 @@ def sync_command(
     from ..ledger.base import ledger_clock
 
     settings = command_settings(values)
-    ledger = open_ledger(settings)
+    ledger = open_store(settings)
     now = ledger_clock(ledger)()
     try:
         if calibrate:
@@ -272,7 +274,7 @@ def prune_command(older_than: str, dry_run: bool, **values: Any) -> None:
         seconds = parse_duration(older_than)
     except ValueError as exc:
         fail(f"--older-than: {exc}", EXIT_USAGE)
-    ledger = open_ledger(command_settings(values))
+    ledger = open_store(command_settings(values))
     try:
         result = ledger.prune(cutoff_day(time.time(), seconds), dry_run=dry_run)
     except QuotawrapError as exc:

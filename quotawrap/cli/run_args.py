@@ -82,7 +82,7 @@ def _convert(option: Option, raw: str) -> Any:
 
 
 def _names_no_program(word: str) -> bool:
-    from ..wrapper.launcher import which
+    from ..support.processes import which
 
     return which(word) is None
 

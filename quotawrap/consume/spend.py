@@ -393,8 +393,8 @@ def execute(
     """
     import contextlib
 
+    from ..config.paths import new_run_id
     from ..ledger.base import RunRecord
-    from ..wrapper.launcher import new_run_id
     from ..wrapper.live import LiveView
     from ..wrapper.report import run_report, write_json
 

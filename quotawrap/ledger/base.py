@@ -41,7 +41,6 @@ __all__ = [
     "ledger_clock",
     "model_day_key",
     "new_hold_id",
-    "pid_alive",
     "run_cost_key",
     "run_key",
 ]
@@ -58,17 +57,6 @@ def ledger_clock(ledger: object) -> Callable[[], float]:
     Looked up on the class: a run's lean books (``ledger.runs.RunBooks``) would open the full ledger for it."""
     now = getattr(type(ledger), "now", None)
     return time.time if now is None else getattr(ledger, "now")  # noqa: B009 - the bound method, once known
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process of this host still runs (a hold's owner); unknown counts as alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def new_hold_id() -> str:

@@ -17,9 +17,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..admission.room import REPLACED, cut_short, read_bound_mark, without_bound_mark
 from ..core.errors import ConfigError
 from ..core.money import format_cny
+from ..core.output_bound import REPLACED, cut_short, read_bound_mark, without_bound_mark
 from ..core.quota import BEIJING
 from ..ledger.base import REPORT_SUMS, CallRecord, DayAggregate
 from ..support.files import append_private

@@ -17,9 +17,9 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal, NamedTuple, Protocol
 
-from ..admission.room import ADDED, cut_short
 from ..core import endpoints
 from ..core.endpoint_prices import CostRule
+from ..core.output_bound import ADDED, cut_short
 from ..core.synthetic import SyntheticResponse
 from ..core.usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, model_of_body, usage_from_body
 from ..ledger import CallPath, HoldRequest

@@ -531,7 +531,7 @@ class Relay:
 
 def _alive(name: str) -> bool:
     """Whether the process that writes the notes file ``name`` (``draws-<pid>-<random>``) is alive."""
-    from ..ledger.base import pid_alive
+    from ..support.processes import pid_alive
 
     try:
         return pid_alive(int(name.split("-")[1]))

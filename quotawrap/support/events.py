@@ -317,7 +317,7 @@ def waiting_now(directory: str | os.PathLike[str], *, max_age_s: float = 86_400.
 
     A wait counts while its process lives (a killed child's last wait is not left waiting forever).
     """
-    from ..ledger.base import pid_alive
+    from .processes import pid_alive
 
     counts: dict[str, int] = {}
     for _run_id, events in recent_logs(directory, max_age_s):

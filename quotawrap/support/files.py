@@ -19,7 +19,6 @@ __all__ = [
     "mark_ledger_use",
     "new_private_dir",
     "prepare",
-    "prepare_outputs",
     "private_dir",
     "remove_tree",
     "write_private",
@@ -29,7 +28,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ..config.settings import Settings
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -114,16 +112,6 @@ def prepare(path: str | os.PathLike[str]) -> str | None:
         return f"cannot create its directory {target.parent}: {exc.strerror or exc}"
     if not os.access(target.parent, os.W_OK | os.X_OK):
         return f"its directory {target.parent} is not writable"
-    return None
-
-
-def prepare_outputs(settings: Settings) -> str | None:
-    """Every file a run will write (audit log, report JSON, unguarded log), made ready; the first problem."""
-    for name in ("audit_log", "report_json", "unguarded_log"):
-        path = getattr(settings, name)
-        problem = prepare(path) if path else None
-        if problem is not None:
-            return f"--{name.replace('_', '-')} {path}: {problem}"
     return None
 
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["NO_COST", "printable", "summary_head", "warn"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing loads re and enum: not on a guarded command's start path
+    from typing import NoReturn
+
+__all__ = ["NO_COST", "fail", "printable", "summary_head", "warn"]
 
 NO_COST = "¥0.000000"  # money.format_cny(0), without decimal: a run that made no guarded call says it
 
@@ -54,3 +58,15 @@ def summary_head(
         + (f", {would_block} WOULD have been blocked (watch mode)" if would_block is not None else "")
         + (" — and NOT everything went through the guard (below)" if went_around else "")
     )
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """One line on stderr naming the problem (store passwords redacted), then exit with ``code``."""
+    from ..core.redact import redact_text  # store errors quote their URL; its password stays out of the terminal
+
+    try:
+        sys.stderr.write(f"quotawrap: {printable(redact_text(message))}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass  # no terminal to tell: the exit code still says it
+    sys.exit(code)

@@ -13,8 +13,8 @@ import time
 
 from ..config.file import config_path
 from ..config.settings import OPTIONS, Settings, env_name
-from ..ledger import user_state_dir
 from ..support.log import warn
+from ..support.processes import which
 
 # Everything up to the child's spawn is paid by every guarded command: the process watcher, the
 # signal forwarding, the threads and their modules load once the child is on its way; the child
@@ -37,11 +37,8 @@ __all__ = [
     "HOOK_DIR",
     "ChildResult",
     "child_environment",
-    "default_events_log",
-    "default_unguarded_log",
     "injection_blockers",
     "nested_in",
-    "new_run_id",
     "run_child",
 ]
 
@@ -63,20 +60,6 @@ def __getattr__(name: str) -> Path:
 
         return Path(_HOOK_DIR if name == "HOOK_DIR" else _PACKAGE_HOME)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def default_unguarded_log(run_id: str) -> str:
-    """Where a --fail-open run's children record what they let through while the store was down."""
-    return os.path.join(user_state_dir(), "unguarded", f"{run_id}.jsonl")
-
-
-def default_events_log(run_id: str) -> str:
-    """Where a run's children record their waits for room and the calls they bounded."""
-    return os.path.join(user_state_dir(), "events", f"{run_id}.jsonl")
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()  # secrets.token_hex(3), without its imports
 
 
 def child_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -191,35 +174,6 @@ def _wait_left_behind(child: int, linger_s: float) -> None:
             with contextlib.suppress(ChildProcessError, InterruptedError):
                 os.waitpid(pid, os.WNOHANG)  # reap the ones that ended; they are ours now
         time.sleep(0.05)
-
-
-def which(name: str, path: str | None = None) -> str | None:
-    """``shutil.which`` on POSIX, without shutil's imports (the compressors) on every run's start path."""
-    if os.name != "posix":  # pragma: no cover - PATHEXT and the like
-        import shutil
-
-        return shutil.which(name, path=path)
-
-    def runnable(candidate: str) -> bool:
-        return os.path.exists(candidate) and os.access(candidate, os.F_OK | os.X_OK) and not os.path.isdir(candidate)
-
-    if os.path.dirname(name):
-        return name if runnable(name) else None
-    search = os.environ.get("PATH") if path is None else path
-    if search is None:
-        search = os.confstr("CS_PATH") or os.defpath
-    if not search:
-        return None
-    seen: set[str] = set()
-    for directory in search.split(os.pathsep):
-        normalized = os.path.normcase(directory)
-        if normalized in seen:
-            continue
-        seen.add(normalized)
-        candidate = os.path.join(directory, name)
-        if runnable(candidate):
-            return candidate
-    return None
 
 
 def injection_blockers(command: Sequence[str]) -> list[str]:

@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..admission.room import ADDED, REPLACED
 from ..config.settings import Settings
 from ..core.errors import EXIT_BLOCKED
 from ..core.identity import UNMAPPED
 from ..core.money import format_cny
+from ..core.output_bound import ADDED, REPLACED
 from ..core.quota import DAY_S, beijing_day, beijing_day_start
 from ..core.redact import redact_url
 from ..ledger import ModelTotals, Reader, RunTotals

@@ -17,10 +17,10 @@ import os
 import sys
 import time
 
-from ..cli.common import fail, open_ledger
 from ..config.settings import Settings
 from ..core.errors import EXIT_BLOCKED, EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, exit_code, with_cure
-from ..support.log import warn
+from ..ledger import open_store
+from ..support.log import fail, warn
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def _open_books(settings: Settings) -> Any:
             from ..ledger import open_ledger as open_full
 
             return RunBooks(store, runs, open_full)
-    return open_ledger(settings)
+    return open_store(settings)
 
 
 def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: bool = False) -> NoReturn:
@@ -61,7 +61,8 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
     ``ends_process``: this interpreter exits with the run (the console script, not a test calling in).
     """
     from ..books.attribution import begin_automatic_tags, merge_tags, parse_tags
-    from ..ledger import default_store_url, normalize_store_url
+    from ..config.paths import default_store_url
+    from ..ledger import normalize_store_url
 
     if not 0 <= settings.wait < float("inf"):
         fail(f"--wait must be seconds >= 0 (0 refuses at once), got {settings.wait}", EXIT_USAGE)
@@ -75,7 +76,8 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
         explicit = parse_tags(settings.tag)
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
-    from .launcher import default_events_log, default_unguarded_log, nested_in, new_run_id
+    from ..config.paths import default_events_log, default_unguarded_log, new_run_id
+    from .launcher import nested_in
 
     run_id = settings.run_id or new_run_id()
     settings = settings.replace(run_id=run_id, store=store)
@@ -87,7 +89,6 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
     own_events_log = not settings.events_log  # ours to delete once the summary has read it
     if own_events_log:
         settings = settings.replace(events_log=default_events_log(run_id))
-    from ..support.files import prepare_outputs
 
     if problem := prepare_outputs(settings):  # every file the run writes, checked before anything starts
         fail(problem, EXIT_USAGE)
@@ -323,3 +324,15 @@ def _auto_prune(ledger: Any, settings: Settings) -> None:
         return
     if result is not None and result.calls and not settings.quiet:
         warn(f"retention {settings.retention}: {describe(result)}")
+
+
+def prepare_outputs(settings: Settings) -> str | None:
+    from ..support.files import prepare
+
+    """Every file a run will write (audit log, report JSON, unguarded log), made ready; the first problem."""
+    for name in ("audit_log", "report_json", "unguarded_log"):
+        path = getattr(settings, name)
+        problem = prepare(path) if path else None
+        if problem is not None:
+            return f"--{name.replace('_', '-')} {path}: {problem}"
+    return None

@@ -55,10 +55,10 @@ NOT_BEFORE_THE_CHILD = (
     "httpx",
     "secrets",
     # standard-library and third-party helpers whose imports cost more than the start path's own use
-    "shutil",  # launcher.which instead (shutil imports the compressors)
+    "shutil",  # support.processes.which instead (shutil imports the compressors)
     "tempfile",  # registry's run directory (tempfile imports random, hashlib, shutil)
     "hashlib",  # redact.key_fingerprint imports it when it has a secret to fingerprint
-    "platformdirs",  # ledger.user_state_dir applies its XDG rule on Linux
+    "platformdirs",  # config.paths.user_state_dir applies its XDG rule on Linux
     "uuid",  # a hold id is drawn in the child (uuid imports platform)
     "socket",  # _host.hostname instead; the watcher's name lookups import it once the child runs
     "subprocess",  # the child and git's queries are spawned with os.posix_spawn

@@ -17,10 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quotawrap.admission.guard import Guard
-from quotawrap.admission.room import ADDED, REPLACED, plan_output, read_bound_mark
+from quotawrap.admission.room import plan_output
 from quotawrap.config.settings import Settings
 from quotawrap.core.estimate import MAX_OUTPUT_TOKENS, Estimate, EstimateSettings, unbounded_thinking
 from quotawrap.core.model_limits import UNKNOWN_REASONING_CEILING, reasoning_ceiling
+from quotawrap.core.output_bound import ADDED, REPLACED, read_bound_mark
 from quotawrap.ledger import run_key
 from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 from quotawrap.simulator import SimConfig

@@ -15,8 +15,8 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from quotawrap.ledger import default_store_url, user_state_dir
-from quotawrap.wrapper.launcher import which
+from quotawrap.config.paths import default_store_url, user_state_dir
+from quotawrap.support.processes import which
 from quotawrap.wrapper.registry import RunDir
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the XDG rule is Linux's")

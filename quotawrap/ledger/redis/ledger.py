@@ -36,7 +36,8 @@ from ...core.errors import ConfigError, QuotawrapError, StoreError
 from ...core.identity import UNMAPPED
 from ...core.quota import BEIJING, Counters, Limit, Snapshot, Verdict
 from ...core.usage import Usage
-from ..base import Decision, Drawn, HoldRequest, LimitsFor, RunTotals, Settle, pid_alive
+from ...support.processes import pid_alive
+from ..base import Decision, Drawn, HoldRequest, LimitsFor, RunTotals, Settle
 from ..holds import Event
 from ..scopes import ModelDay, Run, parse_counter_key
 from . import records

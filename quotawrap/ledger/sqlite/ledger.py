@@ -22,6 +22,7 @@ from ...core.errors import StoreCorrupt, StoreError
 from ...core.quota import Counters, Package, Snapshot, verdict
 from ...core.usage import Usage
 from ...support.host import hostname
+from ...support.processes import pid_alive
 from ..base import (
     CallRecord,
     DayAggregate,
@@ -33,7 +34,6 @@ from ..base import (
     RunRecord,
     RunTotals,
     Settle,
-    pid_alive,
 )
 from ..holds import Deltas, Event, add_deltas, clamp, step
 from ..reasoning import REASONING_HISTORY

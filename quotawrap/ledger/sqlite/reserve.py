@@ -16,7 +16,8 @@ from typing import Any
 from ...core.identity import UNMAPPED
 from ...core.quota import Counters, Snapshot
 from ...core.usage import Usage
-from ..base import ADVANCE, ADVANCE_CLOSED, Drawn, Settle, pid_alive
+from ...support.processes import pid_alive
+from ..base import ADVANCE, ADVANCE_CLOSED, Drawn, Settle
 from ..holds import Deltas, Step, clamp, step
 from ..scopes import ModelDay, Run, RunCost, model_day_key, parse_counter_key
 from .file import CALL_COLUMNS

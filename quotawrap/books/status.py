@@ -17,7 +17,7 @@ from ..core.expiry import keep_alive_daily_usage
 from ..core.identity import UNMAPPED
 from ..core.model_limits import limits_for, reasoning_ceiling
 from ..ledger import CallPath, Ledger, Reader, model_day_key
-from ..ledger.base import RunRecord
+from ..ledger.base import CallRecord, RunRecord
 from ..settling.tasks import TASK_HOLD_PREFIX, open_task_holds
 from ..support.log import printable
 from ..support.processes import pid_alive
@@ -43,9 +43,15 @@ __all__ = [
 
 
 def model_status(
-    ledger: Ledger, settings: Settings, now: float, *, waiting: dict[str, int] | None = None
+    ledger: Ledger,
+    settings: Settings,
+    now: float,
+    *,
+    waiting: dict[str, int] | None = None,
+    recent: list[CallRecord] | None = None,
 ) -> list[dict[str, Any]]:
-    """``waiting``: per model, calls waiting for room now (the ledger's lines, and this host's events logs)."""
+    """``waiting``: per model, calls waiting for room now (the ledger's lines, and this host's events logs).
+    ``recent``: the calls started in the last :data:`HISTORY_S`, when the caller has read them already."""
     from ..settling.audit import aggregate
 
     day = quota.beijing_day(now)
@@ -55,7 +61,8 @@ def model_status(
         tasks.setdefault(record.model, []).append(
             {"task_id": record.id.removeprefix(TASK_HOLD_PREFIX), "held": record.reserved, "since": record.started_at}
         )
-    recent = ledger.call_records(since=now - HISTORY_S)  # the last 24 h: all of today
+    if recent is None:
+        recent = ledger.call_records(since=now - HISTORY_S)  # the last 24 h: all of today
     reasoning = model_reasoning(recent)
     anomalous = Counter(r.model for r in recent if r.day == day and r.usage_anomaly is not None)
     today = [r for r in recent if r.day == day and r.state != "blocked"]
@@ -159,9 +166,9 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
     waiting = waiting_now(events_dir) if events_dir is not None else {}
     for model, count in ledger.waiting(now).items():  # the ledger's lines: every run and host
         waiting[model] = max(count, waiting.get(model, 0))
-    rows = model_status(ledger, settings, now, waiting=waiting)
-    start = quota.beijing_day_start(now)
-    today = [record for record in ledger.call_records(since=start) if record.day == day]
+    recent = ledger.call_records(since=now - HISTORY_S)  # the last 24 h: all of today
+    rows = model_status(ledger, settings, now, waiting=waiting, recent=recent)
+    today = [record for record in recent if record.day == day]
     refused = {row["key"]: row["blocked_calls"] for row in aggregate(today, "model") if row["blocked_calls"]}
     curves: dict[str, dict[str, list[list[float]]]] = {}
     for row in rows:
@@ -180,7 +187,7 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
         "waiting": {model: count for model, count in sorted(waiting.items()) if count},
         "refused": refused,
         "by_tag": {key: _top(aggregate(today, f"tag:{key}")) for key in TAG_KEYS},
-        "sessions": session_rows(ledger, start, None),
+        "sessions": session_rows(ledger, quota.beijing_day_start(now), None),
         "budgets": [],
         "unguarded_processes": unguarded_now(events_dir) if events_dir is not None else [],
     }

@@ -59,7 +59,8 @@ function figure(field, value) {
 }
 
 // The seed's live bar: settled solid, in flight shaded, against the limit; a bar that passes the limit shows by how much.
-function bar(settled, inFlight, limit, label) {
+// A share bar (`marked` false: the spend by tag) draws no limit mark: its length is relative to the largest row.
+function bar(settled, inFlight, limit, label, marked = true) {
   const width = 1000;
   const scale = Math.max(limit, settled + inFlight, 1);
   const x = (v) => (Math.min(v, scale) / scale) * width;
@@ -68,8 +69,8 @@ function bar(settled, inFlight, limit, label) {
     svg("rect", { x: 0, y: 4, width: x(limit), height: 20, class: "track" }),
     svg("rect", { x: 0, y: 4, width: x(settled), height: 20, class: "settled" }),
     svg("rect", { x: x(settled), y: 4, width: x(settled + inFlight) - x(settled), height: 20, class: "in-flight" }),
-    svg("line", { x1: x(limit), x2: x(limit), y1: 0, y2: 28, class: "limit" }),
   );
+  if (marked) root.append(svg("line", { x1: x(limit), x2: x(limit), y1: 0, y2: 28, class: "limit" }));
   return root;
 }
 
@@ -210,7 +211,7 @@ function render(data) {
   tags.replaceChildren(...Object.entries(data.by_tag).map(([key, rows]) => {
     const most = Math.max(1, ...rows.map((r) => r.settled_tokens));
     const body = rows.map((r) => {
-      const row = cells(r.key, bar(r.settled_tokens, 0, most, `${key} ${r.key}`), tokens(r.settled_tokens), tokens(r.calls), tokens(r.blocked_calls), cny(r.cost_micro_cny));
+      const row = cells(r.key, bar(r.settled_tokens, 0, most, `${key} ${r.key}`, false), tokens(r.settled_tokens), tokens(r.calls), tokens(r.blocked_calls), cny(r.cost_micro_cny));
       row.setAttribute("data-tag-value", r.key);
       return row;
     });

@@ -9,11 +9,13 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from urllib.parse import urlsplit
 
+from ..core.redact import redact_text
 from ..support.log import warn
 from .pages import LOOPBACK, Answer, Pages, addressed_here
 
@@ -65,6 +67,12 @@ class DashboardServer(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
         self.pages = pages
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """One line, not the standard library's traceback: a reader that went away, or a bug to report."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, (BrokenPipeError, ConnectionResetError)):
+            warn(f"dashboard: {redact_text(f'{type(exc).__name__}: {exc}')[:500]}")
 
     @property
     def url(self) -> str:

@@ -24,7 +24,7 @@ import pytest
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import child, cli_json, run_cli, run_quotawrap, start_cli
 from tests.integration.gateway_process import GatewayProcess
-from tests.redis_server import session_url
+from tests.redis_server import private_server, session_url
 
 MODEL = "deepseek-v4-flash"
 # What each model's card shows as numbers, each under the name `status --json` gives it.
@@ -284,3 +284,25 @@ def test_budgets_show_used_in_flight_left_and_their_reset(browser: Any, store: s
         server.shutdown()
         server.server_close()
         ledger.close()
+
+
+@pytest.mark.redis
+def test_the_page_says_when_the_store_is_down_and_recovers_by_itself(browser: Any, sim: ArkSimulator) -> None:
+    """A Redis server that stops and comes back: the page says so, then shows the ledger again, unreloaded."""
+    with private_server(appendonly=True) as server:
+        run = ["--store", server.url, "--base-url", sim.url]
+        done = run_quotawrap(run, child("one_call.py"), env={"SIM_URL": sim.url})
+        assert "TOTAL" in done.stdout, done.stderr
+        with _dashboard("--store", server.url) as served:
+            tab = _Page(browser, served.url)
+            status = _status(server.url)
+            tab.wait_until_shown(MODEL, status[MODEL])
+            server.stop()
+            tab.page.wait_for_selector("#freshness[data-state=error]", timeout=60_000)
+            assert "did not answer" in tab.page.inner_text("#freshness")
+            server.start()
+            tab.page.wait_for_selector("#freshness[data-state=ok]", timeout=60_000)
+            tab.wait_until_shown(MODEL, status[MODEL])
+        assert "Traceback" not in served.stderr
+    # the 503s while the store was down are the only console errors
+    assert tab.errors and all("503" in error for error in tab.errors)

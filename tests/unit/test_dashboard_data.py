@@ -224,3 +224,27 @@ def test_more_paths_are_answered_beside_the_page() -> None:
         b"quotawrap_waiting_calls 0\n",
     )
     assert pages.refused("attacker.example").status == 403
+
+
+def test_a_failure_of_the_server_is_one_line_without_secrets(capfd: pytest.CaptureFixture[str]) -> None:
+    import http.client
+    import urllib.request
+
+    from quotawrap.dashboard.server import DashboardServer
+
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("read failed on redis://:hunter2@10.0.0.5:6379/0")
+
+    server = DashboardServer(Pages(broken), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+            urllib.request.urlopen(server.url + "data.json", timeout=30)
+        with urllib.request.urlopen(server.url, timeout=30) as answer:  # and it goes on serving
+            assert answer.status == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "RuntimeError: read failed" in err and "hunter2" not in err

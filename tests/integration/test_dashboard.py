@@ -306,3 +306,40 @@ def test_the_page_says_when_the_store_is_down_and_recovers_by_itself(browser: An
         assert "Traceback" not in served.stderr
     # the 503s while the store was down are the only console errors
     assert tab.errors and all("503" in error for error in tab.errors)
+
+
+def test_a_call_waiting_for_room_shows_while_it_waits(
+    browser: Any, sim: ArkSimulator, store_url: str, tmp_path: Path
+) -> None:
+    """A call that does not fit only because of a stream in flight waits in the ledger's line: the page counts it
+    as `status --json` does while it waits, and drops it once the stream settles and the call goes or is refused."""
+    env = {"SIM_URL": sim.url}
+    run = ["--store", store_url, "--base-url", sim.url]
+    release = tmp_path / "release"
+    held = start_cli(*run, "--", *child("held_stream.py"), env={**env, "RELEASE_FILE": str(release)})
+    waiter: subprocess.Popen[str] | None = None
+    try:
+        _line(held, "STREAMING")
+        before = _status(store_url)[MODEL]
+        room = before["usage"] + before["in_flight"]  # the stream's hold fills the day's cap: the next call waits
+        waiter = start_cli(*run, "--daily-cap", str(room), "--", *child("one_call.py"), env=env)
+        with _dashboard("--store", store_url) as served:
+            tab = _Page(browser, served.url)
+            tab.wait_until_shown(MODEL, {"waiting": 1})
+            assert _status(store_url)[MODEL]["waiting"] == 1
+            calls = tab.page.locator(f'#calls tr[data-model="{MODEL}"] td').all_inner_texts()
+            assert calls[1] == "1"
+            release.touch()
+            out, err = waiter.communicate(timeout=120)
+            assert "TOTAL" in out or "BLOCKED" in out, err
+            held.communicate(timeout=120)
+            after = _status(store_url)[MODEL]
+            assert after["waiting"] == 0 and after["in_flight"] == 0
+            tab.wait_until_shown(MODEL, after)
+            assert tab.errors == []
+    finally:
+        release.touch()
+        for proc in (held, waiter):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()

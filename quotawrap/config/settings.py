@@ -508,6 +508,15 @@ OPTIONS: tuple[Option, ...] = (
         check=_positive,
     ),
     Option(
+        "upstream_key_env",
+        str,
+        None,
+        "quotawrap serve only: the name of the environment variable that holds the provider's API key (e.g."
+        " ARK_API_KEY). The gateway then sends that key upstream itself and takes only member keys from its"
+        " callers (quotawrap keys add).",
+        child=False,
+    ),
+    Option(
         "allow_unguarded",
         bool,
         False,
@@ -593,6 +602,7 @@ class Settings:
     max_body_mib: int
     header_timeout: float
     max_connections: int
+    upstream_key_env: str | None
     allow_unguarded: bool
     strict: bool
     retention: str

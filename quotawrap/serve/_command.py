@@ -7,6 +7,7 @@ ConfigError (bad setting), StoreError (no ledger, without ``--fail-open``), OSEr
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from ..dashboard.server import warn_if_exposed
 from ..ledger import Ledger
 from ..support.log import warn
 from ._gateway import Gateway  # aiohttp: importing this module is the check that the serve extra is there
+from ._members import MemberGate, provider_key
 from ._runner import run_in_foreground
 
 __all__ = ["prepare", "serve"]
@@ -54,6 +56,10 @@ def serve(
     from ..ledger.base import RunRecord
 
     assert settings.run_id, "prepare() assigns the session id"
+    members = None
+    if settings.upstream_key_env:  # read before anything is recorded: a missing key is a usage error
+        variable = settings.upstream_key_env
+        members = MemberGate(variable, provider_key(variable, os.environ), ledger.member_key)
     warn_if_exposed("serve", host, reach="spends through it and reads its dashboard")
     tags = dict(entry.partition("=")[::2] for entry in settings.tag)
     try:
@@ -67,10 +73,13 @@ def serve(
         sync_loop.tick()
         sync_loop.start()
     pages = Pages(store_reader(ledger, settings, events_dir))
-    gateway = Gateway(settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout, pages=pages)
+    gateway = Gateway(
+        settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout, members=members, pages=pages
+    )
 
     def ready(url: str) -> None:
-        say(f"quotawrap gateway listening on {url} (upstream {gateway.shown_upstream}, run {settings.run_id})")
+        keys = f", member keys only: the provider key from ${members.variable}" if members is not None else ""
+        say(f"quotawrap gateway listening on {url} (upstream {gateway.shown_upstream}, run {settings.run_id}{keys})")
         say(f"quotawrap dashboard on {url}{DASHBOARD_PATH}")
         sys.stdout.flush()
 

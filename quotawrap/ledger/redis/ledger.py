@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ...core import quota
 from ...core.errors import ConfigError, QuotawrapError, StoreError
@@ -51,6 +51,9 @@ from .options import DAY_S, RedisOptions, redact, split_url
 from .records import Location
 from .reserve_args import ReserveArgs
 from .transitions import OWN_DAILY_USAGE_TTL_S, Step, step_arg, step_keys
+
+if TYPE_CHECKING:
+    from ...core.member_keys import MemberKey
 
 __all__ = ["RedisLedger"]
 
@@ -674,6 +677,28 @@ class RedisLedger(RedisHistory):
         client = self._redis()
         pairs = [item for pair in models.items() for item in pair]
         client.retrying("endpoints", lambda: client.write([("HSET", self._keys.endpoints(), *pairs)]))
+
+    # -- member keys (member_keys.py): imported on use, off every guarded command's start
+
+    def add_member_key(self, key: MemberKey) -> bool:
+        from .member_keys import add_member_key
+
+        return add_member_key(self._redis(), self._keys, key)
+
+    def member_key(self, key_hash: str) -> MemberKey | None:
+        from .member_keys import member_key
+
+        return member_key(self._redis(), self._keys, key_hash)
+
+    def member_keys(self) -> list[MemberKey]:
+        from .member_keys import member_keys
+
+        return member_keys(self._redis(), self._keys)
+
+    def revoke_member_key(self, name: str, at: float) -> MemberKey | None:
+        from .member_keys import revoke_member_key
+
+        return revoke_member_key(self._redis(), self._keys, name, at)
 
     def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
         """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...core.errors import StoreCorrupt, StoreError
 from ...core.quota import Counters, Package, Snapshot, verdict
@@ -76,6 +76,9 @@ from .reserve import (
     tags_column,
 )
 from .runs import END_RUN, INSERT_RUN, KNOWN_MODELS, LEASE_HOLDER, RUN_TOTALS, RUNS_BETWEEN, tags_json
+
+if TYPE_CHECKING:
+    from ...core.member_keys import MemberKey
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
 
@@ -514,6 +517,32 @@ class SQLiteLedger:
                 "INSERT OR REPLACE INTO endpoints VALUES (?, ?, ?)",
                 [(endpoint, model, now) for endpoint, model in models.items()],
             )
+
+    # -- member keys (member_keys.py): imported on use, off every guarded command's start
+
+    def add_member_key(self, key: MemberKey) -> bool:
+        from .member_keys import add_member_key
+
+        with self._write("member keys") as conn:
+            return add_member_key(conn, key)
+
+    def member_key(self, key_hash: str) -> MemberKey | None:
+        from .member_keys import member_key
+
+        with self._errors("read"):
+            return member_key(self._conn(), key_hash)
+
+    def member_keys(self) -> list[MemberKey]:
+        from .member_keys import member_keys
+
+        with self._errors("read"):
+            return member_keys(self._conn())
+
+    def revoke_member_key(self, name: str, at: float) -> MemberKey | None:
+        from .member_keys import revoke_member_key
+
+        with self._write("member keys") as conn:
+            return revoke_member_key(conn, name, at)
 
     def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
         """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""

@@ -42,6 +42,13 @@ _SHOWS = """([model, want]) => {
 }"""
 
 
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waits and processes outside the guard that status and the page count come from this host's events
+    logs, in the state directory: each test has its own, so runs of other suites on the machine stay out."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     path = shutil.which("chromium")
@@ -120,7 +127,14 @@ class _Page:
         return dict(figures)
 
     def wait_until_shown(self, model: str, want: dict[str, int]) -> None:
-        self.page.wait_for_function(_SHOWS, arg=[model, want], timeout=60_000)
+        from playwright.sync_api import TimeoutError as Timeout
+
+        try:
+            self.page.wait_for_function(_SHOWS, arg=[model, want], timeout=60_000)
+        except Timeout:
+            shown = self.page.evaluate(_SHOWN, [model, list(FIELDS)])
+            said = self.page.inner_text("#freshness")
+            raise AssertionError(f"the page shows {shown} ({said}), not {want}; errors: {self.errors}") from None
 
     def cell(self, selector: str, column: int) -> str:
         return str(self.page.locator(selector).locator("td").nth(column).inner_text())

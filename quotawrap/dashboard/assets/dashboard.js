@@ -5,7 +5,7 @@
 
 const SVG = "http://www.w3.org/2000/svg";
 const DAY_S = 86400;
-const ZOOM = 4; // the chart zooms to the day's usage when the highest limit is more than this many times it
+const ZOOM = 20; // the chart zooms to the day's usage when that is under a twentieth of its highest limit
 const beijingTime = new Intl.DateTimeFormat("en-GB", {
   timeZone: "Asia/Shanghai", hour: "2-digit", minute: "2-digit", hour12: false,
 });
@@ -74,7 +74,7 @@ function bar(settled, inFlight, limit, label, marked = true) {
   return root;
 }
 
-// The smallest of 1, 2, 2.5 or 5 times a power of ten that is at least n: the chart's top, so its ticks are round.
+// The smallest of 1, 2, 2.5 or 5 times a power of ten that is at least n.
 function roundUp(n) {
   const power = 10 ** Math.floor(Math.log10(n));
   return [1, 2, 2.5, 5, 10].map((m) => m * power).find((v) => v >= n);
@@ -100,12 +100,12 @@ function dayChart(row, curve, now, dayStart) {
   const used = Math.max(row.usage + row.in_flight, 1);
   const highest = Math.max(...lines.map((l) => l.value), 1);
   const peak = highest <= ZOOM * used ? highest : Math.max(used * 1.25, ...lines.map((l) => l.value).filter((v) => v <= used * 1.25));
-  const ymax = roundUp(peak * 1.05);
+  const step = roundUp((peak * 1.05) / 4); // a round step, so the axis reads 0, 2.5k, 5k, not 0, 1.3k, 2.5k
+  const ymax = step * Math.ceil((peak * 1.05) / step);
   const X = (t) => left + ((Math.min(Math.max(t, dayStart), dayStart + DAY_S) - dayStart) / DAY_S) * (W - left - right);
   const Y = (v) => top + (1 - v / ymax) * (H - top - bottom);
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": `${row.model}: today's usage and limits` });
-  for (const fraction of [0, 0.25, 0.5, 0.75, 1]) {
-    const v = ymax * fraction;
+  for (let v = 0; v <= ymax; v += step) {
     root.append(
       svg("line", { x1: left, x2: W - right, y1: Y(v), y2: Y(v), class: "grid" }),
       svg("text", { x: left - 6, y: Y(v) + 4, class: "axis", "text-anchor": "end" }, compact(v)),
@@ -117,17 +117,20 @@ function dayChart(row, curve, now, dayStart) {
   for (const [t] of syncs) {
     root.append(svg("line", { x1: X(t), x2: X(t), y1: H - bottom, y2: H - bottom - 8, class: "sync" }, svg("title", {}, `balance sync at ${beijingTime.format(t * 1000)}`)));
   }
-  // Limits are labelled at the right end above their line, walls at the left end below theirs: close lines stay legible.
-  const line = (value, cls, label, atLeft) => {
+  // Limits are labelled at the right end above their line (below it when another limit's line runs just above),
+  // walls at the left end below theirs: close lines stay legible.
+  const shown = lines.filter((l) => l.value <= peak);
+  const crowded = (l) => shown.some((o) => !o.atLeft && o !== l && Y(o.value) < Y(l.value) && Y(l.value) - Y(o.value) < 16);
+  for (const l of shown) {
+    const label = `${l.label} ${tokens(l.value)}`;
     root.append(
-      svg("line", { x1: left, x2: W - right, y1: Y(value), y2: Y(value), class: cls }),
-      atLeft
-        ? svg("text", { x: left + 4, y: Y(value) + 13, class: `label ${cls}` }, `${label} ${tokens(value)}`)
-        : svg("text", { x: W - right - 4, y: Y(value) - 4, class: `label ${cls}`, "text-anchor": "end" }, `${label} ${tokens(value)}`),
+      svg("line", { x1: left, x2: W - right, y1: Y(l.value), y2: Y(l.value), class: l.cls }),
+      l.atLeft
+        ? svg("text", { x: left + 4, y: Y(l.value) + 13, class: `label ${l.cls}` }, label)
+        : svg("text", { x: W - right - 4, y: Y(l.value) + (crowded(l) ? 13 : -4), class: `label ${l.cls}`, "text-anchor": "end" }, label),
     );
-  };
+  }
   const above = lines.filter((l) => l.value > peak);
-  for (const l of lines) if (l.value <= peak) line(l.value, l.cls, l.label, l.atLeft);
   if (above.length) {
     root.append(svg("text", { x: W - right - 4, y: top + 10, class: "axis above", "text-anchor": "end" },
       "above this scale: " + above.map((l) => `${l.label} ${tokens(l.value)}`).join(" · ")));

@@ -33,9 +33,6 @@ class CallPath(Protocol):
     """A shared, atomic store of holds and counters. Every method is safe across threads and processes."""
 
     url: str
-    # A writer that meets another's write sleeps until it may go on (SQLite's busy handler sleeps in steps),
-    # so a batch of settles is best landed while guarded calls are between their writes (settle_relay).
-    writers_sleep_when_busy: ClassVar[bool]
     # Whether it lands settles of calls drawn from an advance (Settle.drawn) and closes advances.
     takes_advances: ClassVar[bool]
 

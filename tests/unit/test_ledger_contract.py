@@ -829,7 +829,7 @@ def waiter(hold: HoldRequest, name: str, ticket: int | None = None, *, can_wait:
 @pytest.fixture
 def short_lease(monkeypatch: pytest.MonkeyPatch) -> float:
     """Leases of 0.3 s, so a test can let one run out."""
-    monkeypatch.setattr("quotawrap.ledger.sqlite.lines.LEASE_S", 0.3)
+    monkeypatch.setattr("quotawrap.ledger.sqlite.reserve.LEASE_S", 0.3)
     monkeypatch.setattr("quotawrap.ledger.redis.reserve_args.LEASE_S", 0.3)
     return 0.3
 

@@ -178,7 +178,7 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
         "DROP INDEX IF EXISTS calls_open",
         "UPDATE meta SET value = '6' WHERE key = 'schema'",
     ),
-    # what is in flight is summed from holds (sqlite_reserve.IN_FLIGHT), no longer counted beside the settled
+    # what is in flight is summed from holds (sqlite/reserve.py IN_FLIGHT), no longer counted beside the settled
     "6": (
         "CREATE TABLE counters_7 (key TEXT PRIMARY KEY, settled INTEGER NOT NULL DEFAULT 0)",
         "INSERT INTO counters_7 SELECT key, settled FROM counters",

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import socket
 from collections import Counter
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -143,7 +144,8 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
     """The state of the store at ``now`` (the ledger's clock), as plain JSON values.
 
     ``events_dir``: where this host's runs keep their events logs (waits for room, processes outside the
-    guard); None reads the ledger's lines alone.
+    guard), of which those of this store's runs started in the last day are read; None reads the ledger's
+    lines alone.
 
     Shape (every token figure an int; times are Unix seconds):
 
@@ -163,7 +165,9 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
     from ..support.events import waiting_now
 
     day = quota.beijing_day(now)
-    waiting = waiting_now(events_dir) if events_dir is not None else {}
+    # the events directory holds the logs of every store's runs on this host: this store's runs of the last day
+    runs = {run.run_id for run in ledger.runs(since=now - HISTORY_S)} if events_dir is not None else set()
+    waiting = waiting_now(events_dir, runs=runs) if events_dir is not None else {}
     for model, count in ledger.waiting(now).items():  # the ledger's lines: every run and host
         waiting[model] = max(count, waiting.get(model, 0))
     recent = ledger.call_records(since=now - HISTORY_S)  # the last 24 h: all of today
@@ -189,7 +193,7 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
         "by_tag": {key: _top(aggregate(today, f"tag:{key}")) for key in TAG_KEYS},
         "sessions": session_rows(ledger, quota.beijing_day_start(now), None),
         "budgets": [],
-        "unguarded_processes": unguarded_now(events_dir) if events_dir is not None else [],
+        "unguarded_processes": unguarded_now(events_dir, runs=runs) if events_dir is not None else [],
     }
 
 
@@ -300,15 +304,18 @@ def render_status(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def unguarded_now(directory: str | os.PathLike[str], *, max_age_s: float = 86_400.0) -> list[dict[str, Any]]:
+def unguarded_now(
+    directory: str | os.PathLike[str], *, max_age_s: float = 86_400.0, runs: Collection[str] | None = None
+) -> list[dict[str, Any]]:
     """Processes of live runs that run without quotawrap's hook, as each run's wrapper found them
-    (``registry.publish_unguarded``, in the events logs of ``directory``; the command is redacted).
+    (``registry.publish_unguarded``, in the events logs of ``directory``, of ``runs`` alone when given;
+    the command is redacted).
 
     A run's events log goes when its wrapper ends; one a dead wrapper left behind is not a live run."""
     from ..support.events import recent_logs
 
     found: list[dict[str, Any]] = []
-    for run_id, events in recent_logs(directory, max_age_s):
+    for run_id, events in recent_logs(directory, max_age_s, runs=runs):
         for event in events:
             if not isinstance(event, dict) or event.get("ev") != "unguarded":
                 continue

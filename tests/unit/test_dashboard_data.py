@@ -21,7 +21,7 @@ from quotawrap.core.quota import Counters, Limit, QuotaSettings, Snapshot, beiji
 from quotawrap.core.usage import Usage
 from quotawrap.dashboard.pages import Pages, addressed_here
 from quotawrap.ledger import Ledger, open_ledger
-from quotawrap.ledger.base import HoldRequest, model_day_key
+from quotawrap.ledger.base import HoldRequest, RunRecord, model_day_key
 from tests.redis_server import session_url
 
 MODEL = "deepseek-v4-flash"
@@ -104,6 +104,28 @@ def test_the_snapshot_carries_the_ledgers_figures(ledger: Ledger) -> None:
         "cost_micro_cny": 0,
     }
     assert snapshot["sessions"] == [] and snapshot["unguarded_processes"] == [] and snapshot["budgets"] == []
+
+
+def test_only_this_stores_runs_count_among_the_hosts_events_logs(ledger: Ledger, tmp_path: Path) -> None:
+    """The events directory is the host's, shared by the runs of every store: waits and processes outside the
+    guard count only for the runs this store knows."""
+    now = time.time()
+    ledger.start_run(RunRecord("run-here", now - 60, command="python agent.py"))
+    for run in ("run-here", "run-of-another-store"):
+        events = [
+            {"ev": "wait", "id": f"{run}-w", "model": MODEL, "pid": os.getpid()},
+            {
+                "ev": "unguarded",
+                "wrapper_pid": os.getpid(),
+                "pid": 4242,
+                "command": "node agent.js",
+                "reason": "no hook",
+            },
+        ]
+        (tmp_path / f"{run}.jsonl").write_text("".join(json.dumps(event) + "\n" for event in events))
+    snapshot = status_snapshot(ledger, Settings(), now, events_dir=str(tmp_path))
+    assert snapshot["waiting"] == {MODEL: 1}
+    assert [process["session"] for process in snapshot["unguarded_processes"]] == ["run-here"]
 
 
 @pytest.mark.parametrize(

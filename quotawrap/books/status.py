@@ -53,7 +53,7 @@ def model_status(
 ) -> list[dict[str, Any]]:
     """``waiting``: per model, calls waiting for room now (the ledger's lines, and this host's events logs).
     ``recent``: the calls started in the last :data:`HISTORY_S`, when the caller has read them already."""
-    from ..settling.audit import aggregate
+    from .report import aggregate
 
     day = quota.beijing_day(now)
     qsettings = settings.quota
@@ -115,7 +115,7 @@ def model_status(
                 "reasoning_p99": reasoning.get(model),
                 "reasoning_ceiling": reasoning_ceiling(model),
                 "reasoning_ceiling_known": limits_for(model) is not None,
-                # the bound a call that may think and sets no bound goes out with (admission.plan_output)
+                # the bound a call that may think and sets no bound goes out with (admission/room.py: plan_output)
                 "output_allowance": min(
                     MAX_OUTPUT_TOKENS,
                     settings.default_max_tokens + reasoning_ceiling(model),
@@ -161,7 +161,7 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
     - ``budgets``: [{name, used, in_flight, limit, unit, resets_at}] (empty until budgets are kept);
     - ``unguarded_processes``: processes of live runs outside the guard (``unguarded_now``).
     """
-    from ..settling.audit import aggregate
+    from .report import aggregate
     from ..support.events import waiting_now
 
     day = quota.beijing_day(now)
@@ -239,7 +239,7 @@ def _when(ts: float) -> str:
 
 
 def render_status(rows: list[dict[str, Any]]) -> str:
-    from ..settling.audit import anomalous_line, bound_line
+    from .report import anomalous_line, bound_line
 
     if not rows:
         return "quotawrap: the ledger has no models yet (no guarded call, no balance sync)."
@@ -381,7 +381,7 @@ def session_state(run: RunRecord, host: str | None = None) -> str:
 def session_rows(ledger: Reader, since: float | None, until: float | None) -> list[dict[str, Any]]:
     """``quotawrap sessions``: each run with its state, its command (secrets hidden) and its totals."""
     from ..core.redact import redact_command_line
-    from ..settling.audit import aggregate
+    from .report import aggregate
 
     totals = {row["key"]: row for row in aggregate(ledger.call_records(since=since, until=until), "session")}
     rows = []

@@ -161,8 +161,8 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
     - ``budgets``: [{name, used, in_flight, limit, unit, resets_at}] (empty until budgets are kept);
     - ``unguarded_processes``: processes of live runs outside the guard (``unguarded_now``).
     """
-    from .report import aggregate
     from ..support.events import waiting_now
+    from .report import aggregate
 
     day = quota.beijing_day(now)
     # the events directory holds the logs of every store's runs on this host: this store's runs of the last day

@@ -15,6 +15,7 @@ __all__ = [
     "ARK_BASE_URL",
     "HEALTH_PATH",
     "PROXY_VARIABLES",
+    "RESERVED_PREFIX",
     "TAG_HEADER",
     "forwarded_request_headers",
     "forwarded_response_headers",
@@ -27,8 +28,11 @@ __all__ = [
 #: Where the gateway forwards when no ``--base-url`` names an upstream (the Ark SDK's default).
 ARK_BASE_URL = "https://ark.cn-beijing.volces.com/api/v3"
 
+#: quotawrap's own paths on the gateway (health, the dashboard): answered there, never forwarded upstream.
+RESERVED_PREFIX = "/_quotawrap/"
+
 #: Outside every provider's API: no upstream path can be shadowed by it.
-HEALTH_PATH = "/_quotawrap/health"
+HEALTH_PATH = RESERVED_PREFIX + "health"
 
 #: ``X-Quotawrap-Tag: user=alice, team=infra``: attribution per request, never sent upstream.
 TAG_HEADER = "x-quotawrap-tag"

@@ -1,0 +1,1 @@
+"""books: see docs/internals.md for what this layer holds."""

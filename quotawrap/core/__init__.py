@@ -1,0 +1,1 @@
+"""core: see docs/internals.md for what this layer holds."""

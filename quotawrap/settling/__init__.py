@@ -1,0 +1,1 @@
+"""settling: see docs/internals.md for what this layer holds."""

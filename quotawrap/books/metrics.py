@@ -24,7 +24,7 @@ from ..ledger import Ledger
 from ..ledger.base import ledger_clock
 from ..settings import Settings
 
-__all__ = ["METRICS_PATH", "SnapshotCollector", "Exposition", "ledger_exposition", "metric_families"]
+__all__ = ["METRICS_PATH", "Exposition", "SnapshotCollector", "ledger_exposition", "metric_families"]
 
 METRICS_PATH = "/metrics"
 

@@ -19,6 +19,7 @@ import json
 import os
 import queue
 import threading
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -165,19 +166,14 @@ class AlertSender:
     ``backoff_s`` and then given up with one warning line. Never raises into its caller."""
 
     def __init__(
-        self,
-        url: str,
-        *,
-        backoff_s: Sequence[float] = BACKOFF_S,
-        post: Callable[[str, bytes], None] | None = None,
-        sleep: Callable[[float], bool] | None = None,
+        self, url: str, *, backoff_s: Sequence[float] = BACKOFF_S, post: Callable[[str, bytes], None] | None = None
     ) -> None:
         self._url = url
         self._backoff = tuple(backoff_s)
         self._post = post or _post_json
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._stopping = threading.Event()
-        self._sleep = sleep or self._stopping.wait  # a stopping sender still retries, without the pauses
+        self._wake = threading.Event()
+        self._deadline: float | None = None  # set by close(): the pauses shrink to fit before it
         self._thread = threading.Thread(target=self._loop, name="quotawrap-alerts", daemon=True)
         self._thread.start()
         self.sent = 0
@@ -187,11 +183,12 @@ class AlertSender:
         self._queue.put(payload)
 
     def close(self, timeout: float = _STOP_WAIT_S) -> None:
-        """Send what is queued (its retries without pauses), waiting at most ``timeout``."""
+        """Send what is queued, waiting at most ``timeout``: each pause from then on is a quarter of the time
+        left at most, so the retries still happen, sooner."""
+        self._deadline = time.monotonic() + timeout
         self._queue.put(None)
-        self._thread.join(timeout / 2)
-        self._stopping.set()
-        self._thread.join(timeout / 2)
+        self._wake.set()
+        self._thread.join(timeout)
         if self._thread.is_alive():
             warn(f"alerts: gave up waiting for the webhook at {shown_webhook(self._url)}; alerts may be lost")
 
@@ -202,11 +199,19 @@ class AlertSender:
                 return
             self._deliver(json.dumps(payload).encode())
 
+    def _pause(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while True:
+            if self._deadline is not None:
+                end = min(end, time.monotonic() + max(0.0, self._deadline - time.monotonic()) / 4)
+            left = end - time.monotonic()
+            if left <= 0 or not self._wake.wait(left):
+                return
+
     def _deliver(self, body: bytes) -> None:
         error: Exception | None = None
         for pause in (0.0, *self._backoff):
-            if pause:
-                self._sleep(pause)
+            self._pause(pause)
             try:
                 self._post(self._url, body)
             except Exception as exc:

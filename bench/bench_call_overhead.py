@@ -7,7 +7,7 @@ machine hits them alike:
 
 * ``a``      unpatched client: the baseline;
 * ``b``      patched, with a Guard whose estimate is a fixed :class:`Estimate` (bench-only
-             monkeypatch of ``quotawrap.guard.estimate_request``): the hot path without counting,
+             monkeypatch of ``quotawrap.admission.guard.estimate_request``): the hot path without counting,
              each settle landing before the call returns (what an in-process Guard does);
 * ``s``      as ``b``, settles queued for the background settler (what a guarded child does):
              one blocking round trip per call;
@@ -56,12 +56,12 @@ import httpx  # noqa: E402
 import httpx2  # noqa: E402
 import requests  # noqa: E402
 
-import quotawrap.guard as guard_module  # noqa: E402
+import quotawrap.admission.guard as guard_module  # noqa: E402
 from quotawrap import intercept  # noqa: E402
-from quotawrap.estimate import Estimate  # noqa: E402
-from quotawrap.guard import Guard  # noqa: E402
+from quotawrap.admission.guard import Guard  # noqa: E402
+from quotawrap.config.settings import Settings  # noqa: E402
+from quotawrap.core.estimate import Estimate  # noqa: E402
 from quotawrap.intercept import httpx_adapter, requests_adapter  # noqa: E402
-from quotawrap.settings import Settings  # noqa: E402
 from quotawrap.simulator import serve  # noqa: E402
 
 __all__ = ["main"]
@@ -406,10 +406,10 @@ def median_us(values: list[int]) -> float:
 
 def breakdown(guard: Guard, runs: int, directory: Path) -> None:
     """The guard's own steps without any HTTP client (fixed estimate), then the ledger's SQL."""
+    from quotawrap.core.quota import beijing_day
+    from quotawrap.core.usage import Usage
     from quotawrap.ledger import HoldRequest
-    from quotawrap.ledger.sqlite import SQLiteLedger
-    from quotawrap.quota import beijing_day
-    from quotawrap.usage import Usage
+    from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 
     apply(VARIANTS[1])
     body = chat_body(DEEPSEEK_MODEL, stream=False)

@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
 
 from _machine import load_average, machine_line  # noqa: E402  (bench/ is the script's directory)
 
-from quotawrap.estimate import estimate_request  # noqa: E402
-from quotawrap.tokens import CL100K_OFFLINE, DEEPSEEK_TOKENIZER, count_tokens  # noqa: E402
+from quotawrap.core.estimate import estimate_request  # noqa: E402
+from quotawrap.core.tokens import CL100K_OFFLINE, DEEPSEEK_TOKENIZER, count_tokens  # noqa: E402
 
 __all__ = ["main"]
 
@@ -55,7 +55,7 @@ PARAGRAPH = (
 FIRST_LOAD = """
 import sys, time
 sys.path.insert(0, {root!r})
-from quotawrap.tokens import TokenizerCache
+from quotawrap.core.tokens import TokenizerCache
 start = time.perf_counter()
 TokenizerCache().counter({name!r})("warm")
 print(time.perf_counter() - start)
@@ -76,9 +76,9 @@ transport = httpx.MockTransport(lambda request: httpx.Response(200, json=ANSWER)
 with httpx.Client(transport=transport) as client:
     start = time.perf_counter()
     if VARIANT != "plain":
-        from quotawrap import guard as guard_module
+        from quotawrap.admission.room import guard as guard_module
         from quotawrap.intercept import httpx_adapter, set_guard
-        from quotawrap.settings import Settings
+        from quotawrap.config.settings import Settings
         if VARIANT == "exact":
             guard_module._CHEAP_SHARE = 0  # the code before the UTF-8 bound: always the tokenizer
         set_guard(guard_module.Guard(Settings(store=store, base_url=("http://bench.test/api/v3",))))
@@ -92,9 +92,9 @@ print(json.dumps([took, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 102
 LONG_PROMPT = """
 import json, resource, sys, tempfile, time
 sys.path.insert(0, {root!r})
-from quotawrap import tokens
-from quotawrap.guard import Guard
-from quotawrap.settings import Settings
+from quotawrap.core import tokens
+from quotawrap.admission.guard import Guard
+from quotawrap.config.settings import Settings
 LINE = {line!r}
 if {before!r}:
     tokens.PIECE_CHARS = 1 << 62  # the code before pieces: every text counted whole, no early stop
@@ -145,10 +145,10 @@ def _new_store(root: str, history: int) -> str:
 
 def _fill(store: str, calls: int, model: str) -> None:
     """``calls`` settled calls of ``model`` today: a busy day's history, as every first call reads it."""
+    from quotawrap.core.quota import beijing_day
+    from quotawrap.core.usage import Usage
     from quotawrap.ledger import HoldRequest, open_ledger
     from quotawrap.ledger.base import Settle
-    from quotawrap.quota import beijing_day
-    from quotawrap.usage import Usage
 
     ledger, day, settles = open_ledger(store), beijing_day(time.time()), []
     for index in range(calls):

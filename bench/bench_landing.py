@@ -2,7 +2,7 @@
 
     python bench/bench_landing.py [--calls 100000] [--ids time,random]
 
-The relay lands a child's settles in batches, each call drawn from an advance of ADVANCE_CALLS (quotawrap.advances):
+The relay lands a child's settles in batches, each call drawn from an advance of ADVANCE_CALLS (admission/advances.py):
 here each batch is an advance reserved, then its 16 calls' settles landed in one ``settle_many``, into one
 ledger that grows to ``--calls`` calls. It prints the median µs per settle landed in each quarter of the run
 (does it slow as the ledger grows?) and the WAL bytes written per call once the ledger holds 32k calls
@@ -25,11 +25,11 @@ from _machine import load_average, machine_line  # bench/ is the script's direct
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quotawrap.advances import ADVANCE_CALLS as BATCH  # calls per advance
+from quotawrap.admission.advances import ADVANCE_CALLS as BATCH  # calls per advance
+from quotawrap.core.quota import Limit, beijing_day
+from quotawrap.core.usage import Usage
 from quotawrap.ledger.base import ADVANCE, Drawn, HoldRequest, Settle, new_hold_id
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.quota import Limit, beijing_day
-from quotawrap.usage import Usage
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 
 LIMITS = [Limit("daily_cap", "model_day", 10**15)]
 WAL_AFTER = 32_000  # calls in the ledger before the WAL is counted

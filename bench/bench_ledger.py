@@ -40,10 +40,10 @@ from _machine import cpu_model  # bench/ is the script's directory
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from quotawrap.core.quota import Limit, beijing_day  # noqa: E402
+from quotawrap.core.usage import Usage  # noqa: E402
 from quotawrap.ledger import open_ledger  # noqa: E402
 from quotawrap.ledger.base import HoldRequest  # noqa: E402
-from quotawrap.quota import Limit, beijing_day  # noqa: E402
-from quotawrap.usage import Usage  # noqa: E402
 
 __all__ = ["main"]
 
@@ -64,7 +64,7 @@ def _worker(
     mode: str,
 ) -> None:
     from quotawrap.ledger.base import Settle
-    from quotawrap.settler import Settler
+    from quotawrap.settling.settler import Settler
 
     ledger = open_ledger(url)
     settler = Settler(lambda: ledger) if mode == "settler" else None

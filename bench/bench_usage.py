@@ -1,4 +1,4 @@
-"""Throughput of quotawrap.usage on the hot path. Prints numbers, asserts nothing.
+"""Throughput of quotawrap.core.usage on the hot path. Prints numbers, asserts nothing.
 
     python bench/bench_usage.py [--rounds 15]
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from _machine import load_average, machine_line  # bench/ is the script's directory
 
-from quotawrap.usage import SSEUsageReader, usage_from_body
+from quotawrap.core.usage import SSEUsageReader, usage_from_body
 
 __all__ = ["chat_stream", "main"]
 
@@ -159,9 +159,9 @@ def _httpx_added_us_per_chunk(events: list[bytes], rounds: int) -> tuple[float, 
     """Median CPU per chunk of a streamed httpx read, plain and guarded (usage injected and hidden)."""
     import httpx
 
-    from quotawrap.guard import Guard
+    from quotawrap.admission.guard import Guard
+    from quotawrap.config.settings import Settings
     from quotawrap.intercept import httpx_adapter, set_guard
-    from quotawrap.settings import Settings
 
     class Chunks(httpx.SyncByteStream):
         def __iter__(self) -> Iterator[bytes]:

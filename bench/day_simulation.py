@@ -45,7 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
 
-from quotawrap import quota  # noqa: E402
+from quotawrap.core import quota  # noqa: E402
 
 __all__ = [
     "DEFAULT_SEED",
@@ -421,12 +421,12 @@ def run_variant(
     """One simulated day of ``traffic`` under one setting, with its own simulator and ledger."""
     import httpx
 
-    from quotawrap.estimate import estimate_request
-    from quotawrap.guard import Guard
-    from quotawrap.ledger.sqlite import SQLiteLedger
-    from quotawrap.settings import Settings
+    from quotawrap.admission.guard import Guard
+    from quotawrap.books.sync import SyncLoop
+    from quotawrap.config.settings import Settings
+    from quotawrap.core.estimate import estimate_request
+    from quotawrap.ledger.sqlite.ledger import SQLiteLedger
     from quotawrap.simulator import PackageSpec, SimConfig, serve
-    from quotawrap.sync import SyncLoop
 
     clock = SimClock(DAY_START)
     # big stream chunks: on loopback the number of frames, not of tokens, is what costs time

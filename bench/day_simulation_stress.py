@@ -131,7 +131,7 @@ def _finish(client: Any, url: str, pending: Any, call: Any, shape: _Shape) -> di
         guarded.finish()
     if response.status_code != 200:
         day._raise(f"the simulator answered {response.status_code}")
-    from quotawrap.usage import SSEUsageReader, usage_from_body
+    from quotawrap.core.usage import SSEUsageReader, usage_from_body
 
     if call.stream:
         reader = SSEUsageReader()
@@ -147,13 +147,13 @@ def run_stress(seed: int, variant: str, balance_lag_s: float, workdir: Path) -> 
     """One stressed day of ``seed``'s traffic under one limit setting."""
     import httpx
 
-    from quotawrap import quota
-    from quotawrap.guard import Guard
-    from quotawrap.ledger.sqlite import SQLiteLedger
-    from quotawrap.settings import Settings
+    from quotawrap.admission.guard import Guard
+    from quotawrap.books.sync import SyncLoop
+    from quotawrap.config.settings import Settings
+    from quotawrap.core import quota
+    from quotawrap.ledger.sqlite.ledger import SQLiteLedger
     from quotawrap.simulator import PackageSpec, SimConfig, serve
     from quotawrap.simulator._billing import settled_until
-    from quotawrap.sync import SyncLoop
 
     traffic = day.make_traffic(seed)
     clock = day.SimClock(day.DAY_START)

@@ -6,6 +6,9 @@
    that needs a few members of a higher one names them in a ``Protocol`` of its own instead.
 2. The pure modules import only pure modules and no I/O from the standard library, so the rules
    of the ledger can be read, tested and mirrored without a file, socket, clock thread or process.
+3. The layers: each subpackage of ``quotawrap`` sits in one layer of :data:`LAYERS`, and a module
+   imports only from its own subpackage or from a lower layer. Packages that share a layer are
+   independent of each other; a module in no layer fails the check, so a new room is placed on purpose.
 
 A module is named by its dotted path; a package by its ``__init__``'s name.
 """
@@ -19,27 +22,34 @@ from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "quotawrap"
 
-PURE: frozenset[str] = frozenset(
-    {
-        "quotawrap.quota",
-        "quotawrap.estimate",
-        "quotawrap.expiry",
-        "quotawrap.usage",
-        "quotawrap.endpoints",
-        "quotawrap.identity",
-        "quotawrap.money",
-        "quotawrap.media",
-        "quotawrap.ledger.holds",
-        "quotawrap.ledger.scopes",
-        "quotawrap.ledger.lines",
-        "quotawrap.json_bytes",
-        "quotawrap.durations",
-    }
+# Bottom to top. Within one row, the packages are independent siblings (the hook's entry and its seams
+# are one group). The root package (``quotawrap/__init__`` and ``__main__``) is the top.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("core",),
+    ("support",),
+    ("config",),
+    ("ledger",),
+    ("settling",),
+    ("admission",),
+    ("intercept|bootstrap", "books", "simulator"),
+    ("dashboard",),
+    ("serve",),
+    ("wrapper",),
+    ("consume",),
+    ("cli",),
+    ("", "__main__"),
 )
-# What a pure module may lean on besides other pure modules: the exception classes, the record
-# classes (dataclasses built on first use; their one lock orders building, it does no I/O), and the
-# tokenizers, which count deterministically from data files shipped in their wheels.
-PURE_MAY_IMPORT: frozenset[str] = frozenset({"quotawrap._errors", "quotawrap._records", "quotawrap.tokens"})
+
+# Pure: every module of core/ (its name says so) and the ledger's rules that the Lua scripts mirror.
+PURE_PACKAGE = "quotawrap.core"
+PURE_OUTSIDE_CORE: frozenset[str] = frozenset(
+    {"quotawrap.ledger.holds", "quotawrap.ledger.scopes", "quotawrap.ledger.lines", "quotawrap.consume.plan"}
+)
+# The modules of core/ exempt from the I/O rule, each for a reason that keeps them deterministic: the record
+# classes build their dataclasses on first use under one lock, and the tokenizers read data files shipped
+# in their wheels. Pure modules may import them.
+CORE_NOT_PURE: frozenset[str] = frozenset({"quotawrap.core.records", "quotawrap.core.tokens"})
+PURE_MAY_IMPORT: frozenset[str] = CORE_NOT_PURE
 IO_STDLIB: frozenset[str] = frozenset(
     {
         "asyncio",
@@ -153,14 +163,24 @@ def _is_io(module: str) -> bool:
     return any(module == io or module.startswith(io + ".") for io in IO_STDLIB)
 
 
+def pure_modules(modules: Iterable[str]) -> set[str]:
+    """The modules the purity rule holds for, among ``modules``."""
+    return {
+        name
+        for name in modules
+        if (name == PURE_PACKAGE or name.startswith(PURE_PACKAGE + ".") or name in PURE_OUTSIDE_CORE)
+        and name not in CORE_NOT_PURE
+    }
+
+
 def impurities(
     internal: Mapping[str, set[str]],
     external: Mapping[str, set[str]],
-    pure: Iterable[str] = PURE,
+    pure: Iterable[str] | None = None,
     allowed: Iterable[str] = PURE_MAY_IMPORT,
 ) -> list[str]:
     """One line per import that breaks a pure module's purity."""
-    pure_set, allowed_set = set(pure), set(allowed)
+    pure_set, allowed_set = (pure_modules(internal) if pure is None else set(pure)), set(allowed)
     problems = []
     for module in sorted(pure_set & internal.keys()):
         for target in sorted(internal[module]):
@@ -172,10 +192,42 @@ def impurities(
     return problems
 
 
-def problems(root: Path = PACKAGE_ROOT) -> list[str]:
+def _room(module: str) -> str:
+    """The subpackage (or root module) a module belongs to: ``quotawrap.ledger.sqlite.file`` -> ``ledger``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_breaks(internal: Mapping[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """One line per module in no layer, and per import that points up or sideways between layers."""
+    rank: dict[str, tuple[int, int]] = {}
+    for level, row in enumerate(layers):
+        for group, names in enumerate(row):
+            for room in names.split("|"):
+                rank[room] = (level, group)
+    found = []
+    for module in sorted(internal):
+        if _room(module) not in rank:
+            found.append(f"{module} is in no layer: add its package to LAYERS in tests/check_imports.py")
+    for module in sorted(internal):
+        here = rank.get(_room(module))
+        for target in sorted(internal[module]):
+            there = rank.get(_room(target))
+            if here is None or there is None or here == there:
+                continue
+            if there[0] > here[0]:
+                found.append(f"{module} imports {target}, a higher layer")
+            elif there[0] == here[0]:
+                found.append(f"{module} imports {target}, an independent package of its layer")
+    return found
+
+
+def problems(root: Path = PACKAGE_ROOT, *, layers: tuple[tuple[str, ...], ...] | None = LAYERS) -> list[str]:
+    """Every broken rule; ``layers=None`` checks cycles and purity only (a package laid out otherwise)."""
     internal, external = import_graph(root)
     found = [f"import cycle: {' <-> '.join(component)}" for component in cycles(internal)]
-    return found + impurities(internal, external)
+    found += impurities(internal, external)
+    return found + (layer_breaks(internal, layers) if layers is not None else [])
 
 
 def main() -> int:
@@ -183,7 +235,7 @@ def main() -> int:
     for line in found:
         print(line, file=sys.stderr)
     if not found:
-        print("imports: no cycle; the pure modules are pure")
+        print("imports: no cycle; the pure modules are pure; every import points down the layers")
     return 1 if found else 0
 
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
-from quotawrap.ledger.sqlite_file import EVERY_CALL
+from quotawrap.ledger.sqlite.file import EVERY_CALL
 from quotawrap.simulator import ArkSimulator, SimConfig, serve
 
 CHILDREN = Path(__file__).parent / "integration" / "children"
@@ -33,7 +33,7 @@ hypothesis_settings.load_profile("quotawrap")
 
 def _left_behind() -> tuple[object, int]:
     """The process's guard, and how many guards' retry memories would report at the runner's exit."""
-    from quotawrap import refusals
+    from quotawrap.admission import refusals
     from quotawrap.intercept import _active
 
     return _active._guard, refusals.unreported_retries()
@@ -176,7 +176,7 @@ def beijing_noon() -> float:
     day, whenever the suite runs (from time.time() it crossed Beijing midnight when run after ~23:00)."""
     from datetime import datetime
 
-    from quotawrap.quota import BEIJING
+    from quotawrap.core.quota import BEIJING
 
     return datetime.now(BEIJING).replace(hour=12, minute=0, second=0, microsecond=0).timestamp()
 
@@ -211,8 +211,8 @@ def hold_request(model: str, *, endpoint: str = "chat", reserve: int = 1_000, en
     """A HoldRequest of today for ``model``, as a guarded call of this process would make it."""
     import time
 
+    from quotawrap.core.quota import beijing_day
     from quotawrap.ledger import HoldRequest
-    from quotawrap.quota import beijing_day
 
     return HoldRequest(
         run_id="r",

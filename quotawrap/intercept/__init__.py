@@ -13,8 +13,8 @@ guarded host that no seam has seen.
 
 from __future__ import annotations
 
-from .._importhook import when_imported
 from ._active import get_guard, set_guard
+from ._importhook import when_imported
 
 TYPE_CHECKING = False  # importing typing itself would slow every child's start-up
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ TYPE_CHECKING = False  # importing typing itself would slow every child's start-
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ..guard import Guard
+    from ..admission.guard import Guard
 
 __all__ = ["get_guard", "set_guard"]
 
@@ -24,9 +24,9 @@ def get_guard() -> Guard | None:
             if _guard is None:
                 # Imported here, not at the top: a child that never imports an HTTP client
                 # must not pay for the guard's imports at start-up.
-                from .._errors import QuotawrapError
-                from ..guard import Guard
-                from ..settings import Settings
+                from ..admission.guard import Guard
+                from ..config.settings import Settings
+                from ..core.errors import QuotawrapError
 
                 try:  # the child's one guard: settles off the caller's path, flushed at exit and before fork
                     _guard = Guard(Settings.from_env(), background_settle=True)
@@ -40,12 +40,12 @@ def _refusing(error: Exception) -> Guard:
     import contextlib
     import os
 
-    from .._errors import QuotawrapError
-    from .._log import warn
-    from ..guard import Guard
-    from ..guarded_call import GuardedCall
-    from ..settings import OPTIONS, Settings, env_name, parse_value
-    from ..synthetic import SyntheticResponse
+    from ..admission.guard import Guard
+    from ..config.settings import OPTIONS, Settings, env_name, parse_value
+    from ..core.errors import QuotawrapError
+    from ..core.synthetic import SyntheticResponse
+    from ..settling.call import GuardedCall
+    from ..support.log import warn
 
     base_url: tuple[str, ...] = ()
     option = next(option for option in OPTIONS if option.name == "base_url")

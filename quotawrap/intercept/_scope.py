@@ -15,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from contextvars import Token
 
-    from ..guarded_call import GuardedCall
+    from ..settling.call import GuardedCall
 
 __all__ = ["current", "enter", "leave", "reset_pending", "set_pending", "take_pending"]
 

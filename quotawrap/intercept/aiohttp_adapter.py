@@ -22,7 +22,7 @@ from . import _scope
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..guarded_call import GuardedCall
+    from ..settling.call import GuardedCall
 
 __all__ = ["patch", "unpatch"]
 

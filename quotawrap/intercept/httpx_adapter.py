@@ -20,7 +20,7 @@ from . import _scope
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the guard (and its imports) load on the first guarded call, not with the client
-    from ..guarded_call import GuardedCall
+    from ..settling.call import GuardedCall
 
 __all__ = ["patch", "unpatch"]
 
@@ -128,7 +128,7 @@ _REQUEST_FIELDS = frozenset({"method", "url", "headers", "extensions", "stream",
 
 
 def _tee_classes(module: ModuleType) -> tuple[type, type]:
-    from .. import readahead
+    from ..settling import readahead
 
     class TeeSyncStream(module.SyncByteStream):  # type: ignore[misc,name-defined]
         def __init__(self, inner: Any, call: GuardedCall) -> None:

@@ -11,7 +11,7 @@ context (:mod:`._scope`) carries requests quotawrap cannot read, so it is refuse
 ``ConnectionRefusedError`` naming the code that made it, or, under ``--allow-unguarded``, let
 through; both are recorded for the run's summary. Out of reach: the C type's methods fetched from
 ``__mro__`` and called unbound, ``ctypes`` calling libc, and programs that are not Python (those
-the wrapper watches through ``/proc``, :mod:`quotawrap.sockets`).
+the wrapper watches through ``/proc``, :mod:`quotawrap.wrapper.sockets`).
 
 Addresses arrive resolved, so the resolvers are watched too: the addresses of a guarded name join
 the guarded set when the program resolves it, and one address is recognised under every spelling

@@ -18,7 +18,7 @@ from . import _scope
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the guard (and its imports) load on the first guarded call, not with the client
-    from ..guarded_call import GuardedCall
+    from ..settling.call import GuardedCall
 
 __all__ = ["patch", "unpatch"]
 

@@ -22,7 +22,7 @@ from . import _scope
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the guard (and its imports) load on the first guarded call
-    from ..guarded_call import GuardedCall
+    from ..settling.call import GuardedCall
 
 __all__ = ["patch_http_client", "patch_urllib3", "unpatch_http_client", "unpatch_urllib3"]
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import sys
 
-from .._errors import ConfigError
+from ..core.errors import ConfigError
 
 # The records (``base``: dataclasses) and the interface load on first use: a guarded command's
 # start path only needs the store's URL and, on the usual SQLite store, the runs table.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..config.settings import Settings
     from .base import Decision, HoldRequest, ModelTotals, RunTotals, model_day_key, run_key
     from .interface import Books, CallPath, Ledger, Reader
 
@@ -39,42 +39,21 @@ __all__ = [
     "ModelTotals",
     "Reader",
     "RunTotals",
-    "default_store_url",
     "model_day_key",
     "normalize_store_url",
     "open_ledger",
+    "open_store",
     "redact_store_url",
     "run_key",
-    "user_state_dir",
 ]
 
 
-def user_state_dir() -> str:
-    """quotawrap's state directory: ``platformdirs.user_state_dir("quotawrap")``.
-
-    On Linux by the XDG rule platformdirs applies (``$XDG_STATE_HOME`` when absolute, else
-    ``$HOME/.local/state``), since importing platformdirs delays every guarded command's child;
-    anything unusual (another system, no absolute home) asks platformdirs.
-    """
-    if sys.platform.startswith("linux"):
-        xdg = os.environ.get("XDG_STATE_HOME", "")
-        if xdg.startswith("/"):
-            return os.path.join(xdg, "quotawrap")
-        home = os.environ.get("HOME", "")
-        if home.startswith("/"):
-            return home.rstrip("/") + "/.local/state/quotawrap"
-    import platformdirs
-
-    return platformdirs.user_state_dir("quotawrap")
-
-
-def default_store_url() -> str:
-    return f"sqlite:///{os.path.join(user_state_dir(), 'ledger.sqlite3')}"
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def normalize_store_url(url: str) -> str:
     """Make a store URL independent of the working directory (the child may chdir)."""
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(REDIS_SCHEMES):
         return url
     # SQLAlchemy's convention: sqlite:///relative/path and sqlite:////absolute/path.
     if url.startswith("sqlite:///"):
@@ -88,7 +67,7 @@ def normalize_store_url(url: str) -> str:
 
 def redact_store_url(url: str) -> str:
     """The store URL as output may show it: a Redis password (any form) replaced by ***."""
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(REDIS_SCHEMES):
         from .redis.options import redact
 
         return redact(url)
@@ -97,17 +76,34 @@ def redact_store_url(url: str) -> str:
 
 def open_ledger(url: str) -> Ledger:
     """The ledger at ``url``. A process of a guarded run marks its run directory first: its wrapper
-    then knows this run may hold calls (:func:`quotawrap.files.mark_ledger_use`)."""
-    from ..files import mark_ledger_use
+    then knows this run may hold calls (:func:`quotawrap.support.files.mark_ledger_use`)."""
+    from ..support.files import mark_ledger_use
 
     mark_ledger_use()
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(REDIS_SCHEMES):
         try:
             from .redis import RedisLedger
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ConfigError("the Redis store needs the redis package: pip install 'quotawrap[redis]'") from exc
         return RedisLedger(url)
-    from .sqlite import SQLiteLedger
+    from .sqlite.ledger import SQLiteLedger
 
     normalized = normalize_store_url(url)
     return SQLiteLedger(normalized.removeprefix("sqlite:///"), url=normalized)
+
+
+def open_store(settings: Settings) -> Ledger:
+    """The ledger ``settings`` name (or the default one), opened for a command; a problem is one line naming
+    the cure, and the process exits."""
+    from ..config.paths import default_store_url
+    from ..core.errors import EXIT_STORE, QuotawrapError, exit_code, with_cure
+    from ..support.log import fail
+    from ..support.packages import import_problem
+
+    url = settings.store or default_store_url()
+    if url.startswith(REDIS_SCHEMES) and (problem := import_problem("redis", "the Redis store", "redis")):
+        fail(problem, EXIT_STORE)
+    try:
+        return open_ledger(normalize_store_url(url))
+    except QuotawrapError as exc:
+        fail(f"{with_cure(exc)}; the ledger was left untouched", exit_code(exc))

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from typing import Literal, NamedTuple
 
-from .._records import Record
-from ..quota import Counters, Limit, Snapshot, Verdict
-from ..usage import Usage
+from ..core.quota import Counters, Limit, Snapshot, Verdict
+from ..core.records import Record
+from ..core.usage import Usage
 from .advance_endpoints import ADVANCE, ADVANCE_CLOSED
 from .holds import HoldState
 from .scopes import model_day_key, run_cost_key, run_key
@@ -41,7 +41,6 @@ __all__ = [
     "ledger_clock",
     "model_day_key",
     "new_hold_id",
-    "pid_alive",
     "run_cost_key",
     "run_key",
 ]
@@ -58,17 +57,6 @@ def ledger_clock(ledger: object) -> Callable[[], float]:
     Looked up on the class: a run's lean books (``ledger.runs.RunBooks``) would open the full ledger for it."""
     now = getattr(type(ledger), "now", None)
     return time.time if now is None else getattr(ledger, "now")  # noqa: B009 - the bound method, once known
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process of this host still runs (a hold's owner); unknown counts as alive."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def new_hold_id() -> str:
@@ -101,7 +89,7 @@ class HoldRequest(Record, frozen=True):
     waiter: str | None = None
     ticket: int | None = None
     can_wait: bool = False
-    # An advance (quotawrap.advances): room a process reserves ahead for its next calls. Refused, it leaves
+    # An advance (quotawrap.admission.advances): room a process reserves ahead for its next calls. Refused, it leaves
     # no row (it is no call); taken, its row is a hold of endpoint ADVANCE that its calls are drawn from.
     advance: bool = False
 
@@ -158,7 +146,7 @@ class Decision(Record, frozen=True):
     queued: int = 0  # waiters ahead of it in its lines (it joined them): nothing held, no row written
     waiting: bool = False  # at the head of its lines, waiting for holds in flight: nothing held, no row
     ticket: int | None = None  # its place in every line, once it joined one
-    advance_id: str | None = None  # drawn from this advance of its process (quotawrap.advances): no row yet
+    advance_id: str | None = None  # drawn from this advance of its process (quotawrap.admission.advances): no row yet
 
 
 class ModelTotals(Record):

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Protocol, runtime_checkable
 
-from ..quota import Counters, Package, Snapshot
-from ..usage import Usage
+from ..core.quota import Counters, Package, Snapshot
+from ..core.usage import Usage
 from .base import CallRecord, DayAggregate, Decision, HoldRequest, LimitsFor, PruneResult, RunRecord, RunTotals, Settle
 
 __all__ = ["Books", "CallPath", "Ledger", "Reader"]
@@ -84,7 +84,7 @@ class CallPath(Protocol):
     # -- endpoint ids: which model each inference endpoint serves, shared by every process and host
 
     def endpoint_models(self) -> dict[str, str]:
-        """Every endpoint id -> model id pair kept (canonical; see quotawrap.identity)."""
+        """Every endpoint id -> model id pair kept (canonical; see quotawrap.core.identity)."""
         ...
 
     def put_endpoint_models(self, models: Mapping[str, str]) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, NamedTuple
 
-from ..quota import Counters, Limit, Scope
+from ..core.quota import Counters, Limit, Scope
 
 __all__ = [
     "LEASE_S",

@@ -8,7 +8,7 @@ these one to one (``scope_keys``), which is how a verdict's counters are named i
 
 from __future__ import annotations
 
-from .._records import Record
+from ..core.records import Record
 
 __all__ = [
     "CounterScope",

@@ -11,10 +11,10 @@ import sys
 import time
 from collections.abc import Callable
 
-from .._errors import QuotawrapError
-from .._log import warn
+from ..config.settings import Settings
+from ..core.errors import QuotawrapError
 from ..ledger import Ledger
-from ..settings import Settings
+from ..support.log import warn
 from ._gateway import Gateway  # aiohttp: importing this module is the check that the serve extra is there
 from ._runner import run_in_foreground
 
@@ -25,9 +25,9 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 def prepare(settings: Settings) -> Settings:
     """The settings a gateway runs with: the store made explicit, tags resolved, a ``serve-`` session id."""
-    from ..attribution import automatic_tags, merge_tags, parse_tags
-    from ..launcher import default_unguarded_log, new_run_id
-    from ..ledger import default_store_url, normalize_store_url
+    from ..books.attribution import automatic_tags, merge_tags, parse_tags
+    from ..config.paths import default_store_url, default_unguarded_log, new_run_id
+    from ..ledger import normalize_store_url
 
     store = normalize_store_url(settings.store or default_store_url())
     tags = merge_tags(automatic_tags(), parse_tags(settings.tag))
@@ -40,8 +40,8 @@ def prepare(settings: Settings) -> Settings:
 
 def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Callable[[str], None]) -> None:
     """Record the session, sync balances if configured, serve until SIGTERM, drain, close the session."""
+    from ..books.sync import SyncLoop, sync_source
     from ..ledger.base import RunRecord
-    from ..sync import SyncLoop, sync_source
 
     assert settings.run_id, "prepare() assigns the session id"
     if host not in _LOOPBACK:

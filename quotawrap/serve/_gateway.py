@@ -38,15 +38,15 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from .._errors import ConfigError
-from .._log import warn
-from ..guard import Guard
-from ..guarded_call import GuardedCall
+from ..admission.guard import Guard
+from ..config.settings import Settings
+from ..core.errors import ConfigError
+from ..core.redact import redact_text, redact_url
+from ..core.synthetic import SyntheticResponse
 from ..ledger import CallPath
 from ..ledger.base import run_key
-from ..redact import redact_text, redact_url
-from ..settings import Settings
-from ..synthetic import SyntheticResponse
+from ..settling.call import GuardedCall
+from ..support.log import warn
 from ._http import (
     ARK_BASE_URL,
     HEALTH_PATH,

@@ -9,10 +9,10 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .._log import warn
+from ..config.settings import Settings
+from ..core.redact import redact_url
 from ..ledger import CallPath
-from ..redact import redact_url
-from ..settings import Settings
+from ..support.log import warn
 from ._gateway import Gateway
 from ._http import PROXY_VARIABLES, proxy_environment, split_credentials
 

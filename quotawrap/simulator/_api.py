@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .._records import Record
+from ..core.records import Record
 from . import _payloads as payloads
 from ._config import SimConfig
 from ._contract import (

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._records import Record
+from ..core.records import Record
 from ._config import PackageSpec, format_utc
 
 __all__ = [

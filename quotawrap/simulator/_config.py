@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .._records import Record
+from ..core.records import Record
 
 __all__ = [
     "FAULTS",

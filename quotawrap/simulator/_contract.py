@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import field
 from typing import Any, Final
 
-from .._records import Record
-from ..endpoint_prices import IMAGE_PRICES, MEDIA_PRICES
-from ..prices import BUNDLED_PRICES
+from ..core.endpoint_prices import IMAGE_PRICES, MEDIA_PRICES
+from ..core.prices import BUNDLED_PRICES
+from ..core.records import Record
 from ._config import SimConfig
 
 __all__ = [

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from .._records import Record
+from ..core.records import Record
 from . import _payloads as payloads
 from ._api import API_PREFIX, ArkError, Generation, _invalid, _model, _opt_count, _required, _stream
 from ._config import SimConfig

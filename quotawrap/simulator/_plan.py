@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from .._records import Record
+from ..core.records import Record
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -41,9 +41,9 @@ _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 
 @functools.lru_cache(maxsize=1)
 def _project_counter() -> Callable[[str, str], int] | None:
-    # quotawrap.tokens is written in parallel; until it exists the byte heuristic stands in.
+    # quotawrap.core.tokens is written in parallel; until it exists the byte heuristic stands in.
     try:
-        from quotawrap.tokens import count_tokens  # type: ignore[import-not-found,unused-ignore]
+        from ..core.tokens import count_tokens  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return None
     return count_tokens  # type: ignore[no-any-return,unused-ignore]

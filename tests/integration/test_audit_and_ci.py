@@ -8,11 +8,11 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
+from quotawrap.core.money import format_cny
+from quotawrap.core.prices import PriceTable
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import open_ledger
-from quotawrap.money import format_cny
-from quotawrap.prices import PriceTable
 from quotawrap.simulator import ArkSimulator
-from quotawrap.usage import Usage
 from tests.conftest import child, ledger_rows, run_cli, run_quotawrap
 
 MODEL = "deepseek-v3-1"

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from quotawrap import quota
-from quotawrap.balance import BalanceUnavailable, packages_from_items, parse_balance_args
+from quotawrap.books.balance import BalanceUnavailable, packages_from_items, parse_balance_args
+from quotawrap.books.sync import BILLING_LEASE, SyncLoop, record_balance, sync_due, sync_once
+from quotawrap.config.settings import Settings
+from quotawrap.core import quota
 from quotawrap.ledger import model_day_key, open_ledger
-from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator, PackageSpec
-from quotawrap.sync import BILLING_LEASE, SyncLoop, record_balance, sync_due, sync_once
 from tests.conftest import child, ledger_rows, run_cli, run_quotawrap
 
 MODEL = "deepseek-v4-flash"
@@ -292,9 +292,9 @@ class TestPackagesGone:
 class TestCalibrateCommand:
     def test_calibrate_finds_the_billing_delay_from_stored_syncs(self, tmp_path: Path) -> None:
         """`sync --calibrate` reads yesterday's syncs and usage series and reports the 14-minute delay."""
+        from quotawrap.core.usage import Usage
         from quotawrap.ledger.base import HoldRequest
-        from quotawrap.ledger.sqlite import SQLiteLedger
-        from quotawrap.usage import Usage
+        from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 
         now = {"t": 0.0}
         path = tmp_path / "ledger.sqlite3"

@@ -96,7 +96,7 @@ def test_a_model_name_cannot_write_into_the_terminal(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stderr
         outputs[command] = done.stdout
-    for name, text in outputs.items():  # the ledger keys the model case-folded (quotawrap.identity)
+    for name, text in outputs.items():  # the ledger keys the model case-folded (quotawrap.core.identity)
         assert "\x1b" not in text and "\u202e" not in text, name
         lowered = text.lower()
         assert "red" in lowered, name

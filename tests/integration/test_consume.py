@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from quotawrap import quota
-from quotawrap.consume import ConsumeOptions, run_consume
-from quotawrap.consume_plan import LEASE_TTL_S, lease_name
+from quotawrap.books.sync import record_balance
+from quotawrap.config.settings import Settings
+from quotawrap.consume.plan import LEASE_TTL_S, lease_name
+from quotawrap.consume.spend import ConsumeOptions, run_consume
+from quotawrap.core import quota
 from quotawrap.ledger import model_day_key, open_ledger
-from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator
-from quotawrap.sync import record_balance
 from tests.conftest import child, communicate_all, run_cli, run_quotawrap, start_cli
 
 MODEL = "deepseek-v4-flash"
@@ -227,7 +227,7 @@ class TestStops:
 class TestSoftWalls:
     def test_consume_passes_the_usage_wall_but_not_the_pool(self, spent_day: ArkSimulator, store: str) -> None:
         """A usage wall below today's usage evicts the agent, yet consume spends up to the pool limit."""
-        from quotawrap.guard import Guard
+        from quotawrap.admission.guard import Guard
 
         ledger = open_ledger(store)
         settings = Settings(store=store, usage_wall=100_000)

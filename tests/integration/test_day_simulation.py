@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from quotawrap import quota
+from quotawrap.core import quota
 from quotawrap.simulator import BillRecord, PackageSpec
 from tests.conftest import load_bench
 

@@ -44,7 +44,7 @@ class TestConcurrentCap:
 
     def test_calls_drawn_from_advances_never_overspend(self, sim: ArkSimulator, store: str) -> None:
         """32 threads in 4 processes on a cap 64 times their advances and more: most calls are drawn from
-        advances (quotawrap.advances), the last ones near the cap reserve one by one, and the cap holds
+        advances (quotawrap.admission.advances), the last ones near the cap reserve one by one, and the cap holds
         with every call settled exactly and nothing left open."""
         sim.configure(reply_tokens=100)
         cap = 200_000

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from quotawrap import quota
+from quotawrap.books.sync import EXPIRY_LEAD_S, EXPIRY_MARGIN_S, SyncLoop, sync_due, sync_once
+from quotawrap.config.settings import Settings
+from quotawrap.core import quota
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import open_ledger
 from quotawrap.ledger.base import HoldRequest
-from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator, PackageSpec
-from quotawrap.sync import EXPIRY_LEAD_S, EXPIRY_MARGIN_S, SyncLoop, sync_due, sync_once
-from quotawrap.usage import Usage
 from tests.conftest import beijing_noon, run_cli
 
 MODEL = "deepseek-v4-flash"

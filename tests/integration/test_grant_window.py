@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from quotawrap import quota
+from quotawrap.core import quota
 from tests.conftest import load_bench
 
 GRANT_S = 9.5 * 3600

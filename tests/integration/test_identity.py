@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from quotawrap.identity import UNMAPPED
+from quotawrap.core.identity import UNMAPPED
 from quotawrap.ledger import open_ledger
 from quotawrap.simulator import ArkSimulator, SimConfig, serve
 from tests.conftest import child, run_cli, run_quotawrap

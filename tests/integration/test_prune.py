@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from quotawrap.core.quota import beijing_day
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import HoldRequest
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.quota import beijing_day
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 from quotawrap.simulator import ArkSimulator
-from quotawrap.usage import Usage
 from tests.conftest import child, ledger_rows, run_cli, run_quotawrap
 
 DAY_S = 86_400

@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from quotawrap import quota
+from quotawrap.core import quota
+from quotawrap.core.quota import Limit
 from quotawrap.ledger import HoldRequest
 from quotawrap.ledger.redis import RedisLedger
-from quotawrap.quota import Limit
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import _cli_env, communicate_all, hold_request
 from tests.redis_server import RedisServer, private_server

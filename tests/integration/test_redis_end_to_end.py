@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from quotawrap import quota
+from quotawrap.core import quota
+from quotawrap.core.quota import Counters
 from quotawrap.ledger.base import model_day_key
 from quotawrap.ledger.redis import RedisLedger
-from quotawrap.quota import Counters
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import Wrapped, child, communicate_all, run_quotawrap, start_cli
 from tests.redis_server import RedisServer, private_server, session_url

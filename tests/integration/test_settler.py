@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 
-from quotawrap.ledger.sqlite_file import EVERY_CALL
+from quotawrap.ledger.sqlite.file import EVERY_CALL
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import child, ledger_rows, run_quotawrap, start_cli
 
@@ -47,7 +47,7 @@ def _wrapper_with_queued_settles(sim: ArkSimulator, store: str) -> tuple[subproc
     assert line.startswith("QUEUED"), proc.stderr.read() if proc.stderr else line
     _, pid, pending, drawn = line.split()
     assert int(pending) == CALLS
-    # calls drawn from an advance (quotawrap.advances): all but the first, which may have come before the
+    # calls drawn from an advance (quotawrap.admission.advances): all but the first, which may have come before the
     # wrapper's socket was there (it reserved alone then)
     assert int(drawn) >= CALLS - 1
     return proc, int(pid)

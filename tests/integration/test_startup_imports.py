@@ -33,19 +33,19 @@ main()  # as the console script calls it
 # Loaded later (the summary, a call's estimate) or never by a plain run: not before the child starts.
 NOT_BEFORE_THE_CHILD = (
     "click",
-    "quotawrap.commands",
-    "quotawrap.ledger_commands",
-    "quotawrap.prices",
-    "quotawrap.endpoint_prices",
-    "quotawrap.estimate",
-    "quotawrap.tokens",
-    "quotawrap.status",
-    "quotawrap.report",
-    "quotawrap.guard",
-    "quotawrap.guarded_call",
-    "quotawrap.settler",
-    "quotawrap.sync",  # only a run with a balance source (balance.sync_source tells)
-    "quotawrap.expiry",
+    "quotawrap.cli.commands",
+    "quotawrap.cli.ledger_commands",
+    "quotawrap.core.prices",
+    "quotawrap.core.endpoint_prices",
+    "quotawrap.core.estimate",
+    "quotawrap.core.tokens",
+    "quotawrap.books.status",
+    "quotawrap.wrapper.report",
+    "quotawrap.admission.guard",
+    "quotawrap.settling.call",
+    "quotawrap.settling.settler",
+    "quotawrap.books.sync",  # only a run with a balance source (balance.sync_source tells)
+    "quotawrap.core.expiry",
     "quotawrap.intercept.httpx_adapter",
     "quotawrap.intercept.requests_adapter",
     "quotawrap.intercept.aiohttp_adapter",
@@ -55,10 +55,10 @@ NOT_BEFORE_THE_CHILD = (
     "httpx",
     "secrets",
     # standard-library and third-party helpers whose imports cost more than the start path's own use
-    "shutil",  # launcher.which instead (shutil imports the compressors)
+    "shutil",  # support.processes.which instead (shutil imports the compressors)
     "tempfile",  # registry's run directory (tempfile imports random, hashlib, shutil)
     "hashlib",  # redact.key_fingerprint imports it when it has a secret to fingerprint
-    "platformdirs",  # ledger.user_state_dir applies its XDG rule on Linux
+    "platformdirs",  # config.paths.user_state_dir applies its XDG rule on Linux
     "uuid",  # a hold id is drawn in the child (uuid imports platform)
     "socket",  # _host.hostname instead; the watcher's name lookups import it once the child runs
     "subprocess",  # the child and git's queries are spawned with os.posix_spawn
@@ -85,7 +85,9 @@ def _at_child_start(tmp_path: Path, options: list[str]) -> dict[str, Any]:
 @pytest.mark.parametrize("options", [["--quiet"], []], ids=["quiet", "with-summary"])
 def test_the_wrapper_starts_its_child_without_loading_what_it_does_not_need(tmp_path: Path, options: list[str]) -> None:
     loaded = set(_at_child_start(tmp_path, options)["modules"])
-    assert "quotawrap.run" in loaded and "quotawrap.ledger.sqlite" in loaded  # the hook saw the real start
+    assert (
+        "quotawrap.wrapper.run" in loaded and "quotawrap.ledger.sqlite.ledger" in loaded
+    )  # the hook saw the real start
     early = sorted(
         name for name in loaded if any(name == bad or name.startswith(f"{bad}.") for bad in NOT_BEFORE_THE_CHILD)
     )

@@ -31,13 +31,13 @@ main()  # as the console script calls it
 
 # What a run that made no guarded call never needs, start to end.
 NEVER_LOADED = (
-    "quotawrap.ledger.sqlite",
+    "quotawrap.ledger.sqlite.ledger",
     "quotawrap.ledger.base",
-    "quotawrap.quota",
-    "quotawrap.report",
-    "quotawrap.live",
-    "quotawrap.retention",
-    "quotawrap.money",
+    "quotawrap.core.quota",
+    "quotawrap.wrapper.report",
+    "quotawrap.wrapper.live",
+    "quotawrap.books.retention",
+    "quotawrap.core.money",
     "dataclasses",
     "typing",
     "json",
@@ -113,7 +113,7 @@ def test_a_sigkilled_child_that_reserved_has_its_hold_charged(sim: ArkSimulator,
 
 def test_the_mark_is_left_before_the_ledger_opens(tmp_path: Path) -> None:
     """Every directory of QUOTAWRAP_RUN_DIR gets the process's mark, even when the ledger cannot open."""
-    from quotawrap.files import ledger_used
+    from quotawrap.support.files import ledger_used
 
     inner, outer = tmp_path / "inner", tmp_path / "outer"
     inner.mkdir()

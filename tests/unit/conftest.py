@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
+from quotawrap.config.settings import Settings
 from quotawrap.intercept import set_guard
-from quotawrap.settings import Settings
 from quotawrap.simulator import ArkSimulator
 
 

@@ -1,4 +1,4 @@
-"""Advances (quotawrap.advances): room a process reserves ahead for its next calls, drawn without the ledger.
+"""Advances (quotawrap.admission.advances): room a process reserves ahead for its next calls, drawn without the ledger.
 
 The sizing rule is a table; the ledger's side (a drawn call's row split from the advance's as its settle lands,
 a close giving back what was not drawn) is checked on both ledgers, a real SQLite file and a real redis-server,
@@ -18,15 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotawrap.advances import ADVANCE_CALLS, ADVANCE_S, ROOM_SHARE, Advances, advance_size
+from quotawrap.admission.advances import ADVANCE_CALLS, ADVANCE_S, ROOM_SHARE, Advances, advance_size
+from quotawrap.core.quota import Counters, Limit
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import HoldRequest, Ledger, open_ledger
 from quotawrap.ledger.base import ADVANCE, Drawn, ModelTotals, Settle
 from quotawrap.ledger.redis import RedisLedger
 from quotawrap.ledger.scopes import scope_keys
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.ledger.sqlite_reserve import LANDED_TOGETHER, drawn_runs
-from quotawrap.quota import Counters, Limit
-from quotawrap.usage import Usage
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
+from quotawrap.ledger.sqlite.reserve import LANDED_TOGETHER, drawn_runs
 from tests.redis_server import flushed, session_url
 from tests.unit.test_ledger_sqlite import DAY, MODEL
 from tests.unit.test_ledger_sqlite import _hold as sqlite_hold
@@ -399,7 +399,7 @@ def test_advances_draw_until_what_is_left_does_not_cover_a_call(tmp_path: Path) 
 def test_an_advance_older_than_its_time_is_given_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wired = _wired(tmp_path)
     clock = [1_000.0]
-    monkeypatch.setattr("quotawrap.advances.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("quotawrap.admission.advances.time.monotonic", lambda: clock[0])
     taken = wired.advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())
     assert taken is not None and wired.advances.draw(_hold(100, 10), 0.0) is not None
     clock[0] += ADVANCE_S + 0.01
@@ -501,9 +501,9 @@ def test_only_a_guarded_child_under_a_wrapper_and_never_watch_takes_advances(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, under_a_wrapper: bool, watch: bool, takes: bool
 ) -> None:
     """Advances need the wrapper (it is told of every draw) and change nothing a --watch run would see."""
-    from quotawrap.files import SOCKET_VARIABLE
-    from quotawrap.guard import Guard
-    from quotawrap.settings import Settings
+    from quotawrap.admission.guard import Guard
+    from quotawrap.config.settings import Settings
+    from quotawrap.support.files import SOCKET_VARIABLE
 
     if under_a_wrapper:
         monkeypatch.setenv(SOCKET_VARIABLE, str(tmp_path / "settle.sock"))
@@ -516,7 +516,7 @@ def test_only_a_guarded_child_under_a_wrapper_and_never_watch_takes_advances(
 def test_every_advance_is_given_back_when_the_settles_land_at_exit(tmp_path: Path) -> None:
     """flush_all (atexit, a multiprocessing child's finalizers, before fork) closes the advances first, so their
     closes land with the settles."""
-    from quotawrap.settler import flush_all
+    from quotawrap.settling.settler import flush_all
 
     wired = _wired(tmp_path)
     taken = wired.advances.take(_hold(100, 10), 0.0, _no_limits, [], _counters())

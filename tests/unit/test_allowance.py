@@ -10,12 +10,12 @@ from typing import cast
 
 import pytest
 
-from quotawrap._errors import StoreError
-from quotawrap.allowance import AllowanceBook, model_reasoning
-from quotawrap.estimate import MAX_OUTPUT_TOKENS
+from quotawrap.admission.allowance import AllowanceBook, model_reasoning
+from quotawrap.core.errors import StoreError
+from quotawrap.core.estimate import MAX_OUTPUT_TOKENS
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import Ledger
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.usage import Usage
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 from tests.conftest import hold_request
 
 MODEL = "deepseek-v4-flash"
@@ -159,8 +159,8 @@ def test_the_known_p99_never_falls_below_the_truth_and_catches_up(ledger: SQLite
     the exact p99 of the window, a larger value shows at once, and within 64 settles it is exact again."""
     import random
 
-    from quotawrap.allowance import HISTORY_CALLS
-    from quotawrap.estimate import learned_allowance
+    from quotawrap.admission.allowance import HISTORY_CALLS
+    from quotawrap.core.estimate import learned_allowance
 
     def truth() -> int | None:
         return learned_allowance(seen[-HISTORY_CALLS:], floor=0)

@@ -1,4 +1,4 @@
-"""Tests for quotawrap.attribution: --tag parsing, automatic tags from a whitelist, merging."""
+"""Tests for quotawrap.books.attribution: --tag parsing, automatic tags from a whitelist, merging."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap._errors import ConfigError
-from quotawrap.attribution import (
+from quotawrap.books.attribution import (
     GIT_TIMEOUT_S,
     MAX_TAG_VALUE_LENGTH,
     automatic_tags,
@@ -21,6 +20,7 @@ from quotawrap.attribution import (
     parse_tags,
     run_git,
 )
+from quotawrap.core.errors import ConfigError
 
 GITHUB_ENV = {
     "GITHUB_ACTIONS": "true",

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap.admission import TAIL_MIN_TOKENS, Plan, plan_output
-from quotawrap.estimate import (
+from quotawrap.admission.room import TAIL_MIN_TOKENS, Plan, plan_output
+from quotawrap.core.estimate import (
     MAX_OUTPUT_TOKENS,
     Estimate,
     EstimateSettings,
@@ -17,7 +17,7 @@ from quotawrap.estimate import (
     output_allowance,
     unbounded_thinking,
 )
-from quotawrap.quota import Counters, Limit, never_fits, token_room, verdict
+from quotawrap.core.quota import Counters, Limit, never_fits, token_room, verdict
 
 RUN = Limit("run_cap", "run", 20_000)
 DAY = Limit("daily_cap", "model_day", 100_000)

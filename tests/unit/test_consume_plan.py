@@ -6,8 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from quotawrap import quota
-from quotawrap.consume_plan import (
+from quotawrap.consume.plan import (
     MIN_CALL_TOKENS,
     lease_name,
     next_call_tokens,
@@ -17,6 +16,7 @@ from quotawrap.consume_plan import (
     seconds_until,
     stop_reason,
 )
+from quotawrap.core import quota
 
 DAY = "2026-08-13"
 T = datetime(2026, 8, 13, 23, 20, tzinfo=quota.BEIJING).timestamp()

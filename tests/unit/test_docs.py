@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from quotawrap.cli import cli
-from quotawrap.settings import OPTIONS, env_name
+from quotawrap.config.settings import OPTIONS, env_name
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 

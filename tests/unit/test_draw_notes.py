@@ -1,4 +1,4 @@
-"""Draw notes (quotawrap.draw_notes): slots of a shared file, written by a guarded process, read by its wrapper.
+"""Draw notes (settling/draw_notes.py): slots of a shared file, written by a guarded process, read by its wrapper.
 
 Real files, real mmap, a real fork and a real SIGKILL: what a killed process wrote is what the wrapper reads.
 """
@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from quotawrap.draw_notes import (
+from quotawrap.core.usage import Usage
+from quotawrap.ledger.base import Drawn, Settle
+from quotawrap.settling.draw_notes import (
     SLOT_BYTES,
     SLOTS,
     DrawNotes,
@@ -24,9 +26,7 @@ from quotawrap.draw_notes import (
     slots_used,
     stop_collecting,
 )
-from quotawrap.ledger.base import Drawn, Settle
-from quotawrap.settle_relay import decode, encode
-from quotawrap.usage import Usage
+from quotawrap.settling.handoff import decode, encode
 
 
 def _draw(hold_id: str, key: str | None = "sha256:0123456789abcdef") -> Settle:

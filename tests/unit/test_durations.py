@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quotawrap.durations import parse_duration, parse_retention
+from quotawrap.core.durations import parse_duration, parse_retention
 
 GOOD = [
     ("90d", 90 * 86_400),

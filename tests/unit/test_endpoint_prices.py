@@ -1,13 +1,13 @@
-"""Tests for quotawrap.endpoint_prices: per image, plugin fees, batch discount, context storage."""
+"""Tests for quotawrap.core.endpoint_prices: per image, plugin fees, batch discount, context storage."""
 
 from __future__ import annotations
 
 import pytest
 
-from quotawrap.endpoint_prices import CostRule, with_media_prices
-from quotawrap.estimate import Estimate
-from quotawrap.prices import PriceTable, UnknownPrice
-from quotawrap.usage import Usage
+from quotawrap.core.endpoint_prices import CostRule, with_media_prices
+from quotawrap.core.estimate import Estimate
+from quotawrap.core.prices import PriceTable, UnknownPrice
+from quotawrap.core.usage import Usage
 
 TABLE = with_media_prices(PriceTable())
 SEED = "doubao-seed-1-6-250615"
@@ -71,7 +71,7 @@ class TestTokenEndpoints:
 
     def test_toml_prices_still_win_over_bundled_media_prices(self) -> None:
         """A [prices] entry for a Seedance model replaces the bundled estimate."""
-        from quotawrap.prices import load_overrides
+        from quotawrap.core.prices import load_overrides
 
         table = with_media_prices(load_overrides({"doubao-seedance-1-0-pro": {"input": 1, "output": 1}}))
         usage = Usage(0, 1_000_000, 1_000_000)

@@ -1,4 +1,4 @@
-"""Tests for quotawrap.endpoints: which requests are guarded, and what they ask for."""
+"""Tests for quotawrap.core.endpoints: which requests are guarded, and what they ask for."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap.endpoints import (
+from quotawrap.core.endpoints import (
     Route,
     Router,
     classify,

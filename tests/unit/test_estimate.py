@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotawrap.estimate import (
+from quotawrap.core.estimate import (
     Estimate,
     EstimateSettings,
     Kind,
@@ -18,8 +18,8 @@ from quotawrap.estimate import (
     thinking_disabled,
     usage_bound,
 )
-from quotawrap.tokens import count_tokens
-from quotawrap.usage import MODEL_MAX_OUTPUT, MODEL_WINDOW, UsageBound
+from quotawrap.core.tokens import count_tokens
+from quotawrap.core.usage import MODEL_MAX_OUTPUT, MODEL_WINDOW, UsageBound
 
 DEFAULTS = EstimateSettings()
 OVERHEAD = DEFAULTS.per_message_overhead

@@ -34,10 +34,10 @@ import respx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
+from quotawrap.config.settings import Settings
 from quotawrap.intercept import httpx_adapter, requests_adapter, set_guard
 from quotawrap.ledger import model_day_key
-from quotawrap.settings import Settings
 from tests.redis_server import flushed, session_url
 
 MOCK_BASE = "http://fuzz.test/api/v3"

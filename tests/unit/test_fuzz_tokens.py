@@ -1,4 +1,4 @@
-"""Property tests of the claims quotawrap.tokens rests on, against the real bundled tokenizers.
+"""Property tests of the claims quotawrap.core.tokens rests on, against the real bundled tokenizers.
 
 * the UTF-8 byte count is an upper bound of the token count (the estimate uses it for short
   inputs without loading a tokenizer, so an undercount there would let a call through unpaid);
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotawrap.tokens import CL100K_OFFLINE, DEEPSEEK_TOKENIZER, TokenCounter, count_tokens, pieces, utf8_bound
-from quotawrap.tokens import _default_cache as cache
+from quotawrap.core.tokens import CL100K_OFFLINE, DEEPSEEK_TOKENIZER, TokenCounter, count_tokens, pieces, utf8_bound
+from quotawrap.core.tokens import _default_cache as cache
 
 TOKENIZERS = [CL100K_OFFLINE, DEEPSEEK_TOKENIZER]
 MODELS = {CL100K_OFFLINE: "doubao-seed-1-6-250615", DEEPSEEK_TOKENIZER: "deepseek-v3-2-251201"}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from quotawrap._errors import ConfigError
+from quotawrap.core.errors import ConfigError
 from quotawrap.serve._http import (
     PROXY_VARIABLES,
     forwarded_request_headers,

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from quotawrap.guard import Guard
-from quotawrap.guarded_call import GuardedCall
+from quotawrap.admission.guard import Guard
+from quotawrap.config.settings import Settings
 from quotawrap.ledger import run_key
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.settings import Settings
-from quotawrap.waiting import read_events
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
+from quotawrap.settling.call import GuardedCall
+from quotawrap.support.events import read_events
 from tests.redis_server import free_port
 
 BASE = "http://127.0.0.1:9/api/v3"
@@ -265,7 +265,7 @@ class TestRefittedAttempt:
     ) -> None:
         """A call whose bound was fitted to counters another process has since outgrown is refused once, refitted
         and admitted: `quotawrap report` counts no blocked call, as the run summary does (one rule for both)."""
-        from quotawrap.audit import aggregate
+        from quotawrap.settling.audit import aggregate
 
         mine = make_guard(cap_tokens=9_000, wait=0)
         first = mine.begin("POST", URL, JSON, body(max_tokens=None))
@@ -329,7 +329,7 @@ class TestSpeedSwitches:
         relay: bool,
         advances: bool,
     ) -> None:
-        from quotawrap.files import SOCKET_VARIABLE
+        from quotawrap.support.files import SOCKET_VARIABLE
 
         monkeypatch.setenv(SOCKET_VARIABLE, str(tmp_path / "settle.sock"))  # a guarded child under a wrapper
         environ = {"QUOTAWRAP_RUN_ID": RUN} | ({variable: "0"} if variable else {})

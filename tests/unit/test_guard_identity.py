@@ -1,4 +1,4 @@
-"""The guard keys every call by the model it is (quotawrap.identity), over a real SQLite ledger."""
+"""The guard keys every call by the model it is (quotawrap.core.identity), over a real SQLite ledger."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from quotawrap.endpoint_ids import PROBE_WAIT_S, EndpointIds
-from quotawrap.guard import Guard
-from quotawrap.guarded_call import GuardedCall
-from quotawrap.identity import UNMAPPED
+from quotawrap.admission.guard import Guard
+from quotawrap.config.settings import Settings
+from quotawrap.core.identity import UNMAPPED
+from quotawrap.core.quota import Counters, beijing_day
 from quotawrap.ledger import model_day_key
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.quota import Counters, beijing_day
-from quotawrap.report import read_unguarded
-from quotawrap.settings import Settings
+from quotawrap.ledger.endpoint_ids import PROBE_WAIT_S, EndpointIds
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
+from quotawrap.settling.call import GuardedCall
+from quotawrap.wrapper.report import read_unguarded
 
 BASE = "http://127.0.0.1:9/api/v3"
 URL = f"{BASE}/chat/completions"
@@ -250,6 +250,6 @@ def test_a_probe_out_too_long_lets_the_next_go(ledger: SQLiteLedger) -> None:
 
 
 def _usage(total: int) -> Any:
-    from quotawrap.usage import Usage
+    from quotawrap.core.usage import Usage
 
     return Usage(prompt_tokens=10, completion_tokens=total - 10, total_tokens=total)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
+from quotawrap.config.settings import Settings
 from quotawrap.ledger import open_ledger
-from quotawrap.settings import Settings
 
 ARK = "https://ark.cn-beijing.volces.com/api/v3"
 CHAT = json.dumps({"model": "doubao-seed-1-6-250615", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -132,7 +132,7 @@ class TestVideoTasks:
 
     def test_status_lists_the_open_task(self, tmp_path: Path) -> None:
         """`quotawrap status` shows each task still held under its model, JSON and text."""
-        from quotawrap.status import model_status, render_status
+        from quotawrap.books.status import model_status, render_status
 
         g = guard(tmp_path)
         self.create(g, b'{"id": "cgt-9"}')

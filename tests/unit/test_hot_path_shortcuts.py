@@ -21,14 +21,14 @@ import httpx2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotawrap import endpoints, estimate, json_bytes, money, usage
-from quotawrap.endpoint_prices import CostRule
-from quotawrap.estimate import Estimate
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
+from quotawrap.config.settings import Settings
+from quotawrap.core import endpoints, estimate, json_bytes, money, usage
+from quotawrap.core.endpoint_prices import CostRule
+from quotawrap.core.estimate import Estimate
+from quotawrap.core.prices import PriceTable, normalize_model
 from quotawrap.intercept.httpx_adapter import read_headers
 from quotawrap.ledger.base import model_day_key, run_cost_key, run_key
-from quotawrap.prices import PriceTable, normalize_model
-from quotawrap.settings import Settings
 
 
 class _Dict(dict[str, Any]):

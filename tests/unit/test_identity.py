@@ -1,4 +1,4 @@
-"""Tests for quotawrap.identity: one identity per model, whatever the request names."""
+"""Tests for quotawrap.core.identity: one identity per model, whatever the request names."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from quotawrap.identity import (
+from quotawrap.core.identity import (
     UNMAPPED,
     Identity,
     answered_model,
@@ -17,7 +17,7 @@ from quotawrap.identity import (
     is_endpoint_id,
     resolve,
 )
-from quotawrap.prices import PriceTable, normalize_model
+from quotawrap.core.prices import PriceTable, normalize_model
 
 EP_A = "ep-20250101123456-abcde"
 EP_B = "ep-20250202123456-fghij"

@@ -1,4 +1,4 @@
-"""Tests for quotawrap._importhook: post-import hooks, each run in a fresh interpreter.
+"""Tests for quotawrap.intercept._importhook: post-import hooks, each run in a fresh interpreter.
 
 A hook is global state of the import system (sys.meta_path, sys.modules), so every case runs
 in a subprocess with a throwaway module written to tmp_path.
@@ -38,7 +38,7 @@ class TestFirstImport:
             tmp_path,
             """
             import json, sys
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             seen = []
             when_imported("qw_probe", lambda module: seen.append(getattr(module, "BODY_RAN", False)))
             before = "qw_probe" in sys.modules
@@ -54,7 +54,7 @@ class TestFirstImport:
             tmp_path,
             """
             import json, sys
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             when_imported("qw_probe", lambda module: None)
             print(json.dumps("qw_probe" in sys.modules))
             """,
@@ -67,7 +67,7 @@ class TestFirstImport:
             tmp_path,
             """
             import json, importlib
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             calls = []
             when_imported("qw_probe", calls.append)
             import qw_probe
@@ -84,7 +84,7 @@ class TestFirstImport:
             tmp_path,
             """
             import json
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             def patch(module):
                 module.answer = lambda: "patched"
             when_imported("qw_probe", patch)
@@ -104,7 +104,7 @@ class TestFirstImport:
             tmp_path,
             """
             import json
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             seen = []
             when_imported("qw_pkg", lambda module: seen.append(hasattr(module.adapters, "HTTPAdapter")))
             import qw_pkg
@@ -120,7 +120,7 @@ class TestFirstImport:
             tmp_path,
             """
             import inspect, json
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             when_imported("qw_probe", lambda module: None)
             import qw_other, qw_probe
             print(json.dumps({
@@ -140,7 +140,7 @@ class TestFirstImport:
             tmp_path,
             """
             import json
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             order = []
             when_imported("qw_probe", lambda module: order.append("first"))
             when_imported("qw_probe", lambda module: order.append("second"))
@@ -159,7 +159,7 @@ class TestAlreadyImported:
             """
             import json
             import qw_probe
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             seen = []
             when_imported("qw_probe", lambda module: seen.append(module is qw_probe))
             print(json.dumps(seen))
@@ -175,7 +175,7 @@ class TestRaisingHook:
             tmp_path,
             """
             import json
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             def broken(module):
                 raise RuntimeError("no luck")
             later = []
@@ -196,7 +196,7 @@ class TestRaisingHook:
             """
             import json
             import qw_probe
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             def broken(module):
                 raise RuntimeError("no luck")
             when_imported("qw_probe", broken)
@@ -213,7 +213,7 @@ class TestRaisingHook:
             tmp_path,
             """
             import json
-            from quotawrap._importhook import when_imported
+            from quotawrap.intercept._importhook import when_imported
             seen = []
             when_imported("qw_broken", seen.append)
             try:

@@ -12,7 +12,7 @@ import httpx2
 import openai
 import pytest
 
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
 from quotawrap.intercept import aiohttp_adapter, httpx_adapter
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import ledger_rows

@@ -23,9 +23,9 @@ import respx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
+from quotawrap.config.settings import Settings
 from quotawrap.intercept import get_guard, httpx_adapter, set_guard
-from quotawrap.settings import Settings
 from tests.conftest import ledger_rows
 
 BASE = "http://testserver/api/v3"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
 from quotawrap.intercept import requests_adapter
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import ledger_rows

@@ -20,11 +20,11 @@ import urllib3
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
+from quotawrap.core.redact import redact_argv
 from quotawrap.intercept import _scope, netguard, stdlib_adapter
-from quotawrap.redact import redact_argv
-from quotawrap.registry import _interpreter_flags, _python_name
 from quotawrap.simulator import ArkSimulator
+from quotawrap.wrapper.registry import _interpreter_flags, _python_name
 from tests.conftest import ledger_rows
 
 MODEL = "doubao-seed-1-6-250615"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from quotawrap import bootstrap
-from quotawrap.launcher import HOOK_DIR, PACKAGE_HOME, child_environment, injection_blockers
-from quotawrap.settings import Settings
+from quotawrap.config.settings import Settings
+from quotawrap.wrapper.launcher import HOOK_DIR, PACKAGE_HOME, child_environment, injection_blockers
 from tests.conftest import run_python
 
 HOOK = str(HOOK_DIR)
@@ -136,7 +136,7 @@ class TestBootstrap:
             env,
             """
             import json, sys
-            heavy_modules = ("httpx", "httpx2", "requests", "quotawrap.guard", "sqlite3")
+            heavy_modules = ("httpx", "httpx2", "requests", "quotawrap.admission.guard", "sqlite3")
             heavy = [m for m in heavy_modules if m in sys.modules]
             import quotawrap.bootstrap as bootstrap
             loaded = bootstrap.loaded

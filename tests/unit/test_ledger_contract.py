@@ -23,15 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotawrap._errors import StoreError
-from quotawrap.advances import Advances
-from quotawrap.audit import aggregate
-from quotawrap.identity import UNMAPPED
-from quotawrap.ledger import Books, CallPath, Ledger, Reader, open_ledger
-from quotawrap.ledger.base import ADVANCE, HoldRequest, RunRecord, Settle, model_day_key, run_cost_key, run_key
-from quotawrap.ledger.holds import MAX_CHARGE
-from quotawrap.ledger.redis import RedisLedger
-from quotawrap.quota import (
+from quotawrap.admission.advances import Advances
+from quotawrap.books.sync import record_balance
+from quotawrap.core.errors import StoreError
+from quotawrap.core.identity import UNMAPPED
+from quotawrap.core.quota import (
     Counters,
     Limit,
     Package,
@@ -41,8 +37,12 @@ from quotawrap.quota import (
     beijing_day_start,
     verdict,
 )
-from quotawrap.sync import record_balance
-from quotawrap.usage import Usage
+from quotawrap.core.usage import Usage
+from quotawrap.ledger import Books, CallPath, Ledger, Reader, open_ledger
+from quotawrap.ledger.base import ADVANCE, HoldRequest, RunRecord, Settle, model_day_key, run_cost_key, run_key
+from quotawrap.ledger.holds import MAX_CHARGE
+from quotawrap.ledger.redis import RedisLedger
+from quotawrap.settling.audit import aggregate
 from tests.redis_server import (
     RedisCluster3,
     RedisServer,
@@ -740,7 +740,7 @@ def waiter(hold: HoldRequest, name: str, ticket: int | None = None, *, can_wait:
 @pytest.fixture
 def short_lease(monkeypatch: pytest.MonkeyPatch) -> float:
     """Leases of 0.3 s, so a test can let one run out."""
-    monkeypatch.setattr("quotawrap.ledger.sqlite_lines.LEASE_S", 0.3)
+    monkeypatch.setattr("quotawrap.ledger.sqlite.lines.LEASE_S", 0.3)
     monkeypatch.setattr("quotawrap.ledger.redis.reserve_args.LEASE_S", 0.3)
     return 0.3
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from quotawrap.core.quota import DAY_S, Counters, Limit, beijing_day, never_fits, ordered, verdict
 from quotawrap.ledger import holds, lines
 from quotawrap.ledger.redis.client import lua_file
 from quotawrap.ledger.redis.keys import day_start
-from quotawrap.quota import DAY_S, Counters, Limit, beijing_day, never_fits, ordered, verdict
 from tests.redis_server import session_url
 
 pytestmark = pytest.mark.redis

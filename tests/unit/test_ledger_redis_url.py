@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from quotawrap._errors import ConfigError, StoreError
+from quotawrap.core.errors import ConfigError, StoreError
+from quotawrap.core.quota import Counters, Limit, beijing_day
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import HoldRequest, model_day_key, open_ledger
 from quotawrap.ledger.redis import RedisLedger
-from quotawrap.quota import Counters, Limit, beijing_day
-from quotawrap.usage import Usage
 from tests.redis_server import RedisServer, free_port, redis_binary
 
 SECRET = "s3cret-Pw"

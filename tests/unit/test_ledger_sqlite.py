@@ -20,15 +20,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotawrap._errors import StoreCorrupt, StoreError
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
+from quotawrap.config.settings import Settings
+from quotawrap.core.errors import StoreCorrupt, StoreError
+from quotawrap.core.quota import Counters
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import HoldRequest, model_day_key
 from quotawrap.ledger.base import new_hold_id
-from quotawrap.ledger.sqlite import SCHEMA_VERSION, SQLiteLedger
-from quotawrap.ledger.sqlite_file import _SCHEMA, PAGE_SIZE
-from quotawrap.quota import Counters
-from quotawrap.settings import Settings
-from quotawrap.usage import Usage
+from quotawrap.ledger.sqlite.file import _SCHEMA, PAGE_SIZE
+from quotawrap.ledger.sqlite.ledger import SCHEMA_VERSION, SQLiteLedger
 
 MODEL = "doubao-seed-1-6-250615"
 DAY = "2026-05-01"
@@ -256,7 +256,7 @@ def _open_and_report(path: Path, results: Any) -> None:
 @pytest.fixture
 def check_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """An open ledger checks its file on every call instead of once a second."""
-    monkeypatch.setattr("quotawrap.ledger.sqlite.FILE_CHECK_S", 0.0)
+    monkeypatch.setattr("quotawrap.ledger.sqlite.ledger.FILE_CHECK_S", 0.0)
 
 
 class TestTruncatedOrReplaced:
@@ -459,8 +459,8 @@ class TestCheckpointsLeftToTheWrapper:
     def test_a_guarded_childs_guard_leaves_them_only_under_a_wrapper(
         self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        from quotawrap.ledger.sqlite import BACKSTOP_CHECKPOINT_PAGES
-        from quotawrap.settle_relay import SOCKET_VARIABLE
+        from quotawrap.ledger.sqlite.ledger import BACKSTOP_CHECKPOINT_PAGES
+        from quotawrap.settling.handoff import SOCKET_VARIABLE
 
         store = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
         monkeypatch.delenv(SOCKET_VARIABLE, raising=False)
@@ -499,7 +499,7 @@ def test_what_is_in_flight_is_what_the_open_holds_reserved(tmp_path: Path, holds
     ``counters``; on generated holds, some settled, released or charged, both say what the holds still open
     reserved, per run, run cost and model-day, and the settled what the others were charged."""
     from quotawrap.ledger.scopes import scope_keys
-    from quotawrap.ledger.sqlite_reserve import read_for_reserve
+    from quotawrap.ledger.sqlite.reserve import read_for_reserve
 
     with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
         ledger = SQLiteLedger(Path(directory) / "ledger.sqlite3")

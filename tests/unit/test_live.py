@@ -1,4 +1,4 @@
-"""Tests for quotawrap.live: the rendering, which limit a line shows, the terminal block, the view."""
+"""Tests for quotawrap.wrapper.live: the rendering, which limit a line shows, the terminal block, the view."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from quotawrap.config.settings import Settings
+from quotawrap.core.quota import QuotaSettings, Snapshot, beijing_day
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import Ledger
 from quotawrap.ledger.base import HoldRequest
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.live import (
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
+from quotawrap.wrapper.live import (
     DAILY_LIMIT,
     FREE,
     RUN_CAP,
@@ -38,9 +41,6 @@ from quotawrap.live import (
     tightest,
     warning_line,
 )
-from quotawrap.quota import QuotaSettings, Snapshot, beijing_day
-from quotawrap.settings import Settings
-from quotawrap.usage import Usage
 
 NOW = 1_780_000_000.0  # a fixed instant: the Beijing day never changes under a test
 DAY = beijing_day(NOW)

@@ -1,4 +1,4 @@
-"""Tests for quotawrap.media: the most an image or video request may be billed."""
+"""Tests for quotawrap.core.media: the most an image or video request may be billed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from quotawrap.media import MAX_IMAGES, image_count, image_tokens_each, video_tokens
+from quotawrap.core.media import MAX_IMAGES, image_count, image_tokens_each, video_tokens
 
 
 class TestImageTokensEach:

@@ -16,13 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotawrap.admission import ADDED, REPLACED, plan_output, read_bound_mark
-from quotawrap.estimate import MAX_OUTPUT_TOKENS, Estimate, EstimateSettings, unbounded_thinking
-from quotawrap.guard import Guard
+from quotawrap.admission.guard import Guard
+from quotawrap.admission.room import plan_output
+from quotawrap.config.settings import Settings
+from quotawrap.core.estimate import MAX_OUTPUT_TOKENS, Estimate, EstimateSettings, unbounded_thinking
+from quotawrap.core.model_limits import UNKNOWN_REASONING_CEILING, reasoning_ceiling
+from quotawrap.core.output_bound import ADDED, REPLACED, read_bound_mark
 from quotawrap.ledger import run_key
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.model_limits import UNKNOWN_REASONING_CEILING, reasoning_ceiling
-from quotawrap.settings import Settings
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 from quotawrap.simulator import SimConfig
 from quotawrap.simulator._contract import ArkError, check_chat
 
@@ -166,7 +167,7 @@ class TestWhatTheGuardSends:
     def test_a_learned_model_is_bounded_at_the_default_answer_plus_its_p99(self, ledger: SQLiteLedger) -> None:
         """After settled calls the added bound is 4,096 + their p99 reasoning, and learned max_tokens calls
         reserve M + that p99."""
-        from quotawrap.usage import Usage
+        from quotawrap.core.usage import Usage
         from tests.conftest import hold_request
 
         decision = ledger.reserve(hold_request(SEED, reserve=100_000), lambda _snapshot: [])
@@ -299,8 +300,8 @@ class TestWhatTheLedgerKeeps:
         """The hold id of a call the guard bounded says how and at what: `quotawrap report` (table, JSON, CSV)
         and `status` count those calls and the ones cut short there, after the run, from the ledger alone; a
         refused attempt refitted and asked again is still no blocked call."""
-        from quotawrap.audit import aggregate, render_csv, render_table
-        from quotawrap.status import model_status, render_status
+        from quotawrap.books.status import model_status, render_status
+        from quotawrap.settling.audit import aggregate, render_csv, render_table
 
         guard = Guard(Settings(base_url=(BASE,), run_id=RUN, reasoning_reserve="cut"), ledger)
         for fields, completion in (({}, 8_192), ({}, 300), ({"max_tokens": 64}, 64), ({"max_tokens": 64}, 20)):

@@ -1,4 +1,4 @@
-"""Tests for quotawrap.prices: the bundled table, tiers, costs, the unknown-price policy, toml overrides."""
+"""Tests for quotawrap.core.prices: the bundled table, tiers, costs, the unknown-price policy, toml overrides."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap._errors import ConfigError, QuotawrapError
-from quotawrap.money import Cost, format_cny, parse_cny
-from quotawrap.prices import (
+from quotawrap.core.errors import ConfigError, QuotawrapError
+from quotawrap.core.money import Cost, format_cny, parse_cny
+from quotawrap.core.prices import (
     BUNDLED_AS_OF,
     BUNDLED_PRICES,
     BUNDLED_SOURCE,
@@ -25,7 +25,7 @@ from quotawrap.prices import (
     load_overrides,
     normalize_model,
 )
-from quotawrap.usage import Usage
+from quotawrap.core.usage import Usage
 
 TABLE = PriceTable()
 BUNDLED_KEYS = [price.model for price in BUNDLED_PRICES]

@@ -1,4 +1,4 @@
-"""Tests for quotawrap.quota: every numbered scenario of the VolcEngine quota notes, one table row each.
+"""Tests for quotawrap.core.quota: every numbered scenario of the VolcEngine quota notes, one table row each.
 
 Section numbers (§) point into the production notes (volc-quota-notes.md). Numbers are the
 notes' own; rows say where each comes from. Times are Beijing time.
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quotawrap._errors import ConfigError
-from quotawrap.expiry import drain_daily_usage, keep_alive_daily_usage
-from quotawrap.quota import (
+from quotawrap.core.errors import ConfigError
+from quotawrap.core.expiry import drain_daily_usage, keep_alive_daily_usage
+from quotawrap.core.quota import (
     BEIJING,
     CalibrationDay,
     Counters,

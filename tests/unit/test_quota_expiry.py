@@ -1,8 +1,8 @@
-"""Keep-alive advice capped at the daily cap, and what expires anyway (quotawrap.expiry)."""
+"""Keep-alive advice capped at the daily cap, and what expires anyway (quotawrap.core.expiry)."""
 
 from __future__ import annotations
 
-from quotawrap import expiry, quota
+from quotawrap.core import expiry, quota
 
 DAY = quota.DAY_S
 

@@ -1,4 +1,4 @@
-"""Tests for quotawrap.readahead: the buffer, the lock and the triggers, on a fake upstream and call.
+"""Tests for quotawrap.settling.readahead: the buffer, the lock and the triggers, on a fake upstream and call.
 
 The interception around it (httpx, the openai SDK, the simulator) is covered end to end by
 tests/integration/test_abandoned_streams.py; here each rule is pinned on its own.
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from quotawrap import readahead
-from quotawrap.readahead import AsyncStream, SyncStream
+from quotawrap.settling import readahead
+from quotawrap.settling.readahead import AsyncStream, SyncStream
 
 BODY = [b"data: %d\n\n" % n for n in range(8)]
 SAFETY_S = 30  # how long a test waits for a read-ahead before it fails (never a figure the test checks)

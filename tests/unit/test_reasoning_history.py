@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.reasoning import reasoning_samples
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.usage import Usage
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 from tests.conftest import hold_request
 from tests.redis_server import flushed, session_url
 

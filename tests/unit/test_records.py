@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap._records import Record, built
+from quotawrap.core.records import Record, built
 
 # How a generated field is declared: (source after the annotation, value to pass, the default value)
 KINDS = {
@@ -143,7 +143,7 @@ def test_unpickling_before_any_instance_builds_the_record() -> None:
     """Another process unpickles a record it has never made: the class is built, equality works."""
     data = pickle.dumps(Pickled(5, "x"))
     code = (
-        "import pickle, sys; from tests.unit.test_records import Pickled; from quotawrap._records import built;"
+        "import pickle, sys; from tests.unit.test_records import Pickled; from quotawrap.core.records import built;"
         f"assert not built(Pickled); p = pickle.loads({data!r});"
         "assert built(Pickled) and p == Pickled(5, 'x') and hash(p) == hash(Pickled(5, 'x')), p; print(repr(p))"
     )
@@ -168,8 +168,8 @@ def test_importing_the_guard_builds_only_what_it_makes() -> None:
     """A guarded child imports the guard on its first call: its records wait until they are used, but
     for the three its modules make at import (default settings, the built-in price table)."""
     code = (
-        "import quotawrap.guard, quotawrap.ledger.sqlite\n"
-        "from quotawrap._records import Record, built\n"
+        "import quotawrap.admission.guard, quotawrap.ledger.sqlite.ledger\n"
+        "from quotawrap.core.records import Record, built\n"
         "kinds = Record.__subclasses__()\n"
         "assert len(kinds) > 20, kinds\n"
         "print(sorted(kind.__qualname__ for kind in kinds if built(kind)))\n"

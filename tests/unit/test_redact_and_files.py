@@ -11,11 +11,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from quotawrap.files import append_private, prepare, write_private
+from quotawrap.config.settings import Settings
+from quotawrap.core.redact import join_command, key_fingerprint, redact_argv, redact_command_line, redact_url
 from quotawrap.ledger import RunTotals
-from quotawrap.redact import join_command, key_fingerprint, redact_argv, redact_command_line, redact_url
-from quotawrap.report import run_report
-from quotawrap.settings import Settings
+from quotawrap.support.files import append_private, prepare, write_private
+from quotawrap.wrapper.report import run_report
 
 
 class TestRedact:
@@ -158,7 +158,7 @@ _arguments = st.one_of(st.lists(st.sampled_from(_PIECES), max_size=8).map("".joi
 def test_a_command_line_of_plain_arguments_has_nothing_to_hide(argv: list[str]) -> None:
     """The shortcut that keeps `re` off a guarded command's start: an argument it calls plain is one the
     patterns leave as it is, alone or beside other plain arguments."""
-    from quotawrap import redact
+    from quotawrap.core import redact
 
     if all(redact.plain_argument(arg) for arg in argv):
         assert redact._redact_each(argv) == argv
@@ -171,7 +171,7 @@ def test_join_command_is_shlex_join(argv: list[str]) -> None:
 
 def test_a_usual_command_line_is_plain() -> None:
     """The shortcut pays: the commands people guard are plain (not a superset that is always taken)."""
-    from quotawrap.redact import plain_argument
+    from quotawrap.core.redact import plain_argument
 
     for argv in (["python", "-c", "pass"], ["python", "agent.py", "--model", "deepseek-v4", "--workers=8"]):
         assert all(plain_argument(arg) for arg in argv)

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from quotawrap.core.quota import DAY_S, Counters, beijing_day
 from quotawrap.ledger.base import ledger_clock
 from quotawrap.ledger.redis import RedisLedger
 from quotawrap.ledger.redis import clock as clock_module
 from quotawrap.ledger.redis.clock import SKEW_VARIABLE, ServerClock, consistent, skew_text
 from quotawrap.ledger.scopes import model_day_key
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.quota import DAY_S, Counters, beijing_day
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 from tests.redis_server import RedisCluster3, cluster_unavailable_reason, flushed, redis_binary, session_url
 from tests.unit.test_ledger_contract import MODEL, limits, request, usage
 

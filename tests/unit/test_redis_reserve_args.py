@@ -10,13 +10,13 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from quotawrap.core.quota import Limit, ordered
 from quotawrap.ledger.base import HoldRequest
 from quotawrap.ledger.holds import clamp
 from quotawrap.ledger.lines import LEASE_S
 from quotawrap.ledger.redis.lines import LINE_TTL_S
 from quotawrap.ledger.redis.options import RedisOptions
 from quotawrap.ledger.redis.reserve_args import BLOCKED_MARK_TTL_S, ReserveArgs
-from quotawrap.quota import Limit, ordered
 
 TEXTS = ("r", "run-2", 'quo"te', "back\\slash", "tab\there", "ünï \u2603", "nl\nx", "")
 LIMITS = (

@@ -1,4 +1,4 @@
-"""Tests for quotawrap.refusals: refusals remembered for retries, redirects remembered for the next hop."""
+"""Tests for quotawrap.admission.refusals: refusals remembered for retries, redirects remembered for the next hop."""
 
 from __future__ import annotations
 
@@ -7,14 +7,8 @@ import subprocess
 import sys
 import threading
 
-from quotawrap.endpoints import Route
-from quotawrap.refusals import (
-    RedirectMemory,
-    RetryMemory,
-    caller,
-    fingerprint,
-    unknown_path_message,
-)
+from quotawrap.admission.refusals import RedirectMemory, RetryMemory, caller, fingerprint, unknown_path_message
+from quotawrap.core.endpoints import Route
 
 CHAT = Route("guard", "/api/v3/chat/completions", "chat", "chat")
 
@@ -79,7 +73,7 @@ class TestRetryMemory:
         script = """
 import sys
 from dataclasses import dataclass
-from quotawrap.refusals import RetryMemory, unreported_retries
+from quotawrap.admission.refusals import RetryMemory, unreported_retries
 
 @dataclass(frozen=True)
 class Answer:

@@ -1,14 +1,14 @@
-"""Tests for quotawrap.report: what a run's summary says of the calls that went around the guard."""
+"""Tests for quotawrap.wrapper.report: what a run's summary says of the calls that went around the guard."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from quotawrap.identity import UNMAPPED
+from quotawrap.config.settings import Settings
+from quotawrap.core.identity import UNMAPPED
 from quotawrap.ledger import ModelTotals, RunTotals
-from quotawrap.report import format_summary, read_unguarded, run_report
-from quotawrap.settings import Settings
+from quotawrap.wrapper.report import format_summary, read_unguarded, run_report
 
 
 class TestReadUnguarded:

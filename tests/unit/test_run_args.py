@@ -1,4 +1,4 @@
-"""quotawrap.run_args reads a plain run's command line exactly as click's ``run`` does, or declines.
+"""quotawrap.cli.run_args reads a plain run's command line exactly as click's ``run`` does, or declines.
 
 Generated command lines, variables and config files go through both: wherever the fast parser
 answers, its settings and command (or its one-line error) equal what click's path produces.
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotawrap import run as run_module
-from quotawrap.cli_common import settings_from_values
-from quotawrap.commands import cli, click_main
-from quotawrap.run_args import SUBCOMMANDS, parse_run_args
-from quotawrap.settings import OPTIONS, Option, env_name, parse_value
+from quotawrap.cli.commands import cli, click_main
+from quotawrap.cli.common import settings_from_values
+from quotawrap.cli.run_args import SUBCOMMANDS, parse_run_args
+from quotawrap.config.settings import OPTIONS, Option, env_name, parse_value
+from quotawrap.wrapper import run as run_module
 
 _BY_NAME = {option.name: option for option in OPTIONS}
 

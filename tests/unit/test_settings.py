@@ -1,4 +1,4 @@
-"""Tests for quotawrap.settings: one options table behind flags, QUOTAWRAP_* variables, toml and the child."""
+"""Tests for quotawrap.config.settings: one options table behind flags, QUOTAWRAP_* variables, toml and the child."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap import launcher
-from quotawrap._errors import ConfigError
 from quotawrap.cli import cli, main
-from quotawrap.config_file import load_config_file
+from quotawrap.config.file import load_config_file
+from quotawrap.config.settings import OPTIONS, Option, Settings, env_name, parse_value
+from quotawrap.core.errors import ConfigError
 from quotawrap.ledger import RunTotals
-from quotawrap.settings import OPTIONS, Option, Settings, env_name, parse_value
+from quotawrap.wrapper import launcher
 
 CHILD_OPTIONS = [option for option in OPTIONS if option.child]
 NUMERIC_OPTIONS = [option for option in OPTIONS if option.type in (int, float) and not option.multiple]
@@ -258,7 +258,7 @@ class TestConfigFile:
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[Settings]]:
     """Run the real `run` command with the child replaced by a recorder of its settings."""
-    from quotawrap.balance import ACCESS_KEY_VARIABLES
+    from quotawrap.books.balance import ACCESS_KEY_VARIABLES
 
     for name in ACCESS_KEY_VARIABLES:  # no background billing sync in these runs
         monkeypatch.delenv(name, raising=False)

@@ -18,15 +18,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap._errors import ConfigError
-from quotawrap._log import NO_COST
-from quotawrap.attribution import parse_tags
+from quotawrap.books.attribution import parse_tags
+from quotawrap.config.settings import OPTION_BY_NAME, OPTIONS, Settings, _json_list, _run_id
+from quotawrap.core.errors import ConfigError
+from quotawrap.core.money import format_cny
+from quotawrap.core.quota import QuotaSettings
 from quotawrap.ledger import open_ledger
-from quotawrap.ledger.runs import RunBooks, open_runs, tags_json
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.money import format_cny
-from quotawrap.quota import QuotaSettings
-from quotawrap.settings import OPTION_BY_NAME, OPTIONS, Settings, _json_list, _run_id
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
+from quotawrap.ledger.sqlite.runs import RunBooks, open_runs, tags_json
+from quotawrap.support.log import NO_COST
 
 _TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
 

@@ -13,11 +13,12 @@ from typing import Any, cast
 
 import pytest
 
-from quotawrap._errors import StoreError
+from quotawrap.core.errors import StoreError
+from quotawrap.core.quota import Counters
+from quotawrap.core.usage import Usage
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
-from quotawrap.quota import Counters
-from quotawrap.settle_relay import (
+from quotawrap.settling.handoff import (
     COLLECT_EVERY_S,
     LAND_EVERY_S,
     LINGER_S,
@@ -27,9 +28,8 @@ from quotawrap.settle_relay import (
     encode,
     relay_path,
 )
-from quotawrap.settler import Settler
-from quotawrap.usage import Usage
-from quotawrap.waiting import EventLog, RoomSignal, read_events
+from quotawrap.settling.settler import Settler
+from quotawrap.support.events import EventLog, RoomSignal, read_events
 from tests.unit.test_ledger_contract import limits, rc, request, usage
 
 
@@ -72,7 +72,7 @@ def _relay(tmp_path: Path, ledger: object, warnings: list[str] | None = None, ev
 
 def _relay_and_slots(tmp_path: Path, ledger: Recording, events: EventLog | None = None) -> tuple[Relay, Sender, Any]:
     """A relay, and a sender whose drawn calls' settles are written in a notes file of the run directory."""
-    from quotawrap.draw_notes import DrawNotes
+    from quotawrap.settling.draw_notes import DrawNotes
 
     relay = _relay(tmp_path, ledger, events=events)
     sender, notes = Sender(relay.path), DrawNotes(str(tmp_path), encode)
@@ -361,12 +361,12 @@ def test_a_sync_lands_what_was_gathered_at_once(tmp_path: Path) -> None:
 
 def test_the_notes_of_calls_whose_settle_never_came_land_at_close(tmp_path: Path) -> None:
     """A call drawn from an advance is noted in a slot of a file of the run directory before it is sent
-    (quotawrap.draw_notes); its settle carries the same split, and the note is cleared once the settle is in
+    (quotawrap.settling.draw_notes); its settle carries the same split, and the note is cleared once the settle is in
     the wrapper's socket. The relay does no work per note: when it closes, it lands the notes still set, after
     the settles it received (a note cleared too late, its process killed in between, lands as nothing: the
     split is idempotent). A close of the advance lands as it comes."""
-    from quotawrap.draw_notes import DrawNotes
     from quotawrap.ledger.base import Drawn
+    from quotawrap.settling.draw_notes import DrawNotes
 
     ledger = Recording()
     relay = _relay(tmp_path, ledger)
@@ -393,7 +393,7 @@ def test_the_notes_of_calls_whose_settle_never_came_land_at_close(tmp_path: Path
 def test_a_note_that_cannot_be_read_whole_says_so_at_close(tmp_path: Path) -> None:
     """A torn or foreign note: the relay cannot be sure it landed every draw, so close() says False and the
     wrapper charges what is left of the advances whole (never short)."""
-    from quotawrap.draw_notes import SLOT_BYTES, SLOTS
+    from quotawrap.settling.draw_notes import SLOT_BYTES, SLOTS
 
     relay = _relay(tmp_path, Recording())
     torn = bytearray(SLOTS * SLOT_BYTES)
@@ -421,8 +421,8 @@ def test_a_drawn_calls_settle_is_collected_from_its_slot_and_the_slot_freed(tmp_
     """A drawn call's settle is written beside its note, no datagram sent: the relay collects it (with the bound
     event riding with it) and frees the slot once it has landed, for its process to write again. A sync lands it
     at once; a settle of a process the relay no longer collects from goes as a datagram."""
-    from quotawrap.draw_notes import SLOT_BYTES, note_files
     from quotawrap.ledger.base import Drawn
+    from quotawrap.settling.draw_notes import SLOT_BYTES, note_files
 
     ledger = Recording()
     relay, sender, notes = _relay_and_slots(tmp_path, ledger, EventLog(str(tmp_path / "events.jsonl")))
@@ -446,8 +446,8 @@ def test_a_drawn_calls_settle_is_collected_from_its_slot_and_the_slot_freed(tmp_
 def test_settles_in_slots_that_come_steadily_land_in_order_and_reuse_few_slots(tmp_path: Path) -> None:
     """A sequential agent's drawn calls: each settle is collected while the flow goes on, every one lands once,
     and the process, finding the slots its wrapper freed, keeps to the first few pages of its file."""
-    from quotawrap.draw_notes import note_files, slots_used
     from quotawrap.ledger.base import Drawn
+    from quotawrap.settling.draw_notes import note_files, slots_used
 
     ledger = Recording()
     relay, sender, notes = _relay_and_slots(tmp_path, ledger)
@@ -471,8 +471,8 @@ def test_a_settle_written_in_a_slot_by_a_killed_process_lands_exactly_at_close(t
     import os
     import signal
 
-    from quotawrap.draw_notes import DrawNotes
     from quotawrap.ledger.base import Drawn
+    from quotawrap.settling.draw_notes import DrawNotes
 
     ledger = Recording()
     ledger.gate.clear()  # nothing lands before close(): the settle is still in its slot when the process dies
@@ -507,8 +507,8 @@ def _drawn_in_slot(notes: Any, sender: Sender, hold_id: str) -> Settle:
 def test_settles_in_slots_are_taken_when_their_advance_closes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The relay need not look in the slots on a timer: it takes them when the process closes the advance they
     were drawn from (its datagram), and lands them with the close."""
-    from quotawrap import settle_relay
     from quotawrap.ledger.base import Drawn
+    from quotawrap.settling import handoff as settle_relay
 
     monkeypatch.setattr(settle_relay, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
     ledger = Recording()
@@ -530,7 +530,7 @@ def test_a_sync_takes_the_settles_written_in_slots_before_it_while_the_relay_pol
 ) -> None:
     """Settles come steadily as datagrams (the relay polls for them); one written in a slot just before a sync
     has landed when the sync is answered."""
-    from quotawrap import settle_relay
+    from quotawrap.settling import handoff as settle_relay
 
     monkeypatch.setattr(settle_relay, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
     ledger = Recording()
@@ -547,7 +547,7 @@ def test_a_sync_takes_the_settles_written_in_slots_before_it_while_the_relay_pol
 
 
 def test_with_nothing_else_coming_a_settle_in_a_slot_lands_within_a_look(tmp_path: Path) -> None:
-    from quotawrap.settle_relay import COLLECT_EVERY_S
+    from quotawrap.settling.handoff import COLLECT_EVERY_S
 
     ledger = Recording()
     relay, sender, notes = _relay_and_slots(tmp_path, ledger)

@@ -13,13 +13,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from quotawrap.core.quota import Counters
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
 from quotawrap.ledger.redis.ledger import RedisLedger
 from quotawrap.ledger.scopes import model_day_key, run_cost_key, run_key
-from quotawrap.ledger.sqlite import SQLiteLedger
-from quotawrap.quota import Counters
-from quotawrap.settler import Settler
+from quotawrap.ledger.sqlite.ledger import SQLiteLedger
+from quotawrap.settling.settler import Settler
 from tests.redis_server import flushed, private_server, session_url
 from tests.unit.test_ledger_contract import MODEL, limits, rc, request, usage
 from tests.unit.test_ledger_contract import request as request_for

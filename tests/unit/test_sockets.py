@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from quotawrap.sockets import GuardedPeers, open_peers, parse_tcp_table
+from quotawrap.wrapper.sockets import GuardedPeers, open_peers, parse_tcp_table
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 

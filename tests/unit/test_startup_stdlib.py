@@ -15,9 +15,9 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from quotawrap.launcher import which
-from quotawrap.ledger import default_store_url, user_state_dir
-from quotawrap.registry import RunDir
+from quotawrap.config.paths import default_store_url, user_state_dir
+from quotawrap.support.processes import which
+from quotawrap.wrapper.registry import RunDir
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the XDG rule is Linux's")
 
@@ -96,6 +96,6 @@ def test_an_unusable_temp_directory_falls_back_to_the_next(tmp_path: Path, monke
 def test_the_host_name_is_socket_gethostname() -> None:
     import socket
 
-    from quotawrap._host import hostname
+    from quotawrap.support.host import hostname
 
     assert hostname() == socket.gethostname()

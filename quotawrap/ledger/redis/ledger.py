@@ -1,6 +1,6 @@
 """The shared ledger: Redis (single node, TLS, unix socket or Cluster), one Lua script per change.
 
-Same seam and same semantics as :mod:`quotawrap.ledger.sqlite`; ``docs/redis.md`` documents
+Same seam and same semantics as :mod:`quotawrap.ledger.sqlite.ledger`; ``docs/redis.md`` documents
 the key schema. The shape of the design:
 
 * limits are computed in Python by ``limits_for(snapshot)`` and sent in ``quota.ordered``'s
@@ -31,20 +31,13 @@ from datetime import datetime
 from functools import partial
 from typing import ClassVar
 
-from ... import quota
-from ..._errors import ConfigError, QuotawrapError, StoreError
-from ...identity import UNMAPPED
-from ...quota import BEIJING, Counters, Limit, Snapshot, Verdict
-from ...usage import Usage
-from ..base import (
-    Decision,
-    Drawn,
-    HoldRequest,
-    LimitsFor,
-    RunTotals,
-    Settle,
-    pid_alive,
-)
+from ...core import quota
+from ...core.errors import ConfigError, QuotawrapError, StoreError
+from ...core.identity import UNMAPPED
+from ...core.quota import BEIJING, Counters, Limit, Snapshot, Verdict
+from ...core.usage import Usage
+from ...support.processes import pid_alive
+from ..base import Decision, Drawn, HoldRequest, LimitsFor, RunTotals, Settle
 from ..holds import Event
 from ..scopes import ModelDay, Run, parse_counter_key
 from . import records

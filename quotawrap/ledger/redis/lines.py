@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from ...quota import Counters, Limit, Verdict
+from ...core.quota import Counters, Limit, Verdict
 from ..base import Decision, HoldRequest
 from ..lines import LineName, line_limit
 from .client import Client

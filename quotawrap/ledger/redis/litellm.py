@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ... import quota
-from ..._records import Record
-from ...quota import Snapshot, beijing_day
+from ...core import quota
+from ...core.quota import Snapshot, beijing_day
+from ...core.records import Record
 from . import records
 from .client import Client
 from .keys import Keys

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import fields
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from ..._errors import ConfigError
-from ..._records import Record
+from ...core.errors import ConfigError
+from ...core.records import Record
 
 __all__ = ["DAY_S", "RedisOptions", "redact", "split_url"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._log import warn
+from ...support.log import warn
 from .client import Client, as_text
 
 __all__ = ["no_persistence", "warn_without_persistence"]

@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from ..._records import Record
-from ...quota import Limit, Package, Snapshot
+from ...core.quota import Limit, Package, Snapshot
+from ...core.records import Record
 from ..base import CallRecord, CallState, RunRecord
 
 __all__ = [

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _text  # json.dumps' own string encoder (C)
 
-from ...quota import Limit, ordered
+from ...core.quota import Limit, ordered
 from ..base import HoldRequest
 from ..holds import clamp
 from ..lines import LEASE_S

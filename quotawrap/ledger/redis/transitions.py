@@ -1,6 +1,6 @@
 """The transition scripts' arguments: one JSON object per step, as lib.lua's ``transition_args()`` decodes it.
 
-A step is an event of holds.step's (settle, release, resolve) on one hold, or an advance's (quotawrap.advances,
+A step is an event of holds.step's (settle, release, resolve) on one hold, or an advance's (admission/advances.py,
 lua/advance.lua): ``draw`` splits a call from its advance, ``close`` gives back what an advance's process did not
 draw; a settle of a drawn call splits it first. transition_many.lua takes a batch of them in one call.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-from ...usage import Usage
+from ...core.usage import Usage
 from ..advance_endpoints import ADVANCE_CLOSED
 from ..base import Drawn
 from ..holds import clamp

@@ -1,0 +1,1 @@
+"""admission: see docs/internals.md for what this layer holds."""

@@ -1,0 +1,1 @@
+"""config: see docs/internals.md for what this layer holds."""

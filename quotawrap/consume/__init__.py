@@ -1,0 +1,1 @@
+"""consume: see docs/internals.md for what this layer holds."""

@@ -1,0 +1,1 @@
+"""sqlite: see docs/internals.md for what this layer holds."""

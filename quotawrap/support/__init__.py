@@ -1,0 +1,1 @@
+"""support: see docs/internals.md for what this layer holds."""

@@ -1,0 +1,1 @@
+"""wrapper: see docs/internals.md for what this layer holds."""

@@ -1,0 +1,313 @@
+"""The run's summary: stderr table and ``--report-json``; both come from one dict."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config.settings import Settings
+from ..core.errors import EXIT_BLOCKED
+from ..core.identity import UNMAPPED
+from ..core.money import format_cny
+from ..core.output_bound import ADDED, REPLACED
+from ..core.quota import DAY_S, beijing_day, beijing_day_start
+from ..core.redact import redact_url
+from ..ledger import ModelTotals, Reader, RunTotals
+from ..ledger.base import CallRecord, DayAggregate
+from ..settling.audit import anomalous_line
+from ..support.events import RunEvents
+from ..support.files import append_private, write_private
+from ..support.log import printable, summary_head
+
+__all__ = [
+    "append_step_summary",
+    "day_range",
+    "format_summary",
+    "ledger_rows",
+    "read_unguarded",
+    "run_report",
+    "write_json",
+]
+
+_COLUMNS = (
+    ("calls", "calls"),
+    ("settled_tokens", "settled"),
+    ("blocked_calls", "blocked"),
+    ("overshoot_calls", "overshoot"),
+    ("unresolved_calls", "unresolved"),
+)
+
+
+def read_unguarded(path: str | os.PathLike[str] | None, reason: str = "fail-open") -> dict[str, int]:
+    """Calls per model let through unguarded, as the children recorded them: by ``--fail-open`` (the store was
+    unreachable), or, with ``reason="model-filter"``, because ``--model`` does not name their model."""
+    counts: dict[str, int] = {}
+    if not path or not Path(path).is_file():
+        return counts
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            model = str(record["model"])
+            why = record.get("reason") or "fail-open"  # records written before there were two reasons
+        except (ValueError, KeyError, TypeError, AttributeError):
+            model, why = "(unreadable record)", "fail-open"
+        if why == reason:
+            counts[model] = counts.get(model, 0) + 1
+    return counts
+
+
+def run_report(
+    totals: RunTotals,
+    *,
+    settings: Settings,
+    exit_code: int,  # the command's
+    tags: Mapping[str, str] | None = None,
+    unguarded: Mapping[str, int] | None = None,
+    store_error: str | None = None,
+    unguarded_processes: Sequence[Mapping[str, Any]] = (),
+    connections: Sequence[Mapping[str, Any]] = (),
+    events: RunEvents | None = None,
+    outside_filter: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The run's summary as data; token counts are tokens, costs ``cost_micro_cny`` (micro-CNY, the name and
+    unit ``quotawrap report --format json`` uses; the ledger's ``settled_cost``).
+
+    ``outside_filter``: calls per model that went out unguarded because ``--model`` does not name the model
+    (``outside_filter_calls``, per model and in the totals).
+
+    A call that waited for room may have left refused attempts in the ledger before it was admitted
+    (``events.superseded_by_model``): they are not refusals of the program's calls, so ``blocked``
+    counts calls the program was answered 429, not attempts.
+    """
+    events = events or RunEvents()
+    models = {
+        name: dataclasses.asdict(model)
+        for name, model in totals.models.items()
+        # the unmapped endpoints' row once each of their calls moved to the model it is: nothing of its own
+        if name != UNMAPPED or model != ModelTotals()
+    }
+    for name, model in models.items():
+        model["blocked_calls"] = max(0, model["blocked_calls"] - events.superseded_by_model.get(name, 0))
+        model["bounded_calls"] = events.bounded_by_model.get(name, 0)
+        model["replaced_max_tokens_calls"] = events.replaced_by_model.get(name, 0)
+        model["cut_by_bound_calls"] = events.cut_by_model.get(name, 0)
+    unguarded = dict(unguarded or {})
+    for name, count in unguarded.items():
+        models.setdefault(name, dataclasses.asdict(ModelTotals()))["unguarded_calls"] = count
+    outside = dict(outside_filter or {})
+    for name, count in outside.items():
+        models.setdefault(name, dataclasses.asdict(ModelTotals()))["outside_filter_calls"] = count
+    for model in models.values():
+        model.setdefault("unguarded_calls", 0)
+        model.setdefault("outside_filter_calls", 0)
+    summed = dataclasses.asdict(totals.totals)
+    for counts in (*models.values(), summed):  # a new model of --fail-open's log has its zero too
+        counts["cost_micro_cny"] = counts.pop("settled_cost")
+    summed["unguarded_calls"] = sum(unguarded.values())
+    summed["outside_filter_calls"] = sum(outside.values())
+    # What went around the guard: Python processes without the hook, connections no client made.
+    summed["unguarded_processes"] = [dict(process) for process in unguarded_processes]
+    summed["refused_connections"] = sum(1 for c in connections if not c.get("allowed"))
+    summed["unguarded_connections"] = sum(1 for c in connections if c.get("allowed"))
+    summed["blocked_calls"] = sum(model.get("blocked_calls", 0) for model in models.values())
+    summed["bounded_calls"] = events.bounded_calls
+    summed["replaced_max_tokens_calls"] = events.bounds.get(REPLACED, 0)
+    summed["cut_by_bound_calls"] = sum(events.cut.values())
+    return {
+        "session": totals.run_id,
+        "store": redact_url(settings.store) if settings.store else None,
+        # quotawrap's own exit code (what CI sees), and the command's
+        "exit_code": EXIT_BLOCKED if settings.fail_on_block and summed["blocked_calls"] else exit_code,
+        "command_exit_code": exit_code,
+        "mode": "watch" if settings.watch else "enforce",
+        "limits": {"cap_tokens": settings.cap_tokens, "cap_cost": settings.cap_cost},
+        "model_filter": list(settings.model),
+        "tags": dict(tags or {}),
+        "models": models,
+        "totals": summed,
+        "unguarded_log": settings.unguarded_log if unguarded else None,
+        "store_error": store_error,
+        "connections": [dict(connection) for connection in connections],
+        "waits": events.as_dict(),
+        # calls the guard sent with a whole-output bound, per how (added / replaced max_tokens), and those cut there
+        "bounds": {
+            "reasoning_reserve": settings.reasoning_reserve,
+            **{how: events.bounds.get(how, 0) for how in (ADDED, REPLACED)},
+            **{f"{how}_cut": events.cut.get(how, 0) for how in (ADDED, REPLACED)},
+        },
+        # False when the ledger could not total the run: the numbers above are a lower bound
+        "complete": store_error is None,
+    }
+
+
+def append_step_summary(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
+    """GitHub Actions shows ``$GITHUB_STEP_SUMMARY`` Markdown on the run's page."""
+    from ..settling.audit import step_summary_markdown
+
+    append_private(path, step_summary_markdown(report).encode())
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    totals = report["totals"]
+    watch = report["mode"] == "watch"
+    lines = [
+        summary_head(
+            report["session"],
+            totals["calls"],
+            totals["settled_tokens"],
+            format_cny(totals["cost_micro_cny"]),
+            totals["blocked_calls"],
+            would_block=totals["would_block_calls"] if watch else None,
+            went_around=_went_around(totals),
+        )
+    ]
+    if report["models"]:
+        names = {name: printable(name) for name in report["models"]}  # a model name is the program's or provider's
+        width = max(len("model"), *(len(shown) for shown in names.values()))
+        header = "  " + "model".ljust(width) + "".join(f"  {title:>10}" for _, title in _COLUMNS)
+        went_unguarded = any(_unguarded(model) for model in report["models"].values())
+        if watch:
+            header += f"  {'would-block':>11}"
+        if went_unguarded:
+            header += f"  {'UNGUARDED':>10}"
+        lines.append(header)
+        for name, model in sorted(report["models"].items()):
+            row = "  " + names[name].ljust(width) + "".join(f"  {model[key]:>10,}" for key, _ in _COLUMNS)
+            if watch:
+                row += f"  {model['would_block_calls']:>11,}"
+            if went_unguarded:
+                row += f"  {_unguarded(model):>10,}"
+            lines.append(row)
+    filters = ", ".join(report.get("model_filter") or ()) or "(none)"
+    for name, model in sorted(report["models"].items()):
+        if model.get("outside_filter_calls"):
+            lines.append(
+                f"  {model['outside_filter_calls']} call(s) to {name} went out UNGUARDED: --model {filters}"
+                " does not name that model (its tokens are in no total above)"
+            )
+    waits = report.get("waits") or {}
+    if waits.get("waited_calls"):
+        lines.append(
+            f"  {waits['waited_calls']} call(s) waited for room (--wait): {waits['admitted_after_wait']} admitted,"
+            f" {waits['refused_after_wait']} refused;"
+            f" wait p50 {waits['wait_p50_s']:.2f}s, p99 {waits['wait_p99_s']:.2f}s"
+        )
+    lines += _bound_lines(report.get("bounds") or {})
+    if totals.get("unguarded_calls"):
+        lines.append(
+            f"  {totals['unguarded_calls']} call(s) went out UNGUARDED while the store was unreachable"
+            f" (--fail-open); recorded in {report['unguarded_log']}"
+        )
+    for process in totals.get("unguarded_processes", ()):
+        what = "STOPPED by --strict" if process.get("stopped") else "its calls were NOT guarded"
+        lines.append(
+            f"  UNGUARDED PROCESS: pid {process['pid']} ({process['command']}) ran without quotawrap's hook"
+            f" ({process['reason']}): {what}"
+        )
+    if totals.get("refused_connections"):
+        lines.append(
+            f"  {totals['refused_connections']} connection(s) to a guarded endpoint refused: made outside every"
+            f" guarded HTTP client ({_stacks(report, allowed=False)}); --allow-unguarded lets them through"
+        )
+    if totals.get("unguarded_connections"):
+        lines.append(
+            f"  {totals['unguarded_connections']} connection(s) to a guarded endpoint went out UNGUARDED"
+            f" (--allow-unguarded; {_stacks(report, allowed=True)}): their calls are not in these totals"
+        )
+    if report.get("store_error"):
+        lines.append(f"  the ledger could not close this run ({report['store_error']}): totals above are incomplete")
+    unresolved = totals["unresolved_calls"] - totals.get("anomalous_calls", 0)
+    if unresolved > 0:
+        lines.append(
+            f"  {unresolved} call(s) ended without usage (cut, abandoned or crashed): charged at their full reservation"
+        )
+    if totals.get("anomalous_calls"):
+        lines.append(f"  {anomalous_line(totals['anomalous_calls'])}")
+    return printable("\n".join(lines), lines=True)
+
+
+def _bound_lines(bounds: Mapping[str, Any]) -> list[str]:
+    """What the guard did to the requests it changed, one line per way, with the calls it cut short."""
+    lines = []
+
+    def cut(how: str) -> str:
+        count = bounds.get(f"{how}_cut", 0)
+        return f"; {count} cut short there (finish_reason length)" if count else "; none cut short there"
+
+    if bounds.get(ADDED):
+        lines.append(
+            f"  {bounds[ADDED]} call(s) that may think set no output bound: sent with max_completion_tokens"
+            f" at the model's learned allowance{cut(ADDED)} (--no-bound to opt out)"
+        )
+    if bounds.get(REPLACED):
+        why = (
+            "--reasoning-reserve cut"
+            if bounds.get("reasoning_reserve") == "cut"
+            else "the cap can never hold max_tokens + the model's reasoning ceiling; --reasoning-reserve"
+        )
+        lines.append(
+            f"  {bounds[REPLACED]} call(s) that may think set max_tokens: sent as max_completion_tokens ="
+            f" max_tokens, reasoning and answer together ({why}){cut(REPLACED)}"
+        )
+    return lines
+
+
+def _unguarded(model: Mapping[str, Any]) -> int:
+    """A model's calls that went out unguarded (--fail-open, or outside --model)."""
+    return int(model.get("unguarded_calls", 0)) + int(model.get("outside_filter_calls", 0))
+
+
+def _went_around(totals: dict[str, Any]) -> bool:
+    """Calls the totals cannot include: unguarded processes, connections, --fail-open calls or calls to models
+    --model does not name."""
+    return bool(
+        totals.get("unguarded_processes")
+        or totals.get("unguarded_connections")
+        or totals.get("unguarded_calls")
+        or totals.get("outside_filter_calls")
+    )
+
+
+def _stacks(report: dict[str, Any], *, allowed: bool) -> str:
+    made = sorted(
+        {
+            f"{c.get('stack')} -> {c.get('target')}"
+            for c in report.get("connections", ())
+            if bool(c.get("allowed")) == allowed
+        }
+    )
+    return "; ".join(made[:3]) + (f"; and {len(made) - 3} more" if len(made) > 3 else "")
+
+
+def write_json(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    write_private(path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
+
+
+def day_range(since: float | None, until: float | None) -> tuple[str | None, str | None]:
+    """The pruned days a report over [since, until) counts: those that *start* in the range, so that
+    adjacent ranges count every pruned day exactly once (a pruned day is kept whole, not by the hour)."""
+
+    def first_day_from(ts: float | None) -> str | None:
+        if ts is None:
+            return None
+        start = beijing_day_start(ts)
+        return beijing_day(start if start >= ts else start + DAY_S)
+
+    return first_day_from(since), first_day_from(until)
+
+
+def ledger_rows(
+    ledger: Reader, by: str, *, since: float | None = None, until: float | None = None, session: str | None = None
+) -> list[dict[str, Any]]:
+    """``quotawrap report``'s rows: the calls still kept, plus the daily aggregates of pruned days."""
+    from ..settling.audit import aggregate
+
+    found: list[CallRecord | DayAggregate] = [*ledger.call_records(since=since, until=until, run_id=session)]
+    if session is None:  # aggregates keep no session: a session filter sees only kept calls
+        since_day, until_day = day_range(since, until)
+        found += ledger.aggregates(since_day=since_day, until_day=until_day)
+    return aggregate(found, by)

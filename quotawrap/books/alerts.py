@@ -25,11 +25,11 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._host import hostname
-from .._log import printable, warn
-from .._records import Record
+from ..core.records import Record
 from ..core.thresholds import crossed, highest
 from ..ledger import CallPath
+from ..support.host import hostname
+from ..support.log import printable, warn
 
 __all__ = [
     "AlertSender",

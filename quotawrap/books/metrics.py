@@ -20,9 +20,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from ..config.settings import Settings
 from ..ledger import Ledger
 from ..ledger.base import ledger_clock
-from ..settings import Settings
 
 __all__ = ["METRICS_PATH", "Exposition", "SnapshotCollector", "ledger_exposition", "metric_families"]
 
@@ -147,7 +147,7 @@ def ledger_exposition(ledger: Ledger, settings: Settings, *, events_dir: str | N
     ``events_dir``: this host's runs' events logs (their waits and processes outside the guard); the
     state directory's by default."""
     if events_dir is None:
-        from ..launcher import default_events_log
+        from ..config.paths import default_events_log
 
         events_dir = os.path.dirname(default_events_log("any"))
     clock = ledger_clock(ledger)
@@ -158,10 +158,10 @@ def ledger_exposition(ledger: Ledger, settings: Settings, *, events_dir: str | N
 def read_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_dir: str) -> dict[str, Any]:
     """Stand-in for the read side's ``status_snapshot`` until it lands (the same keys, those this module
     reads): point ``ledger_exposition`` at that and delete this."""
-    from .. import quota
-    from ..audit import aggregate
-    from ..status import model_status, unguarded_now
-    from ..waiting import waiting_now
+    from ..core import quota
+    from ..settling.audit import aggregate
+    from ..support.events import waiting_now
+    from .status import model_status, unguarded_now
 
     day = quota.beijing_day(now)
     waiting = waiting_now(events_dir)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._log import warn
+from ..support.log import warn
 
 __all__ = ["OPERATIONS", "PROVIDER", "TOKEN_BUCKETS", "TOKEN_USAGE", "record_token_usage", "sdk_missing"]
 
@@ -60,11 +60,13 @@ def _instrument() -> Any:
             _histogram.append(None)
             return None
         meter = metrics.get_meter("quotawrap")
-        kwargs = {"name": TOKEN_USAGE, "unit": "{token}", "description": "Number of input and output tokens used."}
+        description = "Number of input and output tokens used."
         try:
-            histogram = meter.create_histogram(**kwargs, explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS))
+            histogram = meter.create_histogram(
+                TOKEN_USAGE, "{token}", description, explicit_bucket_boundaries_advisory=list(TOKEN_BUCKETS)
+            )
         except TypeError:  # an API older than 1.23 takes no advice
-            histogram = meter.create_histogram(**kwargs)
+            histogram = meter.create_histogram(TOKEN_USAGE, "{token}", description)
         _histogram.append(histogram)
     return _histogram[0]
 

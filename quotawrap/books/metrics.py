@@ -22,7 +22,6 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..config.settings import Settings
 from ..ledger import Ledger
-from ..ledger.base import ledger_clock
 
 __all__ = ["METRICS_PATH", "Exposition", "SnapshotCollector", "ledger_exposition", "metric_families"]
 
@@ -146,31 +145,11 @@ def ledger_exposition(ledger: Ledger, settings: Settings, *, events_dir: str | N
 
     ``events_dir``: this host's runs' events logs (their waits and processes outside the guard); the
     state directory's by default."""
+    from .current import current_status
+
     if events_dir is None:
         from ..config.paths import default_events_log
 
         events_dir = os.path.dirname(default_events_log("any"))
-    clock = ledger_clock(ledger)
     directory = events_dir
-    return Exposition(lambda: read_snapshot(ledger, settings, clock(), events_dir=directory))
-
-
-def read_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_dir: str) -> dict[str, Any]:
-    """Stand-in for the read side's ``status_snapshot`` until it lands (the same keys, those this module
-    reads): point ``ledger_exposition`` at that and delete this."""
-    from ..core import quota
-    from ..settling.audit import aggregate
-    from ..support.events import waiting_now
-    from .status import model_status, unguarded_now
-
-    day = quota.beijing_day(now)
-    waiting = waiting_now(events_dir)
-    for model, count in ledger.waiting(now).items():
-        waiting[model] = max(count, waiting.get(model, 0))
-    rows = model_status(ledger, settings, now, waiting=waiting)
-    today = [r for r in ledger.call_records(since=quota.beijing_day_start(now)) if r.day == day]
-    refused = {row["key"]: row["blocked_calls"] for row in aggregate(today, "model")}
-    for row in rows:
-        row["refused"] = refused.get(row["model"], 0)
-    by_tag = {key: aggregate(today, f"tag:{key}")[:10] for key in ("user", "team")}
-    return {"models": rows, "by_tag": by_tag, "budgets": [], "unguarded_processes": unguarded_now(events_dir)}
+    return Exposition(lambda: current_status(ledger, settings, events_dir=directory))

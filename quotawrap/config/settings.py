@@ -192,6 +192,16 @@ def _base_url(value: Any) -> str | None:
     return None
 
 
+def _thresholds(value: Any) -> str | None:
+    from ..core.thresholds import parse_thresholds
+
+    try:
+        parse_thresholds(str(value))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _retention(value: Any) -> str | None:
     from ..core.durations import parse_retention
 
@@ -533,6 +543,31 @@ OPTIONS: tuple[Option, ...] = (
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),
     Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
+    Option(
+        "alert_at",
+        str,
+        "50,80,100",
+        "Percents of a limit (a model's day, the run's cap, a budget) at which the run warns on stderr and"
+        " --alert-webhook posts, e.g. 50,80,100.",
+        child=False,
+        check=_thresholds,
+    ),
+    Option(
+        "alert_webhook",
+        str,
+        None,
+        "Post a Slack-compatible message to this URL when a limit crosses an --alert-at percent: once per limit,"
+        " day and percent, whichever run or host sees it first.",
+        child=False,
+        check=_base_url,
+    ),
+    Option(
+        "otel",
+        bool,
+        False,
+        "Record each guarded call's input and output tokens as OpenTelemetry metrics (gen_ai.client.token.usage)"
+        " on the program's meter provider; needs the OpenTelemetry SDK.",
+    ),
 )
 
 OPTION_BY_NAME = {option.name: option for option in OPTIONS}
@@ -599,6 +634,9 @@ class Settings:
     report_json: str | None
     fail_on_block: bool
     quiet: bool
+    alert_at: str
+    alert_webhook: str | None
+    otel: bool
     extra: Mapping[str, Any]  # unknown toml sections, for later features
 
     def __init__(self, **values: Any) -> None:

@@ -25,9 +25,10 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..config.settings import Settings
 from ..core.records import Record
 from ..core.thresholds import crossed, highest
-from ..ledger import CallPath
+from ..ledger import CallPath, Ledger
 from ..support.host import hostname
 from ..support.log import printable, warn
 
@@ -37,7 +38,9 @@ __all__ = [
     "Watched",
     "alert_payload",
     "claim_name",
+    "run_cap_watched",
     "shown_webhook",
+    "start_alerts",
     "watched_limits",
 ]
 
@@ -321,3 +324,26 @@ class AlertWatcher:
             return 0
         self._sender.submit(alert_payload(watched, top, won, host=self._host, session=self._session))
         return 1
+
+
+def start_alerts(ledger: Ledger, settings: Settings) -> AlertWatcher | None:
+    """The ``--alert-webhook`` watcher of a wrapper or a gateway, started (None without a webhook): every model's
+    daily limit and every budget of the store, and the cap of this run or session (``--cap-tokens``)."""
+    if not settings.alert_webhook:
+        return None
+    from ..core.thresholds import parse_thresholds
+    from ..ledger.base import ledger_clock, run_key
+    from .current import status_snapshot
+
+    run_id = settings.run_id
+
+    def read(now: float) -> list[Watched]:
+        watched = watched_limits(status_snapshot(ledger, settings, now), now)
+        if settings.cap_tokens is not None and run_id:
+            spent = ledger.counters([run_key(run_id)])[run_key(run_id)]
+            watched.append(run_cap_watched(run_id, spent.settled, spent.in_flight, settings.cap_tokens, now))
+        return watched
+
+    sender = AlertSender(settings.alert_webhook)
+    thresholds = parse_thresholds(settings.alert_at)
+    return AlertWatcher(ledger, read, thresholds, sender, clock=ledger_clock(ledger), session=run_id).start()

@@ -23,9 +23,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from ..config.settings import Settings
 from ..ledger import Ledger
 
-__all__ = ["METRICS_PATH", "Exposition", "SnapshotCollector", "ledger_exposition", "metric_families"]
-
-METRICS_PATH = "/metrics"
+__all__ = ["Exposition", "SnapshotCollector", "ledger_exposition", "metric_families"]
 
 Snapshot = Mapping[str, Any]
 

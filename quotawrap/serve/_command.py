@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from ..config.settings import Settings
-from ..core.errors import QuotawrapError
+from ..core.errors import ConfigError, QuotawrapError
 from ..ledger import Ledger
 from ..support.log import warn
 from ._gateway import Gateway  # aiohttp: importing this module is the check that the serve extra is there
@@ -44,6 +44,11 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
     from ..ledger.base import RunRecord
 
     assert settings.run_id, "prepare() assigns the session id"
+    if settings.otel:
+        from ..settling.otel import sdk_missing
+
+        if problem := sdk_missing():
+            raise ConfigError(problem)
     if host not in _LOOPBACK:
         warn(f"serve: listening on {host}, not loopback: whoever reaches it spends through it")
     tags = dict(entry.partition("=")[::2] for entry in settings.tag)
@@ -57,7 +62,17 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
     if sync_loop is not None:
         sync_loop.tick()
         sync_loop.start()
-    gateway = Gateway(settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout)
+    from ..books.alerts import start_alerts
+
+    try:
+        from ..books.metrics import ledger_exposition
+    except ImportError:  # an install from before the serve extra had it
+        warn("serve: no /metrics without prometheus-client: pip install 'quotawrap[serve]'")
+        exposition = None
+    else:
+        exposition = ledger_exposition(ledger, settings)
+    gateway = Gateway(settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout, metrics=exposition)
+    alerts = start_alerts(ledger, settings)
 
     def ready(url: str) -> None:
         say(f"quotawrap gateway listening on {url} (upstream {gateway.shown_upstream}, run {settings.run_id})")
@@ -68,6 +83,8 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
     finally:
         if sync_loop is not None:
             sync_loop.stop()
+        if alerts is not None:
+            alerts.stop()
     with contextlib.suppress(QuotawrapError):
         ledger.end_run(settings.run_id, 0, time.time())
     if not settings.quiet:

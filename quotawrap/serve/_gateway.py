@@ -50,6 +50,7 @@ from ..support.log import warn
 from ._http import (
     ARK_BASE_URL,
     HEALTH_PATH,
+    METRICS_PATH,
     TAG_HEADER,
     forwarded_request_headers,
     forwarded_response_headers,
@@ -231,8 +232,11 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 0,
         drain_timeout: float = 30.0,
+        metrics: Callable[[], tuple[str, bytes]] | None = None,
     ) -> None:
+        """``metrics``: the Prometheus exposition (content type, body) answered at ``GET /metrics``."""
         self.settings = settings
+        self.metrics = metrics
         self.ledger = ledger
         given = settings.base_url[0] if settings.base_url else ARK_BASE_URL
         self.upstream, self._upstream_auth = split_credentials(given)
@@ -290,6 +294,8 @@ class Gateway:
         self._proxy = _env_proxy(self.upstream)
         app = web.Application(client_max_size=self._max_body)
         app.router.add_get(HEALTH_PATH, self._health)
+        if self.metrics is not None:
+            app.router.add_get(METRICS_PATH, self._metrics)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(
             app,
@@ -402,6 +408,16 @@ class Gateway:
             body["status"] = "draining"
             status = 503
         return web.json_response(body, status=status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """The store's figures for Prometheus, read on a thread (a scrape reads the day's calls)."""
+        assert self.metrics is not None
+        try:
+            content_type, body = await asyncio.get_running_loop().run_in_executor(None, self.metrics)
+        except Exception as exc:
+            text = f"quotawrap: cannot read the store for /metrics: {redact_text(str(exc))}\n"
+            return web.Response(status=503, text=text)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     def _guard_for(self, tags: Mapping[str, str]) -> Guard:
         key = tuple(sorted(tags.items()))

@@ -14,6 +14,7 @@ from ..books.attribution import parse_tags
 __all__ = [
     "ARK_BASE_URL",
     "HEALTH_PATH",
+    "METRICS_PATH",
     "PROXY_VARIABLES",
     "TAG_HEADER",
     "forwarded_request_headers",
@@ -29,6 +30,10 @@ ARK_BASE_URL = "https://ark.cn-beijing.volces.com/api/v3"
 
 #: Outside every provider's API: no upstream path can be shadowed by it.
 HEALTH_PATH = "/_quotawrap/health"
+
+#: Where Prometheus scrapes by default; a GET there is the gateway's own, never forwarded (no provider API
+#: serves it under its base URL).
+METRICS_PATH = "/metrics"
 
 #: ``X-Quotawrap-Tag: user=alice, team=infra``: attribution per request, never sent upstream.
 TAG_HEADER = "x-quotawrap-tag"

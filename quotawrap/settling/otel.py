@@ -36,7 +36,7 @@ OPERATIONS = {
 # The conventions' advised boundaries for token counts (powers of 4)
 TOKEN_BUCKETS = tuple(4**n for n in range(14))
 
-_MISSING = "--otel: the OpenTelemetry SDK is not installed: pip install opentelemetry-sdk"
+_MISSING = "--otel: the OpenTelemetry SDK is not installed: pip install 'quotawrap[otel]'"
 _histogram: list[Any] = []  # the instrument, made on first use (or None once the API is known missing)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..config.settings import Settings
@@ -26,6 +26,8 @@ from ..ledger import Ledger
 __all__ = ["Exposition", "SnapshotCollector", "ledger_exposition", "metric_families"]
 
 Snapshot = Mapping[str, Any]
+# The text format every Prometheus reads (2.x too); the names and labels here need none of 1.0.0's escaping.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def _model_families(models: list[Mapping[str, Any]]) -> Iterable[Metric]:
@@ -135,7 +137,7 @@ class Exposition:
         self.registry.register(SnapshotCollector(read))
 
     def __call__(self) -> tuple[str, bytes]:
-        return CONTENT_TYPE_LATEST, generate_latest(self.registry)
+        return CONTENT_TYPE, generate_latest(self.registry)
 
 
 def ledger_exposition(ledger: Ledger, settings: Settings, *, events_dir: str | None = None) -> Exposition:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -62,15 +63,17 @@ def _report(store: str, by: str) -> dict[str, dict[str, Any]]:
     return {row["key"]: row for row in rows}
 
 
-def test_metrics_equal_status_and_report(sim: ArkSimulator, store_url: str) -> None:
+def test_metrics_equal_status_and_report(sim: ArkSimulator, store_url: str, tmp_path: Path) -> None:
     """Each model's settled, in-flight, limit, headroom and waiting figures are status --json's; refusals and
     the tag counters are report's; and the gateway did not forward the scrape."""
     sim.configure(reply_tokens=300)
     _guarded_runs(sim, store_url)
     calls_before = sim.calls()
-    with gateway(["--store", store_url, "--base-url", sim.url, *LIMITS]) as gw:
+    # this host's runs, read from their events logs by both: this test's alone, not the machine's
+    state = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    with gateway(["--store", store_url, "--base-url", sim.url, *LIMITS], env=state) as gw:
         samples = _scrape(gw.url)
-        status = cli_json("status", "--store", store_url, "--json", *LIMITS[:4])
+        status = cli_json("status", "--store", store_url, "--json", *LIMITS[:4], env=state)
     assert sim.calls() == calls_before  # answered by the gateway, not the upstream
     (row,) = status
     model = (("model", MODEL),)

@@ -123,18 +123,19 @@ class Guard(GuardBooks):
         self._draw_notes: DrawNotes | None = None
         self._room_signal = RoomSignal()
         if background_settle and settings.background_settle:
-            from ..settling.draw_notes import DrawNotes
-            from ..settling.handoff import encode, sender_from_env
+            from ..settling.handoff import sender_from_env
             from ..settling.settler import Settler
-            from .advances import Advances
 
-            # Under a wrapper the settles go to it; while a call of this process waits for room they
-            # land here, so that their landing wakes it.
-            sender = sender_from_env() if settings.settle_relay else None
-            self.settler = Settler(lambda: self.ledger, relay=sender, relay_now=self._room_signal.unwatched)
-            relay = self.settler.relay
-            # Only under a wrapper, which learns of every draw; never in --watch, which changes nothing.
-            if relay is not None and not settings.watch and settings.advances:
+            # Advances, their draw notes and the relay to the wrapper are one piece (Settings.draws_ahead): only
+            # under a wrapper, which learns of every draw. Its settles go to the wrapper; while a call of this
+            # process waits for room they land here, so that their landing wakes it.
+            relay = sender_from_env() if settings.draws_ahead else None
+            self.settler = Settler(lambda: self.ledger, relay=relay, relay_now=self._room_signal.unwatched)
+            if relay is not None:
+                from ..settling.draw_notes import DrawNotes
+                from ..settling.handoff import encode
+                from .advances import Advances
+
                 notes = self._draw_notes = relay.notes = DrawNotes(os.path.dirname(relay.path), encode)
                 self.advances = Advances(
                     lambda: self.ledger, lambda settle: self.land(settle, None), notes.write, relay.listening

@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         gc.disable()
     from ..config.file import load_config_file
+    from ..config.settings import RETIRED, env_name, say_retired
     from ..core.errors import EXIT_USAGE, ConfigError
     from ..support.log import fail
 
@@ -37,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = load_config_file()
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
+    for name in RETIRED:
+        if env_name(name) in os.environ:
+            say_retired(name)
     from .run_args import parse_run_args
 
     try:

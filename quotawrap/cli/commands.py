@@ -21,6 +21,7 @@ from ..ledger import open_store
 from ..support.log import fail
 from ..support.packages import import_problem
 from .common import command_settings, echo, settings_options
+from .key_commands import keys_group
 from .ledger_commands import COMMANDS
 
 __all__ = ["cli", "click_main"]
@@ -63,6 +64,7 @@ def cli() -> None:
 
 for _command in COMMANDS:  # status, report, sessions, sync, prune: defined beside the modules they drive
     cli.add_command(_command)
+cli.add_command(keys_group)
 
 
 @cli.command(
@@ -332,7 +334,8 @@ def consume_command(
 def click_main(args: Sequence[str], config: dict[str, Any]) -> None:
     """Every command but the plain run (``quotawrap --help``, ``status``, a run click must parse)."""
     names = ("run", "serve", "status", "sync", "report", "sessions", "consume", "prune")
-    default_map = {name: config for name in names}
+    default_map: dict[str, Any] = {name: config for name in names}
+    default_map["keys"] = {name: config for name in keys_group.commands}  # a group's are per subcommand
     try:
         cli.main(args=list(args), prog_name="quotawrap", default_map=default_map)
     except QuotawrapError as exc:  # any subcommand: one line naming the cure, never a traceback

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..config.settings import OPTIONS, Option, Settings, env_name, parse_value
+from ..config.settings import OPTIONS, RETIRED, Option, Settings, env_name, parse_value, say_retired
 from ..core.errors import EXIT_USAGE, ConfigError
 from ..support.log import fail
 
@@ -43,13 +43,29 @@ def _click_option(option: Option) -> Callable[[F], F]:
     return click.option(flag, option.name, type=option.type, default=None, **common)
 
 
+def _retired_flag(name: str) -> Callable[[F], F]:
+    """A retired option's on/off flag, hidden from --help: taken, said to be ignored, its value dropped."""
+    import click
+
+    def said(_ctx: click.Context, _param: click.Parameter, value: bool | None) -> None:
+        if value is not None:
+            say_retired(name)
+
+    flag = name.replace("_", "-")
+    return click.option(f"--{flag}/--no-{flag}", default=None, hidden=True, expose_value=False, callback=said)
+
+
 def settings_options(names: Sequence[str] | None = None) -> Callable[[F], F]:
-    """Decorate a command with the flags of these options (all when None), from the one table."""
+    """Decorate a command with the flags of these options (all when None), from the one table; a retired
+    option's flag goes wherever its successor's does."""
     chosen = [option for option in OPTIONS if names is None or option.name in names]
+    retired = [name for name, (successor, _) in RETIRED.items() if names is None or successor in names]
 
     def decorate(func: F) -> F:
         for option in reversed(chosen):
             func = _click_option(option)(func)
+        for name in retired:
+            func = _retired_flag(name)(func)
         return func
 
     return decorate

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from ..core.errors import ConfigError
-from .settings import CONFIG_FILE, OPTION_BY_NAME, Settings, parse_value
+from .settings import CONFIG_FILE, OPTION_BY_NAME, RETIRED, Settings, parse_value, say_retired
 
 TYPE_CHECKING = False  # importing typing itself would slow a guarded command's start
 if TYPE_CHECKING:
@@ -67,6 +67,9 @@ def load_config_file(path: str | os.PathLike[str] | None = None) -> dict[str, An
         if option is None:
             if isinstance(raw, dict):
                 continue  # sections (prices, models) belong to other features
+            if name in RETIRED:
+                say_retired(name)
+                continue
             raise ConfigError(f"{candidate}: unknown setting {key!r}")
         try:
             values[name] = parse_value(option, raw)

@@ -31,9 +31,12 @@ __all__ = [
     "CONFIG_FILE",
     "OPTIONS",
     "OPTION_BY_NAME",
+    "RETIRED",
     "Option",
     "Settings",
     "env_name",
+    "retired_notice",
+    "say_retired",
     "sync_source",
 ]
 
@@ -363,20 +366,14 @@ OPTIONS: tuple[Option, ...] = (
         bool,
         True,
         "Settle guarded calls on a background thread (off: each settle lands before the caller gets its answer;"
-        " the settle relay and advances go with it).",
-    ),
-    Option(
-        "settle_relay",
-        bool,
-        True,
-        "Hand a guarded child's settles to its wrapper to land"
-        " (off: the child lands them itself; advances go with it).",
+        " advances go with it).",
     ),
     Option(
         "advances",
         bool,
         True,
-        "Let a guarded child draw calls from a block reserved ahead (off: every call reserves in the ledger).",
+        "Let a guarded child draw calls from a block reserved ahead, its wrapper landing their settles"
+        " (off: every call reserves in the ledger and its process lands the settle).",
     ),
     Option(
         "fail_open", bool, False, "If the store (--store) is unreachable, let calls through unguarded (and say so)."
@@ -518,6 +515,15 @@ OPTIONS: tuple[Option, ...] = (
         check=_positive,
     ),
     Option(
+        "upstream_key_env",
+        str,
+        None,
+        "quotawrap serve only: the name of the environment variable that holds the provider's API key (e.g."
+        " ARK_API_KEY). The gateway then sends that key upstream itself and takes only member keys from its"
+        " callers (quotawrap keys add).",
+        child=False,
+    ),
+    Option(
         "allow_unguarded",
         bool,
         False,
@@ -572,6 +578,36 @@ OPTIONS: tuple[Option, ...] = (
 
 OPTION_BY_NAME = {option.name: option for option in OPTIONS}
 
+# Options taken out: each name, the option that took its place, and what to say. Still accepted where it was
+# (flag, variable, toml key) with one line naming the successor, so an old script or shell keeps running.
+RETIRED: dict[str, tuple[str, str]] = {
+    "settle_relay": (
+        "advances",
+        "the wrapper lands a child's settles for its advances only, and --no-advances (QUOTAWRAP_ADVANCES=0)"
+        " turns both off",
+    ),
+}
+
+
+def retired_notice(name: str) -> str:
+    """The one line said when the retired option ``name`` is given: it is ignored, and what replaced it."""
+    flag = "--" + name.replace("_", "-")
+    return (
+        f"{flag} ({env_name(name)}, {name} in {CONFIG_FILE}) is no longer an option and is ignored: {RETIRED[name][1]}"
+    )
+
+
+_retired_said: set[str] = set()
+
+
+def say_retired(name: str) -> None:
+    """Say :func:`retired_notice` on stderr once per process, however many ways the option was given."""
+    if name not in _retired_said:
+        _retired_said.add(name)
+        from ..support.log import warn
+
+        warn(retired_notice(name))
+
 
 class Settings:
     """Every option's value (its default unless given), checked by its rule when built; immutable.
@@ -602,7 +638,6 @@ class Settings:
     task_hold_ttl: float
     allow_path: tuple[str, ...]
     background_settle: bool
-    settle_relay: bool
     advances: bool
     watch: bool
     fail_open: bool
@@ -628,6 +663,7 @@ class Settings:
     max_body_mib: int
     header_timeout: float
     max_connections: int
+    upstream_key_env: str | None
     allow_unguarded: bool
     strict: bool
     retention: str
@@ -682,6 +718,13 @@ class Settings:
             balance_wall=self.balance_wall,
             balance_lag_s=self.balance_lag,
         )
+
+    @property
+    def draws_ahead(self) -> bool:
+        """Whether a guarded child draws calls from advances, with the draw notes and the relay to its wrapper
+        that they need (one piece: the wrapper must learn of every draw). The relay is the settler's way out,
+        and --watch changes nothing in the ledger."""
+        return self.advances and self.background_settle and not self.watch
 
     @property
     def package_matches(self) -> dict[str, str]:

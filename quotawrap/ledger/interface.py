@@ -5,7 +5,7 @@
   child side, the gateway and the settle relay are typed with it alone, so mypy rejects a call from
   them into the books or the read side.
 - :class:`Books`: the records the wrapper and the commands keep (runs, what a dead run left open,
-  balances and packages synced, retention).
+  balances and packages synced, retention, the gateway's member keys).
 - :class:`Reader`: what reports, status, the live view and the sync read back.
 
 A member sits in the part of its narrowest caller: one the child side calls is on the call path even
@@ -16,11 +16,14 @@ backend implements it whole.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from ..core.quota import Counters, Package, Snapshot
 from ..core.usage import Usage
 from .base import CallRecord, DayAggregate, Decision, HoldRequest, LimitsFor, PruneResult, RunRecord, RunTotals, Settle
+
+if TYPE_CHECKING:  # what the member keys' records are made of (hashlib, secrets) stays off a guarded start
+    from ..core.member_keys import MemberKey
 
 __all__ = ["Books", "CallPath", "Ledger", "Reader"]
 
@@ -30,9 +33,6 @@ class CallPath(Protocol):
     """A shared, atomic store of holds and counters. Every method is safe across threads and processes."""
 
     url: str
-    # A writer that meets another's write sleeps until it may go on (SQLite's busy handler sleeps in steps),
-    # so a batch of settles is best landed while guarded calls are between their writes (settle_relay).
-    writers_sleep_when_busy: ClassVar[bool]
     # Whether it lands settles of calls drawn from an advance (Settle.drawn) and closes advances.
     takes_advances: ClassVar[bool]
 
@@ -130,6 +130,24 @@ class Books(Protocol):
     def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
         """Fold the finished calls of every day before ``before_day`` into daily aggregates and delete
         them (with those days' usage series, sync history, and the runs left without calls)."""
+        ...
+
+    # -- member keys: who may call through a gateway that holds the provider's key (by hash, never the key)
+
+    def add_member_key(self, key: MemberKey) -> bool:
+        """Keep ``key`` unless a key of its name exists (names are never reused, revoked or not); whether kept."""
+        ...
+
+    def member_key(self, key_hash: str) -> MemberKey | None:
+        """The key whose SHA-256 is ``key_hash``, revoked or not; None for no such key."""
+        ...
+
+    def member_keys(self) -> list[MemberKey]:
+        """Every member key, revoked ones too, oldest first."""
+        ...
+
+    def revoke_member_key(self, name: str, at: float) -> MemberKey | None:
+        """Mark the key ``name`` revoked at ``at`` (a second revoke keeps the first time); None for no such key."""
         ...
 
 

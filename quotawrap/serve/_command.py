@@ -7,6 +7,7 @@ ConfigError (bad setting), StoreError (no ledger, without ``--fail-open``), OSEr
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from ..core.errors import ConfigError, QuotawrapError
 from ..ledger import Ledger
 from ..support.log import warn
 from ._gateway import Gateway  # aiohttp: importing this module is the check that the serve extra is there
+from ._members import MemberGate, provider_key
 from ._runner import run_in_foreground
 
 __all__ = ["prepare", "serve"]
@@ -49,6 +51,10 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
 
         if problem := sdk_missing():
             raise ConfigError(problem)
+    members = None
+    if settings.upstream_key_env:  # read before anything is recorded: a missing key is a usage error
+        variable = settings.upstream_key_env
+        members = MemberGate(variable, provider_key(variable, os.environ), ledger.member_key)
     if host not in _LOOPBACK:
         warn(f"serve: listening on {host}, not loopback: whoever reaches it spends through it")
     tags = dict(entry.partition("=")[::2] for entry in settings.tag)
@@ -71,11 +77,20 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
         exposition = None
     else:
         exposition = ledger_exposition(ledger, settings)
-    gateway = Gateway(settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout, metrics=exposition)
+    gateway = Gateway(
+        settings,
+        ledger,
+        host=host,
+        port=port,
+        drain_timeout=settings.drain_timeout,
+        members=members,
+        metrics=exposition,
+    )
     alerts = start_alerts(ledger, settings)
 
     def ready(url: str) -> None:
-        say(f"quotawrap gateway listening on {url} (upstream {gateway.shown_upstream}, run {settings.run_id})")
+        keys = f", member keys only: the provider key from ${members.variable}" if members is not None else ""
+        say(f"quotawrap gateway listening on {url} (upstream {gateway.shown_upstream}, run {settings.run_id}{keys})")
         sys.stdout.flush()
 
     try:

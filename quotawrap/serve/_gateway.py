@@ -14,6 +14,10 @@ stream meanwhile. aiohttp's complaints about malformed requests are one line eac
 The upstream URL's credentials are never shown: health, the start line, warnings and 502s name it
 with its password hidden.
 
+With ``--upstream-key-env`` the gateway holds the provider's key and takes member keys instead
+(:mod:`._members`): a request without a good one is answered 401 before its body is read, and one with
+it goes upstream with the provider's key, guarded under its key's tags.
+
 The upstream client is aiohttp's, like the server: it costs the gateway less per call than
 ``httpx.AsyncClient`` and carries more guarded requests per second (docs/benchmarks.md). No hook may
 run in this process (it would reserve the gateway's upstream calls a second time): the CLI starts
@@ -41,6 +45,7 @@ from yarl import URL
 from ..admission.guard import Guard
 from ..config.settings import Settings
 from ..core.errors import ConfigError
+from ..core.member_keys import MemberKey, member_tags
 from ..core.redact import redact_text, redact_url
 from ..core.synthetic import SyntheticResponse
 from ..ledger import CallPath
@@ -58,6 +63,7 @@ from ._http import (
     split_credentials,
     upstream_url,
 )
+from ._members import MemberGate
 
 __all__ = ["Gateway"]
 
@@ -232,10 +238,12 @@ class Gateway:
         host: str = "127.0.0.1",
         port: int = 0,
         drain_timeout: float = 30.0,
+        members: MemberGate | None = None,
         metrics: Callable[[], tuple[str, bytes]] | None = None,
     ) -> None:
         """``metrics``: the Prometheus exposition (content type, body) answered at ``GET /metrics``."""
         self.settings = settings
+        self.members = members  # None: the caller's own key goes upstream
         self.metrics = metrics
         self.ledger = ledger
         given = settings.base_url[0] if settings.base_url else ARK_BASE_URL
@@ -397,6 +405,7 @@ class Gateway:
             "in_flight": self.in_flight,
             "admitting": self.admitting,
             "uptime_s": round(time.time() - self.started_at, 3),
+            "member_keys": self.members is not None,
         }
         status = 200
         try:
@@ -443,16 +452,24 @@ class Gateway:
         assert self._client is not None
         if request.content_length is not None and request.content_length > self._max_body:
             return _too_large(request.content_length, self._max_body)  # unread: aiohttp then closes the connection
+        member: MemberKey | None = None
+        if self.members is not None:  # before the body is read: a stranger's is not
+            admitted = await self._off_loop(self.members.admit, request.headers)
+            if not isinstance(admitted, MemberKey):
+                return _answer(admitted)
+            member = admitted
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:  # a chunked body past the limit
             return _too_large(None, self._max_body)
         url = upstream_url(self.upstream, request.rel_url.raw_path, request.rel_url.raw_query_string)
         headers = forwarded_request_headers(request.headers.items())
-        if self._upstream_auth is not None and "authorization" not in request.headers:
+        if self.members is not None:
+            headers = self.members.upstream_headers(headers)
+        elif self._upstream_auth is not None and "authorization" not in request.headers:
             headers.append(("Authorization", self._upstream_auth))  # the --base-url's own credentials
         try:
-            tags = header_tags(request.headers.getall(TAG_HEADER, []))
+            tags = self._tags(request, member)
         except ConfigError as exc:
             return _answer(SyntheticResponse.ark_error(400, "QuotawrapBadTag", "BadRequest", f"{TAG_HEADER}: {exc}"))
         guard = self._guard_for(tags)
@@ -488,6 +505,16 @@ class Gateway:
         finally:
             upstream.release()
 
+    @staticmethod
+    def _tags(request: web.Request, member: MemberKey | None) -> dict[str, str]:
+        """The call's tags over the gateway's: a member's key's, else the caller's header's."""
+        asked = request.headers.getall(TAG_HEADER, [])
+        if member is None:
+            return header_tags(asked)
+        if asked:  # a member could otherwise charge its calls to another member's or team's budget
+            raise ConfigError("a member's calls carry its key's tags (quotawrap keys add --tag); send none")
+        return member_tags(member)
+
     async def _relay(
         self, request: web.Request, upstream: aiohttp.ClientResponse, call: GuardedCall | None
     ) -> web.StreamResponse:
@@ -499,6 +526,8 @@ class Gateway:
         for name, value in headers:
             response.headers.add(name, value)
         try:
+            if self.members is not None:
+                self.members.upstream_answered(upstream.status)
             if call is not None:
                 call.response_started(upstream.status, upstream.headers)
             await response.prepare(request)

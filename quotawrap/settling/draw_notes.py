@@ -12,7 +12,7 @@ have come: its draw lands then. The split is idempotent, so a note read after it
 
 The call's settle is then written into the same slot (:meth:`DrawNotes.settle`), beside its note, and the wrapper
 takes it from there (:func:`settled_slots`) when the process closes the advance, on a sync, or within
-``settle_relay.COLLECT_EVERY_S``, and frees the slot once it has landed: a drawn call's settle costs no datagram
+``handoff.COLLECT_EVERY_S``, and frees the slot once it has landed: a drawn call's settle costs no datagram
 (its send on the caller's path, and the relay's receive and decode of each, which share the cores with the
 agent), and a process killed after
 a call still has that call landed exactly. A settle that does not fit, or a process whose wrapper has stopped
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from ..ledger.base import Settle
     from ..support.events import BoundEvent
 
-Encode = Callable[["Settle"], bytes]  # settle_relay.encode: a note is a draw as its datagram would carry it
-Decode = Callable[[bytes], "tuple[Settle, BoundEvent | None]"]  # settle_relay.decode
+Encode = Callable[["Settle"], bytes]  # handoff.encode: a note is a draw as its datagram would carry it
+Decode = Callable[[bytes], "tuple[Settle, BoundEvent | None]"]  # handoff.decode
 
 __all__ = [
     "NOTED",

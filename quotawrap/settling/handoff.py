@@ -1,5 +1,9 @@
 """A guarded child's settles handed to its wrapper process, which lands them off the child's CPU.
 
+Part of advances (admission/advances.py), with their draw notes, under their one switch (``--no-advances``): the
+wrapper must learn of every draw. On its own, with each call reserving in the ledger, it did not pay for itself
+(docs/benchmarks.md, "Each speed piece against its removal").
+
 In the child a settle landed by its own settler thread still costs the caller: the thread shares the
 GIL (and, on SQLite, the write lock) with the next call's reserve. The wrapper is idle while its
 child runs, so the child sends each settle to it as one datagram on a Unix socket in the run's
@@ -54,14 +58,6 @@ __all__ = ["SOCKET_VARIABLE", "Relay", "Sender", "decode", "encode", "relay_path
 
 MAX_BATCH = 256  # settles per ledger call, as the in-process settler
 LINGER_S = 0.005  # once woken, gather this long: as the in-process settler, so other processes' waiters see no change
-# Settles per LINGER_S up to which the thread polls for them rather than waking for each: a sequential agent on
-# loopback sends a handful (each wake-up costs both the child's send and the wrapper), and 6 of the kernel's
-# usual 10 queued leaves room for a burst; a datagram the full queue refuses goes to the child's own settler.
-POLL_AT_MOST = 6
-# While it polls, it lands what it gathered at most this often: other processes' waiters see room freed that
-# much later (this child's own land in the child while one of its calls waits; a sync lands at once). A reserve
-# that meets a landing waits for it, and the longer the batch the likelier and the longer that wait.
-LAND_EVERY_S = 0.010
 RETRY_MIN_S, RETRY_MAX_S = 0.05, 2.0
 _RECEIVE_BYTES = 65536
 _SYNC = b"\0sync "  # then the path to answer at; never a marshalled settle (which starts with a type code)
@@ -237,11 +233,8 @@ class Relay:
         self._sock.bind(self.path)
         self._lock = threading.Lock()  # one batch lands at a time (the thread's, or close()'s)
         self._pending: list[Settle] = []  # received, not yet landed (gathered, or a batch the ledger refused)
-        self._landing_received = 0  # datagrams received that land (all but sync requests)
-        self._oldest = 0.0  # when the oldest of them was received
         self._syncs: list[str] = []  # where to answer once the settles received before have landed
         self._failing = False
-        self._aim: bool | None = None  # see _aimed
         self._closed = False
         self._stop = threading.Event()
         self.landed = 0
@@ -259,54 +252,18 @@ class Relay:
 
     def _run(self) -> None:
         backoff = RETRY_MIN_S
-        polling = False
         while True:
-            landing_before = self._landing_received
-            if polling:
-                # Settles come steadily, a few per LINGER_S: poll for them. A send to a socket this thread is
-                # blocked on must wake it, a cost paid by the child's send on the caller's path; a send to a
-                # socket nobody waits on is a copy.
-                self._stop.wait(LINGER_S)
+            if not self._next(COLLECT_EVERY_S):  # no datagram: drawn calls' settles may wait in their slots
                 with self._lock:
                     if self._closed:
                         return  # close() lands the rest
-                    received = self._drain()
-                    # Landing is the dear part (a ledger transaction, its cost per batch, not per settle): while
-                    # they come steadily, gather for up to LAND_EVERY_S. Draining stays every LINGER_S (the kernel
-                    # queues ~10).
-                    gathering = (
-                        0 < self._landing_received - landing_before <= POLL_AT_MOST
-                        and not self._syncs
-                        and len(self._pending) < MAX_BATCH
-                        and time.monotonic() - self._oldest < LAND_EVERY_S
-                    )
-                    idle = not received and not self._pending and not self._syncs
-                if gathering:
-                    continue
-                if idle:
-                    polling = False  # idle again: wait for the next settle, however long
-                    continue
-                if not self._syncs and self._aimed():
-                    # A reserve that meets it sleeps in SQLite's busy handler: land right after the next settle
-                    # arrives, when its process has just finished a call and is furthest from its next reserve.
-                    # Redis queues a reserve behind the batch instead: there, just before the next reserve is the
-                    # worst.
-                    self._next(LINGER_S)
-            else:
-                if not self._next(COLLECT_EVERY_S):  # no datagram: drawn calls' settles may wait in their slots
-                    with self._lock:
-                        if self._closed:
-                            return  # close() lands the rest
-                        self._collect_due = True
-                        if not self._drain():
-                            continue
-                with self._lock:
-                    if self._closed:
-                        return  # close() lands the rest
-                self._linger()
+                    self._collect_due = True
+                    if not self._drain():
+                        continue
+            self._linger()
             with self._lock:
                 if self._closed:
-                    return
+                    return  # close() lands the rest
                 self._drain()
                 landed = self._land()
             while not landed and not self._stop.wait(backoff):  # the store is away: ask again later
@@ -315,19 +272,6 @@ class Relay:
                     self._drain()
                     landed = self._closed or self._land()
             backoff = RETRY_MIN_S
-            # Faster than that, read each as it comes: the kernel queues few datagrams (net.unix.max_dgram_qlen,
-            # often 10) and refuses more, which sends a burst's settles back to the children's settlers.
-            polling = self._landing_received - landing_before <= POLL_AT_MOST
-
-    def _aimed(self) -> bool:
-        """Whether a landing waits for the next settle: the ledger's busy writers sleep. Asked once it can tell
-        (the run's lean books open the full ledger to answer, and a store gone meanwhile raises)."""
-        if self._aim is None:
-            try:
-                self._aim = bool(self._ledger().writers_sleep_when_busy)
-            except Exception:  # _land reports the store's trouble; landing at any moment is safe
-                return False
-        return self._aim
 
     def _next(self, timeout: float) -> int:
         """Wait up to ``timeout`` for one datagram; how many (0 or 1)."""
@@ -361,17 +305,11 @@ class Relay:
         except Exception:  # not ours: nothing to land (a settle is only ever sent whole)
             self._warn("ignored a malformed datagram on the settle socket")
             return
-        self._landing_received += 1
         if settle.event == "close":  # the advance's calls drawn and, most of them, settled in their slots
             self._collect_due = True
-        self._keep(settle)
+        self._pending.append(settle)
         if bound is not None:
             self._bounds.append(bound)
-
-    def _keep(self, settle: Settle) -> None:
-        if not self._pending:
-            self._oldest = time.monotonic()
-        self._pending.append(settle)
 
     def _collect(self) -> int:
         """Take the settles written in the notes' slots since the last look (under the lock); how many. New files
@@ -393,11 +331,10 @@ class Relay:
                     continue
                 settle, bound = settled
                 self._collected[name, slot] = notes
-                self._keep(settle)
+                self._pending.append(settle)
                 if bound is not None:
                     self._bounds.append(bound)
                 count += 1
-        self._landing_received += count
         return count
 
     def _look_for_files(self) -> None:
@@ -514,8 +451,7 @@ class Relay:
             # Calls in flight when their process ended get rows of their own (after their settles, if they came),
             # and a settle written as collecting stopped lands (once more, as nothing, if it landed).
             noted, every_note_read = read_notes(self._directory, decode)
-            for settle in noted:
-                self._keep(settle)
+            self._pending.extend(noted)
             while not self._land() and time.monotonic() < deadline:
                 time.sleep(RETRY_MIN_S)
             # What still could not land stays held in the ledger: resolve_run charges it whole.

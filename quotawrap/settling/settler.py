@@ -11,7 +11,7 @@ which ends with ``os._exit()``, its exit finalizers), before ``fork()`` in the p
 starts empty), and on demand (:meth:`Settler.flush`). A process killed before its queue lands leaves
 those holds open, and the wrapper's ``resolve_run`` (or reclaim) charges them whole, as unresolved.
 
-Under ``quotawrap run`` a guarded child hands its settles to the wrapper instead (``relay``,
+Under ``quotawrap run`` a guarded child that draws advances hands its settles to the wrapper instead (``relay``,
 :mod:`quotawrap.settling.handoff`), which lands them off this process's GIL; this queue then takes only
 what the wrapper did not take, and the settles of a process whose call waits for room.
 """

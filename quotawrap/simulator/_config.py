@@ -130,6 +130,7 @@ class SimConfig(Record, frozen=True):
     bot_searches: int = 0  # web_search plugin calls each bots answer reports in bot_usage.action_usage
     redirect_to: str | None = None  # answer inference POSTs with a 307 to this base URL + the same path
     require_auth: bool = True  # False: serve requests without a bearer key (clients drop it on cross-origin redirects)
+    api_keys: tuple[str, ...] = ()  # the bearer keys accepted (any other is answered 401, as Ark answers one); (): any
     strict: bool = True  # validate requests as Ark does (docs/ark-contract.md); False: accept any model and value
     models: tuple[str, ...] = ()  # model ids served besides the bundled price table's (each also as a family prefix)
     endpoints: tuple[tuple[str, str], ...] = ()  # (endpoint id, foundation model id "<name>-<version>") pairs
@@ -228,6 +229,14 @@ def _names(param: str, value: Any) -> tuple[str, ...]:
     return tuple(item.strip() for item in items if item.strip())
 
 
+def _api_keys(param: str, value: Any) -> tuple[str, ...]:
+    """Keys from a list, or from one comma-separated string (a command line); never quoted back."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) for item in items):
+        raise SimConfigError(param, "expected a list of API keys")
+    return tuple(item.strip() for item in items if item.strip())
+
+
 def _endpoints(param: str, value: Any) -> tuple[tuple[str, str], ...]:
     """Endpoint ids and the foundation model each serves: {"ep-...": "model-version"}, ["ep-...=model-version"],
     a comma-separated string of those, or (endpoint, model) pairs."""
@@ -277,6 +286,7 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "bot_searches": _int,
     "redirect_to": _opt_str,
     "require_auth": _bool,
+    "api_keys": _api_keys,
     "strict": _bool,
     "models": _names,
     "endpoints": _endpoints,
@@ -296,6 +306,10 @@ def apply_patch(config: SimConfig, patch: Mapping[str, Any]) -> SimConfig:
     return dataclasses.replace(config, **changes)
 
 
+# A request may not choose the keys it is checked against.
+_NOT_PER_REQUEST = frozenset({"packages", "api_keys"})
+
+
 def apply_headers(config: SimConfig, headers: Iterable[tuple[str, str]]) -> SimConfig:
     """Apply per-request `x-sim-<field>` headers (dashes stand for underscores)."""
     patch: dict[str, str] = {}
@@ -304,7 +318,7 @@ def apply_headers(config: SimConfig, headers: Iterable[tuple[str, str]]) -> SimC
         if not name.startswith(HEADER_PREFIX):
             continue
         field = name[len(HEADER_PREFIX) :].replace("-", "_")
-        if field not in _COERCE or field == "packages":
+        if field not in _COERCE or field in _NOT_PER_REQUEST:
             raise SimConfigError(raw_name, "unknown x-sim-* header")
         patch[field] = value.strip()
     if not patch:

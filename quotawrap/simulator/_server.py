@@ -374,7 +374,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _checked_config(self) -> SimConfig:
         config = self.server.sim.config
-        if config.require_auth and not _has_bearer(self.headers.get("Authorization")):
+        if config.require_auth and not _has_bearer(self.headers.get("Authorization"), config.api_keys):
             raise ArkError(401, "AuthenticationError", "The API key or AK/SK in the request is missing or invalid.")
         try:
             return apply_headers(config, self.headers.items())
@@ -538,11 +538,13 @@ def _served(body: dict[str, Any], config: SimConfig) -> dict[str, Any]:
     return body if served is None else {**body, "model": served}
 
 
-def _has_bearer(header: str | None) -> bool:
+def _has_bearer(header: str | None, accepted: tuple[str, ...]) -> bool:
+    """A bearer key, one of ``accepted`` unless that is empty."""
     if not header:
         return False
     scheme, _, key = header.partition(" ")
-    return scheme.lower() == "bearer" and bool(key.strip())
+    key = key.strip()
+    return scheme.lower() == "bearer" and bool(key) and (not accepted or key in accepted)
 
 
 def _json_value(raw: bytes) -> Any:

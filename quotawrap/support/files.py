@@ -122,7 +122,7 @@ _TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
 
 
 RUN_DIR_PREFIX = "quotawrap-run-"  # a run's private directory (QUOTAWRAP_RUN_DIR)
-# The wrapper's settle relay (settle_relay.Relay): named to the child before it is bound, here so that
+# The wrapper's settle relay (handoff.Relay): named to the child before it is bound, here so that
 # naming it does not load the relay (and threading) before the child starts.
 SOCKET_VARIABLE = "QUOTAWRAP_SETTLE_SOCKET"
 _SOCKET_NAME = "settle.sock"

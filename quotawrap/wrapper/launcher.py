@@ -12,7 +12,7 @@ import sys
 import time
 
 from ..config.file import config_path
-from ..config.settings import OPTIONS, Settings, env_name
+from ..config.settings import OPTIONS, RETIRED, Settings, env_name
 from ..support.log import warn
 from ..support.processes import which
 
@@ -81,6 +81,8 @@ def child_environment(settings: Settings, base: Mapping[str, str] | None = None)
     for option in OPTIONS:
         if option.child:
             env.pop(env_name(option.name), None)
+    for name in RETIRED:  # said once, by this wrapper
+        env.pop(env_name(name), None)
     env.update(settings.child_env())
     env[NESTED_VARIABLE] = settings.run_id or ""
     return env
@@ -318,7 +320,9 @@ def _run(
     env["QUOTAWRAP_RUN_DIR"] = os.pathsep.join([run_path, *([outer] if outer else [])])
     from ..support.files import SOCKET_VARIABLE, relay_path  # the children's settles land here
 
-    env[SOCKET_VARIABLE] = relay_path(run_path)  # ours, never an outer run's (it may keep another ledger)
+    env.pop(SOCKET_VARIABLE, None)  # never an outer run's (it may keep another ledger)
+    if settings.draws_ahead:  # the relay is the advances' (Settings.draws_ahead)
+        env[SOCKET_VARIABLE] = relay_path(run_path)
     reaping = _become_subreaper()
     process = _spawn(executable, [executable, *command[1:]], env)
     # From here on the child runs: what follows is off its start-up path (on the other core).
@@ -334,7 +338,7 @@ def _run(
     # later, and a settle sent before (or with no relay at all) fails at once and lands in the child.
     # Lean books: bound once a process of the run opens the ledger (on the reclaimer's thread), so a
     # run that makes no guarded call never loads the socket modules beside its child's start.
-    relay = _Relay(env[SOCKET_VARIABLE], ledger, settings.events_log)
+    relay = _Relay(env.get(SOCKET_VARIABLE), ledger, settings.events_log)
     lean = bool(getattr(ledger, "lean", False))  # run.py's books: the full ledger opens on first use
     if not lean:
         relay.open()
@@ -442,9 +446,10 @@ def _run(
 
 
 class _Relay:
-    """The run's settle relay (:mod:`.settle_relay`), bound at most once and never after it was closed."""
+    """The run's settle relay (:mod:`quotawrap.settling.handoff`), bound at most once and never after it was
+    closed; never without a ``path`` (the run's processes draw no advances)."""
 
-    def __init__(self, path: str, ledger: Ledger, events_log: str | None) -> None:
+    def __init__(self, path: str | None, ledger: Ledger, events_log: str | None) -> None:
         import _thread
 
         self._path = path
@@ -456,7 +461,7 @@ class _Relay:
 
     def open(self) -> None:
         with self._lock:
-            if self._closed or self._relay is not None:
+            if self._closed or self._relay is not None or self._path is None:
                 return
             from ..settling.handoff import open_relay
             from ..support.events import EventLog

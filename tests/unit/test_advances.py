@@ -25,8 +25,8 @@ from quotawrap.ledger import HoldRequest, Ledger, open_ledger
 from quotawrap.ledger.base import ADVANCE, Drawn, ModelTotals, Settle
 from quotawrap.ledger.redis import RedisLedger
 from quotawrap.ledger.scopes import scope_keys
+from quotawrap.ledger.sqlite.advances import LANDED_TOGETHER, drawn_runs
 from quotawrap.ledger.sqlite.ledger import SQLiteLedger
-from quotawrap.ledger.sqlite.reserve import LANDED_TOGETHER, drawn_runs
 from tests.redis_server import flushed, session_url
 from tests.unit.test_ledger_sqlite import DAY, MODEL
 from tests.unit.test_ledger_sqlite import _hold as sqlite_hold

@@ -307,24 +307,25 @@ class TestRefittedAttempt:
 
 class TestSpeedSwitches:
     """Each speed piece of a guarded child has a setting that takes it out (for measuring it against its
-    removal, docs/benchmarks.md "Scale"); on, the default, the child under a wrapper has them all."""
+    removal, docs/benchmarks.md "Scale"); on, the default, the child under a wrapper has them all. Advances,
+    their draw notes and the relay to the wrapper are one piece with one switch."""
 
     @pytest.mark.parametrize(
-        ("variable", "settler", "relay", "advances"),
+        ("setting", "settler", "relay", "advances"),
         [
-            (None, True, True, True),
-            ("QUOTAWRAP_ADVANCES", True, True, False),
-            ("QUOTAWRAP_SETTLE_RELAY", True, False, False),  # advances need the wrapper to learn of every draw
-            ("QUOTAWRAP_BACKGROUND_SETTLE", False, False, False),  # the relay is the settler's way out
+            ({}, True, True, True),
+            ({"QUOTAWRAP_ADVANCES": "0"}, True, False, False),  # the relay goes with the advances it carries
+            ({"QUOTAWRAP_BACKGROUND_SETTLE": "0"}, False, False, False),  # the relay is the settler's way out
+            ({"QUOTAWRAP_WATCH": "1"}, True, False, False),  # --watch reserves nothing ahead
         ],
-        ids=["all-on", "no-advances", "no-settle-relay", "no-background-settle"],
+        ids=["all-on", "no-advances", "no-background-settle", "watch"],
     )
     def test_a_switch_set_off_takes_its_piece_out(
         self,
         ledger: SQLiteLedger,
         tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch,
-        variable: str | None,
+        setting: dict[str, str],
         settler: bool,
         relay: bool,
         advances: bool,
@@ -332,8 +333,7 @@ class TestSpeedSwitches:
         from quotawrap.support.files import SOCKET_VARIABLE
 
         monkeypatch.setenv(SOCKET_VARIABLE, str(tmp_path / "settle.sock"))  # a guarded child under a wrapper
-        environ = {"QUOTAWRAP_RUN_ID": RUN} | ({variable: "0"} if variable else {})
-        guard = Guard(Settings.from_env(environ), ledger, background_settle=True)
+        guard = Guard(Settings.from_env({"QUOTAWRAP_RUN_ID": RUN, **setting}), ledger, background_settle=True)
         assert (guard.settler is not None) is settler
         assert (guard.settler is not None and guard.settler.relay is not None) is relay
         assert (guard.advances is not None) is advances

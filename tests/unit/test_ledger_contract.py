@@ -27,6 +27,7 @@ from quotawrap.admission.advances import Advances
 from quotawrap.books.sync import record_balance
 from quotawrap.core.errors import StoreError
 from quotawrap.core.identity import UNMAPPED
+from quotawrap.core.member_keys import MemberKey, key_hash, new_member_key
 from quotawrap.core.quota import (
     Counters,
     Limit,
@@ -583,6 +584,94 @@ class TestEndpointModels:
         assert ledger.endpoint_models()[self.EP_A] == "deepseek-v4-flash-260731"
 
 
+class TestMemberKeys:
+    """The gateway's member keys: kept by their hash and tags, found by the hash, names unique, revocable."""
+
+    @staticmethod
+    def make(name: str, **tags: str) -> tuple[str, MemberKey]:
+        secret = new_member_key()
+        return secret, MemberKey(name, key_hash(secret), tags, time.time())
+
+    def test_a_key_is_found_by_its_hash_from_another_process(self, ledger: Ledger, ledger_url: str) -> None:
+        secret, ana = self.make("ana", team="search", note="équipe 検索")
+        assert ledger.member_keys() == [] and ledger.member_key(key_hash(secret)) is None
+        assert ledger.add_member_key(ana)
+        _, bob = self.make("bob")
+        assert ledger.add_member_key(bob)
+        other = open_ledger(ledger_url)
+        try:
+            assert other.member_key(key_hash(secret)) == ana
+            assert other.member_keys() == [ana, bob]
+        finally:
+            other.close()
+        assert ledger.member_key(key_hash(new_member_key())) is None
+
+    def test_a_name_is_never_taken_twice(self, ledger: Ledger) -> None:
+        """Not even once revoked: the second key is not kept, and its hash finds nothing."""
+        _, first = self.make("ana", team="search")
+        second_secret, second = self.make("ana", team="infra")
+        assert ledger.add_member_key(first)
+        assert ledger.revoke_member_key("ana", time.time()) is not None
+        assert not ledger.add_member_key(second)
+        assert ledger.member_key(key_hash(second_secret)) is None
+        assert [key.tags for key in ledger.member_keys()] == [{"team": "search"}]
+
+    def test_revoking_keeps_the_record_and_its_first_time(self, ledger: Ledger) -> None:
+        secret, ana = self.make("ana", team="search")
+        ledger.add_member_key(ana)
+        revoked = ledger.revoke_member_key("ana", 1_800_000_000.5)
+        assert revoked == dataclasses.replace(ana, revoked_at=1_800_000_000.5)
+        again = ledger.revoke_member_key("ana", 1_800_000_999.0)
+        assert again is not None and again.revoked_at == 1_800_000_000.5
+        assert ledger.member_key(key_hash(secret)) == revoked
+        assert ledger.member_keys() == [revoked]
+        assert ledger.revoke_member_key("nobody", 1_800_000_000.0) is None
+
+    def test_one_name_added_at_once_by_threads_and_processes_is_kept_once(self, ledger_url: str) -> None:
+        """4 processes of 4 threads each add a key named "shared": exactly one is kept, and only its hash finds it."""
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        processes = [context.Process(target=_add_shared_keys, args=(ledger_url, queue)) for _ in range(4)]
+        for process in processes:
+            process.start()
+        tried = [attempt for _ in processes for attempt in queue.get(timeout=120)]
+        for process in processes:
+            process.join(timeout=60)
+            assert process.exitcode == 0
+        assert len(tried) == 16
+        kept = [secret for secret, added in tried if added]
+        assert len(kept) == 1
+        ledger = open_ledger(ledger_url)
+        try:
+            assert [key.key_hash for key in ledger.member_keys()] == [key_hash(kept[0])]
+            assert sum(ledger.member_key(key_hash(secret)) is not None for secret, _ in tried) == 1
+        finally:
+            ledger.close()
+
+
+def _add_shared_keys(url: str, out: Any) -> None:
+    """One process: 4 threads, started together, each adding its own key under the one name "shared"."""
+    ledger = open_ledger(url)
+    start = threading.Barrier(4)
+    tried: list[tuple[str, bool]] = []
+    lock = threading.Lock()
+
+    def add() -> None:
+        secret, key = TestMemberKeys.make("shared")
+        start.wait()
+        added = ledger.add_member_key(key)
+        with lock:
+            tried.append((secret, added))
+
+    threads = [threading.Thread(target=add) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ledger.close()
+    out.put(tried)
+
+
 class TestUnmappedEndpoints:
     """Calls to an endpoint whose model is not known yet are held on UNMAPPED's model-day, and what they
     hold and were charged counts against every model's day limits (any of them may be that model)."""
@@ -740,7 +829,7 @@ def waiter(hold: HoldRequest, name: str, ticket: int | None = None, *, can_wait:
 @pytest.fixture
 def short_lease(monkeypatch: pytest.MonkeyPatch) -> float:
     """Leases of 0.3 s, so a test can let one run out."""
-    monkeypatch.setattr("quotawrap.ledger.sqlite.lines.LEASE_S", 0.3)
+    monkeypatch.setattr("quotawrap.ledger.sqlite.reserve.LEASE_S", 0.3)
     monkeypatch.setattr("quotawrap.ledger.redis.reserve_args.LEASE_S", 0.3)
     return 0.3
 

@@ -371,6 +371,58 @@ class TestPrecedence:
         assert captured == []
 
 
+class TestRetiredOptions:
+    """An option taken out (RETIRED) is still taken wherever it was given, ignored, and named once on stderr
+    with what replaced it: an old script, shell or quotawrap.toml keeps running."""
+
+    @pytest.mark.parametrize(
+        ("args", "env", "toml"),
+        [
+            (["--no-settle-relay"], {}, ""),
+            (["--settle-relay"], {}, ""),
+            ([], {"QUOTAWRAP_SETTLE_RELAY": "0"}, ""),
+            ([], {}, "settle_relay = false\n"),
+            ([], {}, "settle-relay = true\n"),
+            (["--no-settle-relay"], {"QUOTAWRAP_SETTLE_RELAY": "0"}, "settle_relay = false\n"),
+        ],
+        ids=["flag-off", "flag-on", "variable", "toml", "toml-dashed", "all-three-said-once"],
+    )
+    def test_a_retired_option_is_ignored_with_one_line_naming_its_successor(
+        self,
+        captured: list[Settings],
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+        args: list[str],
+        env: dict[str, str],
+        toml: str,
+    ) -> None:
+        from quotawrap.config import settings as table
+
+        monkeypatch.setattr(table, "_retired_said", set())  # said once per process: this test's process is shared
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        if toml:
+            (tmp_path / "quotawrap.toml").write_text(toml)
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--store", f"sqlite:///{tmp_path / 'l.sqlite3'}", "--quiet", *args, "--", "true"])
+        assert exit_info.value.code == 0
+        said = capsys.readouterr().err.splitlines()
+        assert len(said) == 1 and "settle-relay" in said[0] and "--no-advances" in said[0], said
+        assert captured[-1].draws_ahead  # ignored: the run keeps its advances and their relay
+
+    def test_the_retired_flag_is_not_offered(self) -> None:
+        """--help lists only the options that work; the retired flag is accepted, not advertised."""
+        result = CliRunner().invoke(cli, ["run", "--help"])
+        assert result.exit_code == 0 and "--no-advances" in result.output
+        assert "settle-relay" not in result.output
+
+    def test_the_child_is_not_handed_a_retired_variable(self) -> None:
+        """The wrapper said it once; a quotawrap nested in the child does not say it again."""
+        env = launcher.child_environment(Settings(), {"QUOTAWRAP_SETTLE_RELAY": "0", "HOME": "/home/x"})
+        assert "QUOTAWRAP_SETTLE_RELAY" not in env and env["HOME"] == "/home/x"
+
+
 class TestEndToEnd:
     def test_toml_env_and_flag_reach_the_child(self, tmp_path: Path) -> None:
         """A real `python -m quotawrap` run: the child sees the winning values as QUOTAWRAP_* variables."""

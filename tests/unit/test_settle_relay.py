@@ -1,4 +1,4 @@
-"""A guarded child's settles handed to its wrapper (settle_relay.py): landed exactly, in order, never
+"""A guarded child's settles handed to its wrapper (settling/handoff.py): landed exactly, in order, never
 dropped (a send the wrapper does not take lands in the child), and all in before the wrapper closes."""
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ from typing import Any, cast
 
 import pytest
 
-from quotawrap.core.errors import StoreError
 from quotawrap.core.quota import Counters
 from quotawrap.core.usage import Usage
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import Settle
 from quotawrap.settling.handoff import (
     COLLECT_EVERY_S,
-    LAND_EVERY_S,
     LINGER_S,
     Relay,
     Sender,
@@ -35,8 +33,6 @@ from tests.unit.test_ledger_contract import limits, rc, request, usage
 
 class Recording:
     """A ledger stand-in that records each batch; refuses the first ``failures`` batches."""
-
-    writers_sleep_when_busy = True  # as SQLite's
 
     def __init__(self, failures: int = 0) -> None:
         self.batches: list[list[Settle]] = []
@@ -236,127 +232,26 @@ def test_sync_returns_once_the_wrapper_has_landed_what_was_sent_before(tmp_path:
     assert sender.sync(1)  # the wrapper gone: it landed what it took before it closed
 
 
-class _CountingSocket:
-    """The relay's socket, counting the receives a send woke (a send to a socket a thread waits on wakes it): idle
-    (nothing came for a while: it looks in the notes' slots every COLLECT_EVERY_S), or aimed (a landing waits
-    for the next settle)."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self._timeout: float | None = None
-        self.idle_receives = 0
-        self.aimed_receives = 0
-
-    def settimeout(self, timeout: float | None) -> None:
-        self._timeout = timeout
-        self._inner.settimeout(timeout)
-
-    def recv(self, size: int, flags: int = 0) -> bytes:
-        data: bytes = self._inner.recv(size, flags)  # a timeout raises: no send woke it
-        if not flags and (self._timeout is None or self._timeout >= COLLECT_EVERY_S):
-            self.idle_receives += 1
-        elif not flags:
-            self.aimed_receives += 1
-        return data
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-def _send_steadily(sender: Sender, count: int, apart: float, stalls: list[float] | None = None) -> list[str]:
-    """``count`` releases ``apart`` seconds apart, as a sequential agent's calls end; their hold ids.
-    ``stalls``: gets each gap between two sends the machine stretched past LINGER_S (an idle pause to the relay)."""
+def _send_steadily(sender: Sender, count: int, apart: float) -> list[str]:
+    """``count`` releases ``apart`` seconds apart, as a sequential agent's calls end; their hold ids."""
     sent = []
-    last = time.monotonic()
     for i in range(count):
         assert sender.send(Settle(f"h{i}", "release"))
-        now = time.monotonic()
-        if stalls is not None and i and now - last > LINGER_S:
-            stalls.append(now - last)
-        last = now
         sent.append(f"h{i}")
         threading.Event().wait(apart)
     return sent
 
 
-@pytest.mark.parametrize("per_linger", [2, 4])  # 4: a sequential agent on a fast loopback (~1 call per ms)
-def test_settles_that_come_steadily_are_polled_for_not_woken_for(tmp_path: Path, per_linger: int) -> None:
-    """A child's settles a few per LINGER_S apart (a sequential agent's): the relay takes them by polling, so
-    a send finds no thread waiting on the socket and wakes none; each still lands, in order."""
+def test_settles_that_come_steadily_land_in_order_while_they_come(tmp_path: Path) -> None:
+    """A child's settles a few per LINGER_S apart (calls that reserve alone, e.g. near a cap): each wakes the
+    relay, which lands them as they come (other processes' waiters see the room), every one, in order."""
     ledger = Recording()
-    relay = _relay(tmp_path, ledger)
-    counting = _CountingSocket(relay._sock)
-    relay._sock = counting  # type: ignore[assignment]  # test-only: the thread's next receive counts
-    sender = Sender(relay.path)
-    stalls: list[float] = []
-    sent = _send_steadily(sender, 40, LINGER_S / per_linger, stalls)
-    relay.close()
-    assert ledger.landed == sent
-    # Woken for each settle, the thread would wait ~40 times. Polling, it waits idle only at the start and after
-    # an idle pause (each time a slow machine stalled the sender past LINGER_S), and aimed (with a timeout) once
-    # a landing (on SQLite a landing waits for the next settle: see Relay._run) and while it lingers after an
-    # idle wake: in all, well under one wait per settle.
-    assert len(stalls) < 10, f"the machine stalled the sender too often to tell: {stalls}"
-    assert counting.idle_receives <= 3 + len(stalls), (counting.idle_receives, stalls)
-    assert counting.idle_receives + counting.aimed_receives <= len(sent) // 2, counting.aimed_receives
-
-
-@pytest.mark.parametrize("sleeps", [True, False])
-def test_settles_that_come_steadily_land_in_batches_of_several(tmp_path: Path, sleeps: bool) -> None:
-    """While settles come steadily, the relay gathers them for up to LAND_EVERY_S (then, on a ledger whose busy
-    writers sleep, lands right after the next settle) and lands them in one ledger call: a landing is a
-    transaction (BEGIN ... COMMIT) whatever its size, so landing each poll's one or two would cost the wrapper
-    several times the CPU, on the cores the child needs. Each still lands, in order, and none waits much longer."""
-    ledger = Recording()
-    ledger.writers_sleep_when_busy = sleeps
-    relay = _relay(tmp_path, ledger)
-    sender = Sender(relay.path)
-    sent = _send_steadily(sender, 60, LINGER_S / 2)
-    # the relay lands what it gathered while the flow goes on (a waiter of another process sees it soon)
-    assert ledger.landed, "nothing landed while the settles kept coming"
-    relay.close()
-    assert ledger.landed == sent
-    # One batch per LINGER_S poll would be ~30 batches (more on a slow machine); gathering for LAND_EVERY_S,
-    # about 60 * LINGER_S / 2 / LAND_EVERY_S = 15.
-    assert len(ledger.batches) <= 60 * LINGER_S / 2 / LAND_EVERY_S + 3, [len(batch) for batch in ledger.batches]
-
-
-def test_a_ledger_that_cannot_yet_tell_how_it_waits_still_gets_its_settles(tmp_path: Path) -> None:
-    """The run's lean books open the full ledger to answer ``writers_sleep_when_busy``, and a store gone
-    meanwhile raises: the relay lands at any moment until it can tell, and lands while the flow goes on."""
-
-    class Unsure(Recording):
-        asked = 0
-
-        @property
-        def writers_sleep_when_busy(self) -> bool:  # type: ignore[override]
-            self.asked += 1
-            if self.asked <= 3:
-                raise StoreError("the store is away", store="sqlite:///x")
-            return True
-
-    ledger = Unsure()
     relay = _relay(tmp_path, ledger)
     sender = Sender(relay.path)
     sent = _send_steadily(sender, 40, LINGER_S / 2)
     assert ledger.landed, "nothing landed while the settles kept coming"
     relay.close()
-    assert ledger.landed == sent and ledger.asked > 3
-
-
-def test_a_sync_lands_what_was_gathered_at_once(tmp_path: Path) -> None:
-    """Guard.flush (a sync request) does not wait for the gathering to end: what precedes it lands now."""
-    ledger = Recording()
-    relay = _relay(tmp_path, ledger)
-    sender = Sender(relay.path)
-    try:
-        _send_steadily(sender, 3, LINGER_S / 2)  # a steady flow: the relay polls and gathers
-        started = time.monotonic()
-        assert sender.sync(5.0)
-        assert ledger.landed == ["h0", "h1", "h2"]
-        assert time.monotonic() - started < LAND_EVERY_S + 4 * LINGER_S
-    finally:
-        relay.close()
+    assert ledger.landed == sent
 
 
 def test_the_notes_of_calls_whose_settle_never_came_land_at_close(tmp_path: Path) -> None:
@@ -508,9 +403,9 @@ def test_settles_in_slots_are_taken_when_their_advance_closes(tmp_path: Path, mo
     """The relay need not look in the slots on a timer: it takes them when the process closes the advance they
     were drawn from (its datagram), and lands them with the close."""
     from quotawrap.ledger.base import Drawn
-    from quotawrap.settling import handoff as settle_relay
+    from quotawrap.settling import handoff
 
-    monkeypatch.setattr(settle_relay, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
+    monkeypatch.setattr(handoff, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
     ledger = Recording()
     relay, sender, notes = _relay_and_slots(tmp_path, ledger)
     try:
@@ -525,14 +420,14 @@ def test_settles_in_slots_are_taken_when_their_advance_closes(tmp_path: Path, mo
         relay.close()
 
 
-def test_a_sync_takes_the_settles_written_in_slots_before_it_while_the_relay_polls(
+def test_a_sync_takes_the_settles_written_in_slots_before_it_while_datagrams_come(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Settles come steadily as datagrams (the relay polls for them); one written in a slot just before a sync
-    has landed when the sync is answered."""
-    from quotawrap.settling import handoff as settle_relay
+    """Settles come steadily as datagrams; one written in a slot just before a sync has landed when the sync is
+    answered."""
+    from quotawrap.settling import handoff
 
-    monkeypatch.setattr(settle_relay, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
+    monkeypatch.setattr(handoff, "COLLECT_EVERY_S", 3600.0)  # no look on the timer during this test
     ledger = Recording()
     relay, sender, notes = _relay_and_slots(tmp_path, ledger)
     try:
@@ -547,7 +442,6 @@ def test_a_sync_takes_the_settles_written_in_slots_before_it_while_the_relay_pol
 
 
 def test_with_nothing_else_coming_a_settle_in_a_slot_lands_within_a_look(tmp_path: Path) -> None:
-    from quotawrap.settling.handoff import COLLECT_EVERY_S
 
     ledger = Recording()
     relay, sender, notes = _relay_and_slots(tmp_path, ledger)

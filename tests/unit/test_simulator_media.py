@@ -176,3 +176,22 @@ class TestRedirectAndAuth:
         assert httpx.post(sim.url + "/chat/completions", json=body).status_code == 401
         sim.configure(require_auth=False)
         assert httpx.post(sim.url + "/chat/completions", json=body).status_code == 200
+
+    def test_api_keys_accepts_only_the_keys_given_and_no_request_chooses_them(self, sim: ArkSimulator) -> None:
+        """Another key gets Ark's 401 for a bad key, unbilled; an x-sim-api-keys header is refused."""
+        from quotawrap.simulator._contract import RULES
+
+        body = {"model": CHAT, "messages": [{"role": "user", "content": "hi"}]}
+        sim.configure(api_keys=["ark-right"])
+        wrong = httpx.post(sim.url + "/chat/completions", json=body, headers={"authorization": "Bearer ark-wrong"})
+        assert wrong.status_code == 401
+        assert wrong.json()["error"]["message"].startswith(RULES["auth_missing"].message)
+        right = httpx.post(sim.url + "/chat/completions", json=body, headers={"authorization": "Bearer ark-right"})
+        assert right.status_code == 200
+        chosen = httpx.post(
+            sim.url + "/chat/completions",
+            json=body,
+            headers={"authorization": "Bearer ark-right", "x-sim-api-keys": "ark-wrong"},
+        )
+        assert chosen.status_code == 400 and "x-sim-api-keys" in chosen.text
+        assert sim.calls() == 1

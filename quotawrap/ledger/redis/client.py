@@ -371,8 +371,9 @@ class Client:
     def hgetall(self, key: str) -> dict[str, str]:
         return _map(self._redis.hgetall(key))
 
-    def hsetnx(self, key: str, field: str, value: str) -> None:
-        self._redis.hsetnx(key, field, value)
+    def hsetnx(self, key: str, field: str, value: str) -> bool:
+        """Whether the field was set (it was not there)."""
+        return bool(self._redis.hsetnx(key, field, value))
 
     def sadd(self, key: str, member: str) -> None:
         self._redis.sadd(key, member)

@@ -149,6 +149,14 @@ class Keys:
         """The endpoint id -> model id hash (quotawrap.core.identity)."""
         return f"{self._prefix}:endpoints"
 
+    def member_keys(self) -> str:
+        """The gateway's member keys: key hash -> record (member_keys.py)."""
+        return f"{self._prefix}:member_keys"
+
+    def member_key_names(self) -> str:
+        """Member key name -> key hash: one name per key, never reused."""
+        return f"{self._prefix}:member_key_names"
+
     # -- the LiteLLM limiter's ---------------------------------------------------------------
 
     def their_snapshot(self, model: str) -> tuple[str, str]:

@@ -29,28 +29,41 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ...core import quota
 from ...core.errors import ConfigError, QuotawrapError, StoreError
 from ...core.identity import UNMAPPED
-from ...core.quota import BEIJING, Counters, Limit, Snapshot, Verdict
+from ...core.quota import BEIJING, Counters, Limit, Package, Snapshot, Verdict
 from ...core.usage import Usage
 from ...support.processes import pid_alive
-from ..base import Decision, Drawn, HoldRequest, LimitsFor, RunTotals, Settle
+from ..base import (
+    CallRecord,
+    DayAggregate,
+    Decision,
+    Drawn,
+    HoldRequest,
+    LimitsFor,
+    PruneResult,
+    RunRecord,
+    RunTotals,
+    Settle,
+)
 from ..holds import Event
 from ..scopes import ModelDay, Run, parse_counter_key
-from . import records
+from . import books, records
 from .client import Arg, Client, as_int, as_text
 from .clock import ServerClock
-from .history import RedisHistory
 from .keys import Keys, expire_at
 from .lines import NO_LINE, LineReply, count_waiting, leave, leave_lines, with_ticket
 from .litellm import THEIR_SNAPSHOT_TTL_S, ForeignUsage, pick_snapshot, with_our_lag
 from .options import DAY_S, RedisOptions, redact, split_url
 from .records import Location
 from .reserve_args import ReserveArgs
-from .transitions import OWN_DAILY_USAGE_TTL_S, Step, step_arg, step_keys
+from .transitions import OWN_DAILY_USAGE_TTL_S, Step, anomaly_note, step_arg, step_keys
+
+if TYPE_CHECKING:
+    from ...core.member_keys import MemberKey
 
 __all__ = ["RedisLedger"]
 
@@ -70,10 +83,9 @@ def _of_day(snapshot: Snapshot | None, day: str) -> Snapshot | None:
     return snapshot if snapshot is not None and snapshot.day == day else None
 
 
-class RedisLedger(RedisHistory):
+class RedisLedger:
     """Ledger in Redis; safe across threads, processes and hosts. Connects on first use."""
 
-    writers_sleep_when_busy: ClassVar[bool] = False  # the server queues a command behind the script it runs
     takes_advances: ClassVar[bool] = True  # on a single node (lua/advance.lua); Cluster refuses every advance
 
     def __init__(self, url: str, *, clock: Callable[[], float] | None = None, **options: object) -> None:
@@ -208,7 +220,44 @@ class RedisLedger(RedisHistory):
             raise self._lost(quota.beijing_day(self._now()))
         if self._lost_at is not None:  # seen by another of our calls (the live view, a reserve) meanwhile
             raise self._lost_error(quota.beijing_day(self._lost_at), self._lost_at)
-        return super().run_totals(run_id)
+        return books.run_totals(client, self._keys, run_id)
+
+    # -- books and the read side (books.py) ----------------------------------------------------
+
+    def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
+        return books.usage_series(self._redis(), self._keys, model, day)
+
+    def sync_history(self, model: str, day: str) -> list[tuple[float, int]]:
+        return books.sync_history(self._redis(), self._keys, model, day)
+
+    def reasoning_history(self, model: str, *, since: float, limit: int) -> list[int]:
+        return books.reasoning_history(self._redis(), self._keys, model, since=since, limit=limit)
+
+    def call_records(
+        self, *, since: float | None = None, until: float | None = None, run_id: str | None = None
+    ) -> list[CallRecord]:
+        return books.call_records(self._redis(), self._keys, since=since, until=until, run_id=run_id)
+
+    def start_run(self, run: RunRecord) -> None:
+        books.start_run(self._redis(), self._keys, self.options, run, self._now())
+
+    def end_run(self, run_id: str, exit_code: int, ended_at: float) -> None:
+        books.end_run(self._redis(), self._keys, self.options, run_id, exit_code, ended_at)
+
+    def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]:
+        return books.runs(self._redis(), self._keys, since=since, until=until)
+
+    def put_packages(self, model: str, packages: Sequence[Package], synced_at: float) -> None:
+        books.put_packages(self._redis(), self._keys, model, packages, synced_at)
+
+    def packages(self, model: str) -> list[Package]:
+        return books.packages(self._redis(), self._keys, model)
+
+    def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
+        return books.prune(before_day, dry_run=dry_run)
+
+    def aggregates(self, *, since_day: str | None = None, until_day: str | None = None) -> list[DayAggregate]:
+        return books.aggregates()
 
     # -- snapshots -----------------------------------------------------------------------------
 
@@ -495,7 +544,7 @@ class RedisLedger(RedisHistory):
         """Charge actual usage and cost (micro-CNY; without usage or cost the reserved cost). Idempotent."""
         at = self._locate(hold_id)
         if at is not None:
-            self._transition(at, hold_id, "settle", usage, latency_s, cost, records.anomaly_note(anomaly))
+            self._transition(at, hold_id, "settle", usage, latency_s, cost, anomaly_note(anomaly))
 
     def release(self, hold_id: str, *, handed_to: str | None = None) -> None:
         at = self._locate(hold_id)
@@ -531,7 +580,7 @@ class RedisLedger(RedisHistory):
                 named = drawn._replace(advance_id=hold_id)
                 step = Step(drawn=named)
             elif event == "settle":
-                step = Step(usage, latency_s, cost, records.anomaly_note(anomaly), drawn)
+                step = Step(usage, latency_s, cost, anomaly_note(anomaly), drawn)
             else:
                 step = Step(drawn=drawn)
             keys += step_keys(self._keys, at, hold_id, named)
@@ -674,6 +723,28 @@ class RedisLedger(RedisHistory):
         client = self._redis()
         pairs = [item for pair in models.items() for item in pair]
         client.retrying("endpoints", lambda: client.write([("HSET", self._keys.endpoints(), *pairs)]))
+
+    # -- member keys (member_keys.py): imported on use, off every guarded command's start
+
+    def add_member_key(self, key: MemberKey) -> bool:
+        from .member_keys import add_member_key
+
+        return add_member_key(self._redis(), self._keys, key)
+
+    def member_key(self, key_hash: str) -> MemberKey | None:
+        from .member_keys import member_key
+
+        return member_key(self._redis(), self._keys, key_hash)
+
+    def member_keys(self) -> list[MemberKey]:
+        from .member_keys import member_keys
+
+        return member_keys(self._redis(), self._keys)
+
+    def revoke_member_key(self, name: str, at: float) -> MemberKey | None:
+        from .member_keys import revoke_member_key
+
+        return revoke_member_key(self._redis(), self._keys, name, at)
 
     def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
         """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""

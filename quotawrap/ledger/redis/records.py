@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from ...core.quota import Limit, Package, Snapshot
+from ...core.quota import Package, Snapshot
 from ...core.records import Record
 from ..base import CallRecord, CallState, RunRecord
 
@@ -80,16 +80,6 @@ def _optional_int(text: str | None) -> int | None:
 
 def _optional_float(text: str | None) -> float | None:
     return None if text in (None, "") else float(text or 0)
-
-
-def limit_args(ordered: Sequence[Limit]) -> list[list[str | int]]:
-    """The limits as lib.lua's blocking() reads them, in quota.ordered's order."""
-    return [[limit.scope, limit.kind, int(limit.cap), limit.name] for limit in ordered]
-
-
-def anomaly_note(anomaly: str | None) -> tuple[str, str] | None:
-    """The hold's field that keeps why a settle's usage was not believed (none when it was)."""
-    return None if anomaly is None else ("anomaly", anomaly)
 
 
 def call_record(model: str, day: str, f: Mapping[str, str]) -> CallRecord:

@@ -19,12 +19,16 @@ from ..lines import LEASE_S
 from .keys import day_start
 from .lines import LINE_TTL_S
 from .options import RedisOptions
-from .records import limit_args
 
-__all__ = ["BLOCKED_MARK_TTL_S", "ReserveArgs"]
+__all__ = ["BLOCKED_MARK_TTL_S", "ReserveArgs", "limit_args"]
 
 BLOCKED_MARK_TTL_S = 60  # long enough for a retried reserve to find its first answer
 _CACHE_MAX = 256  # (run, model-day, endpoint, key...) combinations a process keeps before starting afresh
+
+
+def limit_args(ordered: Sequence[Limit]) -> list[list[str | int]]:
+    """The limits as lib.lua's blocking() reads them, in quota.ordered's order."""
+    return [[limit.scope, limit.kind, int(limit.cap), limit.name] for limit in ordered]
 
 
 class ReserveArgs:

@@ -18,7 +18,7 @@ from .keys import Keys, expire_at
 from .options import RedisOptions
 from .records import Location
 
-__all__ = ["OWN_DAILY_USAGE_TTL_S", "Step", "step_arg", "step_keys"]
+__all__ = ["OWN_DAILY_USAGE_TTL_S", "Step", "anomaly_note", "step_arg", "step_keys"]
 
 OWN_DAILY_USAGE_TTL_S = 48 * 3600  # the LiteLLM limiter's TTL for daily_usage keys (seed §6.1)
 
@@ -31,6 +31,11 @@ class Step(NamedTuple):
     cost: int | None = None
     note: tuple[str, str] | None = None  # ("anomaly", why the usage was not believed) or ("handed_to", task)
     drawn: Drawn | None = None  # the call was drawn from this advance; for a close, what is given back
+
+
+def anomaly_note(anomaly: str | None) -> tuple[str, str] | None:
+    """The hold's field that keeps why a settle's usage was not believed (none when it was)."""
+    return None if anomaly is None else ("anomaly", anomaly)
 
 
 def _drawn_fields(event: str, drawn: Drawn, day: str, server_now: float) -> dict[str, object]:

@@ -108,6 +108,10 @@ _ALL = ", ".join(CALL_COLUMNS)
 # Every call, in flight or not, for the reads that want both (a run's totals, the records, the models seen).
 EVERY_CALL = f"(SELECT {_ALL} FROM holds UNION ALL SELECT {_ALL} FROM calls)"
 _HOLDS = f"CREATE TABLE IF NOT EXISTS holds {_CALL_ROW} WITHOUT ROWID"
+# The gateway's member keys (member_keys.py), by the key's hash; made on open, so an older ledger gets it then.
+_MEMBER_KEYS = """CREATE TABLE IF NOT EXISTS member_keys (
+    key_hash TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, tags TEXT NOT NULL, created_at REAL NOT NULL, revoked_at REAL
+) WITHOUT ROWID"""
 
 _SCHEMA = (
     """
@@ -145,6 +149,8 @@ CREATE TABLE IF NOT EXISTS usage_series (
     + ";\n"
     + _HOLDS
     + ";\n"
+    + _MEMBER_KEYS
+    + ";\n"
 )
 
 
@@ -172,7 +178,7 @@ MIGRATIONS: dict[str, tuple[str, ...]] = {
         "DROP INDEX IF EXISTS calls_open",
         "UPDATE meta SET value = '6' WHERE key = 'schema'",
     ),
-    # what is in flight is summed from holds (sqlite_reserve.IN_FLIGHT), no longer counted beside the settled
+    # what is in flight is summed from holds (sqlite/reserve.py IN_FLIGHT), no longer counted beside the settled
     "6": (
         "CREATE TABLE counters_7 (key TEXT PRIMARY KEY, settled INTEGER NOT NULL DEFAULT 0)",
         "INSERT INTO counters_7 SELECT key, settled FROM counters",

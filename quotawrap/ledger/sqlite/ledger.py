@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
 from ...core.errors import StoreCorrupt, StoreError
 from ...core.quota import Counters, Package, Snapshot, verdict
@@ -29,7 +29,6 @@ from ..base import (
     Decision,
     HoldRequest,
     LimitsFor,
-    ModelTotals,
     PruneResult,
     RunRecord,
     RunTotals,
@@ -38,7 +37,10 @@ from ..base import (
 from ..holds import Deltas, Event, add_deltas, clamp, step
 from ..reasoning import REASONING_HISTORY
 from ..scopes import model_day_key, run_cost_key, run_key, scope_keys
+from . import books
+from .advances import close_advance, drawn_runs, land_drawn, release_dead_advances, split_from_advance
 from .file import (
+    CALL_COLUMNS,
     LOCK_WAIT_S,
     MIGRATIONS,
     OPEN_BUSY_MS,
@@ -53,36 +55,53 @@ from .file import (
     retry_locked,
     write_lock,
 )
-from .lines import Place, count_waiting
-from .records import read_call_records
 from .reserve import (
     BUMP,
-    HOLD_ROW,
-    MOVE_HELD,
-    OPEN_HOLDS,
     RESERVE_INTO_CALLS,
     RESERVE_INTO_HOLDS,
     SNAPSHOT_COLUMNS,
-    UPDATE_FINAL,
-    Owed,
-    close_advance,
-    drawn_runs,
-    land_drawn,
+    Place,
+    count_waiting,
     read_counters,
     read_for_reserve,
-    release_dead_advances,
-    split_from_advance,
-    step_values,
     tags_column,
 )
-from .runs import END_RUN, INSERT_RUN, KNOWN_MODELS, LEASE_HOLDER, RUN_TOTALS, RUNS_BETWEEN, tags_json
+from .rows import STEP_COLUMNS, Owed, step_values
+from .runs import END_RUN, INSERT_RUN, LEASE_HOLDER, tags_json
+
+if TYPE_CHECKING:
+    from ...core.member_keys import MemberKey
 
 __all__ = ["SCHEMA_VERSION", "SQLiteLedger"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 FILE_CHECK_S = 1.0  # how often an open ledger checks that its file is still the one it opened
 # A process that leaves checkpoints to another (leave_checkpoints) still runs one past this many WAL pages:
 # SQLite's own threshold is 1,000, so the other process nearly always runs them first.
 BACKSTOP_CHECKPOINT_PAGES = 10_000
+
+# What a step writes (_step): a hold's row moves to calls with STEP_COLUMNS' values (then leaves holds); an
+# unresolved call's row is updated in place. Parameters: those columns' values in order, then the id.
+_ID = f"?{len(STEP_COLUMNS) + 1}"
+UPDATE_FINAL = (
+    f"UPDATE calls SET ({', '.join(STEP_COLUMNS)})"
+    f" = ({', '.join(f'?{n}' for n in range(1, len(STEP_COLUMNS) + 1))}) WHERE id = {_ID}"
+)
+MOVE_HELD = (
+    f"INSERT INTO calls ({', '.join(CALL_COLUMNS)}) SELECT "
+    + ", ".join(f"?{STEP_COLUMNS.index(c) + 1}" if c in STEP_COLUMNS else c for c in CALL_COLUMNS)
+    + f" FROM holds WHERE id = {_ID}"
+)
+
+# A call's row as SQLiteLedger._step takes it, led by whether it is a hold in flight (a row of holds, else of
+# calls): a hold is in exactly one of the two tables.
+HOLD_COLUMNS = "id, run_id, model, day, state, reserved, charged, reserved_cost, charged_cost"
+HOLD_ROW = (
+    f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE id = ?1 UNION ALL SELECT 0, {HOLD_COLUMNS} FROM calls WHERE id = ?1"
+)
+OPEN_HOLDS = f"SELECT 1, {HOLD_COLUMNS} FROM holds WHERE "  # then the condition: the holds in flight, as HOLD_ROW's
 
 
 class _Transaction:
@@ -124,7 +143,6 @@ class _Transaction:
 class SQLiteLedger:
     """Ledger in one SQLite file; safe across threads (a connection per thread) and processes."""
 
-    writers_sleep_when_busy: ClassVar[bool] = True  # SQLite's busy handler
     takes_advances: ClassVar[bool] = True
 
     def __init__(
@@ -224,6 +242,11 @@ class SQLiteLedger:
 
     def _write(self, action: str) -> _Transaction:
         return _Transaction(self, action)
+
+    def _read(self, read: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``read`` (one of books.py's) over this thread's connection, database errors as StoreError."""
+        with self._errors("read"):
+            return read(self._conn(), *args, **kwargs)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -450,36 +473,10 @@ class SQLiteLedger:
             )
 
     def usage_series(self, model: str, day: str) -> list[tuple[float, int]]:
-        with self._errors("read"):
-            rows = (
-                self._conn()
-                .execute(
-                    "SELECT minute, cumulative FROM usage_series WHERE model = ? AND day = ? ORDER BY minute",
-                    (model, day),
-                )
-                .fetchall()
-            )
-        # A minute whose settles netted to nothing (charged whole, then its late usage came back) repeats
-        # the total before it: one by one it leaves such a point, batched it leaves none, and it says nothing.
-        series: list[tuple[float, int]] = []
-        previous = 0
-        for minute, cumulative in rows:
-            if cumulative != previous:
-                series.append((minute * 60.0, cumulative))
-            previous = cumulative
-        return series
+        return self._read(books.usage_series, model, day)
 
     def sync_history(self, model: str, day: str) -> list[tuple[float, int]]:
-        with self._errors("read"):
-            rows = (
-                self._conn()
-                .execute(
-                    "SELECT synced_at, balance FROM sync_history WHERE model = ? AND day = ? ORDER BY synced_at",
-                    (model, day),
-                )
-                .fetchall()
-            )
-        return [(t, balance) for t, balance in rows]
+        return self._read(books.sync_history, model, day)
 
     def put_packages(self, model: str, packages: Sequence[Package], synced_at: float) -> None:
         rows = [[p.available, p.expires_at] for p in packages]
@@ -487,17 +484,10 @@ class SQLiteLedger:
             conn.execute("INSERT OR REPLACE INTO packages VALUES (?, ?, ?)", (model, synced_at, json.dumps(rows)))
 
     def packages(self, model: str) -> list[Package]:
-        with self._errors("read"):
-            row = self._conn().execute("SELECT packages FROM packages WHERE model = ?", (model,)).fetchone()
-        return (
-            [Package(model, int(available), float(expires)) for available, expires in json.loads(row[0])] if row else []
-        )
+        return self._read(books.packages, model)
 
     def known_models(self) -> list[str]:
-        """Every model the ledger has seen a call or a balance for."""
-        with self._errors("read"):
-            rows = self._conn().execute(KNOWN_MODELS).fetchall()
-        return [model for (model,) in rows]
+        return self._read(books.known_models)
 
     def endpoint_models(self) -> dict[str, str]:
         """Every endpoint id -> model id pair kept (learned from answers, or listed by the management API)."""
@@ -515,6 +505,32 @@ class SQLiteLedger:
                 [(endpoint, model, now) for endpoint, model in models.items()],
             )
 
+    # -- member keys (member_keys.py): imported on use, off every guarded command's start
+
+    def add_member_key(self, key: MemberKey) -> bool:
+        from .member_keys import add_member_key
+
+        with self._write("member keys") as conn:
+            return add_member_key(conn, key)
+
+    def member_key(self, key_hash: str) -> MemberKey | None:
+        from .member_keys import member_key
+
+        with self._errors("read"):
+            return member_key(self._conn(), key_hash)
+
+    def member_keys(self) -> list[MemberKey]:
+        from .member_keys import member_keys
+
+        with self._errors("read"):
+            return member_keys(self._conn())
+
+    def revoke_member_key(self, name: str, at: float) -> MemberKey | None:
+        from .member_keys import revoke_member_key
+
+        with self._write("member keys") as conn:
+            return revoke_member_key(conn, name, at)
+
     def try_lease(self, name: str, holder: str, ttl_s: float, now: float) -> bool:
         """Take (or renew) a named lease unless another holder has it: one billing caller per ledger."""
         with self._write("lease") as conn:
@@ -529,16 +545,7 @@ class SQLiteLedger:
             conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
 
     def run_totals(self, run_id: str) -> RunTotals:
-        with self._errors("read"):
-            rows = (
-                self._conn()
-                .execute(
-                    RUN_TOTALS,
-                    (run_id,),
-                )
-                .fetchall()
-            )
-        return RunTotals(run_id, {row[0]: ModelTotals(*(int(v or 0) for v in row[1:])) for row in rows})
+        return self._read(books.run_totals, run_id)
 
     def reasoning_history(self, model: str, *, since: float, limit: int) -> list[int]:
         with self._errors("read"):
@@ -548,8 +555,7 @@ class SQLiteLedger:
     def call_records(
         self, *, since: float | None = None, until: float | None = None, run_id: str | None = None
     ) -> list[CallRecord]:
-        with self._errors("read"):
-            return read_call_records(self._conn(), since=since, until=until, run_id=run_id)
+        return self._read(books.call_records, since=since, until=until, run_id=run_id)
 
     def start_run(self, run: RunRecord) -> None:
         with self._write("run") as conn:
@@ -562,16 +568,7 @@ class SQLiteLedger:
             conn.execute(END_RUN, (exit_code, ended_at, run_id))
 
     def runs(self, *, since: float | None = None, until: float | None = None) -> list[RunRecord]:
-        with self._errors("read"):
-            rows = (
-                self._conn()
-                .execute(
-                    RUNS_BETWEEN,
-                    (since if since is not None else float("-inf"), until if until is not None else float("inf")),
-                )
-                .fetchall()
-            )
-        return [RunRecord(r[0], r[1], r[2], r[3] or "", json.loads(r[4]) if r[4] else {}, r[5]) for r in rows]
+        return self._read(books.runs, since=since, until=until)
 
     def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
         from datetime import datetime
@@ -583,10 +580,7 @@ class SQLiteLedger:
         return prune_sqlite(self, before_day, before_ts, dry_run=dry_run)
 
     def aggregates(self, *, since_day: str | None = None, until_day: str | None = None) -> list[DayAggregate]:
-        from .prune import read_aggregates
-
-        with self._errors("read"):
-            return read_aggregates(self._conn(), since_day, until_day)
+        return self._read(books.aggregates, since_day=since_day, until_day=until_day)
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

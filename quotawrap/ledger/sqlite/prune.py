@@ -13,9 +13,9 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..base import REPORT_SUMS, DayAggregate, PruneResult
+from ..base import REPORT_SUMS, PruneResult
 
-__all__ = ["SUMS", "aggregate_calls", "prune_sqlite", "read_aggregates"]
+__all__ = ["SUMS", "aggregate_calls", "prune_sqlite"]
 
 # the columns of call_aggregates after (day, model, tags)
 SUMS = REPORT_SUMS
@@ -118,12 +118,3 @@ def prune_sqlite(ledger: Any, before_day: str, before_ts: float, *, dry_run: boo
     with ledger._write("prune") as conn:
         runs = _prune_runs(conn, before_ts, dry_run)
     return PruneResult(before_day, calls, tuple(days), aggregate_rows, runs, series, syncs, dry_run)
-
-
-def read_aggregates(conn: sqlite3.Connection, since_day: str | None, until_day: str | None) -> list[DayAggregate]:
-    rows = conn.execute(
-        f"SELECT day, model, tags, {', '.join(SUMS)} FROM call_aggregates WHERE day >= ? AND day < ?"
-        " ORDER BY day, model, tags",
-        (since_day or "", until_day or "\uffff"),
-    ).fetchall()
-    return [DayAggregate(day, model, json.loads(tags), *sums) for day, model, tags, *sums in rows]

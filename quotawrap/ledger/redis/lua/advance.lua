@@ -1,5 +1,5 @@
 -- advance.lua: an advance's steps (quotawrap.advances), after lib.lua in the scripts that land them. They mirror
--- ledger/sqlite_reserve.py's split_from_advance and close_advance: an advance is a hold (its hash reads
+-- ledger/sqlite/advances.py's split_from_advance and close_advance: an advance is a hold (its hash reads
 -- advance = 1) whose calls are split from it as their settles land, each into a hold of its own, and whose
 -- rest its process gives back once. tests/unit/test_advances.py runs both ledgers on the same generated orders.
 --

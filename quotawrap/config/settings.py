@@ -54,7 +54,7 @@ _BALANCE_LAG_S = 1800.0
 class Option:
     """One setting: its flag, ``QUOTAWRAP_*`` variable and toml key, its type, default and rule."""
 
-    __slots__ = ("check", "child", "default", "flag", "help", "multiple", "name", "type")
+    __slots__ = ("check", "child", "default", "flag", "help", "multiple", "name", "secret", "type")
 
     def __init__(
         self,
@@ -67,9 +67,10 @@ class Option:
         child: bool = True,  # travels to the child through the environment
         flag: str = "",
         check: Check | None = None,  # the option's rule, applied to flags, environment and toml alike
+        secret: bool = False,  # its value is a credential (a webhook's URL): no message shows it
     ) -> None:
         self.name, self.type, self.default, self.help = name, type, default, help
-        self.multiple, self.child, self.flag, self.check = multiple, child, flag, check
+        self.multiple, self.child, self.flag, self.check, self.secret = multiple, child, flag, check, secret
 
     def __repr__(self) -> str:
         return f"Option({self.name!r}, {self.type.__name__}, {self.default!r})"
@@ -89,9 +90,10 @@ class Option:
         for item in value if self.multiple else (value,):
             problem = self.check(item)
             if problem is not None:
-                from ..core.redact import redact_text
+                from ..core.redact import HIDDEN, redact_text
 
-                raise ConfigError(f"{self.cli_flag} ({env_name(self.name)}): {problem}, got {redact_text(repr(item))}")
+                shown = HIDDEN if self.secret else redact_text(repr(item))
+                raise ConfigError(f"{self.cli_flag} ({env_name(self.name)}): {problem}, got {shown}")
 
 
 def _count(value: Any) -> str | None:
@@ -566,6 +568,7 @@ OPTIONS: tuple[Option, ...] = (
         " day and percent, whichever run or host sees it first.",
         child=False,
         check=_base_url,
+        secret=True,
     ),
     Option(
         "otel",

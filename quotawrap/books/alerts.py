@@ -37,6 +37,7 @@ __all__ = [
     "AlertWatcher",
     "Watched",
     "alert_payload",
+    "budget_row",
     "claim_name",
     "run_cap_watched",
     "shown_webhook",
@@ -74,6 +75,25 @@ class Watched(Record, frozen=True):
         return self.used / self.limit
 
 
+def budget_row(budget: Mapping[str, Any]) -> dict[str, Any]:
+    """A budget of the snapshot as /metrics and the alerts read it: ``name``, ``used``, ``in_flight``, ``limit``,
+    ``left``, ``unit``, ``period`` and ``resets_at``, from the snapshot's keys (``name``/``limit``) or the budget
+    records' own (``id``/``amount``/``period_key``/``left``, ``BudgetUse.as_json``). Pure."""
+    limit = int(budget["limit"] if "limit" in budget else budget["amount"])
+    used, in_flight = int(budget["used"]), int(budget.get("in_flight", 0))
+    resets_at = budget.get("resets_at")
+    return {
+        "name": str(budget.get("name") or budget.get("id") or budget.get("spec")),
+        "used": used,
+        "in_flight": in_flight,
+        "limit": limit,
+        "left": int(budget["left"]) if "left" in budget else max(limit - used - in_flight, 0),
+        "unit": str(budget.get("unit", "tokens")),
+        "period": str(budget.get("period_key") or (f"{resets_at:.0f}" if resets_at is not None else "run")),
+        "resets_at": None if resets_at is None else float(resets_at),
+    }
+
+
 def watched_limits(data: Mapping[str, Any], now: float) -> list[Watched]:
     """Each model's daily limit and each budget of a read-side snapshot (``status_snapshot``'s shape). Pure."""
     watched = [
@@ -88,19 +108,10 @@ def watched_limits(data: Mapping[str, Any], now: float) -> list[Watched]:
         )
         for row in data.get("models", [])
     ]
-    for budget in data.get("budgets", []):
-        ends = float(budget["resets_at"]) if budget.get("resets_at") is not None else now + _RUN_PERIOD_S
+    for row in map(budget_row, data.get("budgets", [])):
+        ends = row["resets_at"] if row["resets_at"] is not None else now + _RUN_PERIOD_S
         watched.append(
-            Watched(
-                BUDGET,
-                str(budget["name"]),
-                f"{ends:.0f}",
-                int(budget["used"]),
-                int(budget.get("in_flight", 0)),
-                int(budget["limit"]),
-                ends,
-                str(budget.get("unit", "tokens")),
-            )
+            Watched(BUDGET, row["name"], row["period"], row["used"], row["in_flight"], row["limit"], ends, row["unit"])
         )
     return watched
 

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from ..config.settings import Settings
 from ..ledger import Ledger
+from .alerts import budget_row
 
 __all__ = ["Exposition", "SnapshotCollector", "ledger_exposition", "metric_families"]
 
@@ -96,11 +97,12 @@ def _tag_family(by_tag: Mapping[str, list[Mapping[str, Any]]]) -> Metric:
 def _budget_family(budgets: list[Mapping[str, Any]]) -> Metric:
     family = GaugeMetricFamily(
         "quotawrap_budget_remaining",
-        "What a budget has left this period (its limit - what was settled), in its unit (tokens or micro-CNY).",
+        "What a budget has left this period (its amount - settled - in flight, never below 0), in its unit"
+        " (tokens, or micro-CNY for unit cny).",
         labels=["budget", "unit"],
     )
-    for budget in budgets:
-        family.add_metric([str(budget["name"]), str(budget.get("unit", "tokens"))], budget["limit"] - budget["used"])
+    for row in map(budget_row, budgets):
+        family.add_metric([row["name"], row["unit"]], row["left"])
     return family
 
 

@@ -16,6 +16,7 @@ from quotawrap.books.alerts import (
     AlertWatcher,
     Watched,
     alert_payload,
+    budget_row,
     claim_name,
     shown_webhook,
     watched_limits,
@@ -203,6 +204,21 @@ class TestWatchedLimits:
         assert watched_limits(data, 1000.0) == [
             Watched(DAILY_LIMIT, "m1", "2026-12-07", 5, 1, 10, 1100.0),
             Watched(BUDGET, "b", "5000", 3, 0, 4, 5000.0),
+        ]
+
+    def test_budget_records_shape_too(self) -> None:
+        """A budget as its own records write it (id, amount, period_key, left) reads as the snapshot's shape."""
+        record = {
+            "id": "team=search/day", "spec": "team=search:1k/day", "unit": "tokens", "amount": 1_000, "soft": False,
+            "period": "day", "period_key": "2026-12-07", "used": 850, "in_flight": 100, "left": 50,
+            "resets_at": 7200.0, "run_id": "",
+        }  # fmt: skip
+        assert budget_row(record) == {
+            "name": "team=search/day", "used": 850, "in_flight": 100, "limit": 1_000, "left": 50, "unit": "tokens",
+            "period": "2026-12-07", "resets_at": 7200.0,
+        }  # fmt: skip
+        assert watched_limits({"budgets": [record]}, 0.0) == [
+            Watched(BUDGET, "team=search/day", "2026-12-07", 850, 100, 1_000, 7200.0)
         ]
 
     def test_claim_names_differ_by_limit_period_and_threshold(self) -> None:

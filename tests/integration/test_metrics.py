@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, cli_json, run_quotawrap
+from tests.conftest import child, cli_json, run_quotawrap, start_cli
 from tests.integration.gateway_process import chat_body, gateway
 from tests.redis_server import session_url
 
@@ -109,3 +110,25 @@ def test_each_scrape_reads_the_store_anew(sim: ArkSimulator, store_url: str) -> 
         second = _scrape(gw.url)[("quotawrap_settled_tokens_total", model)]
     assert first == json.loads(answer.content)["usage"]["total_tokens"] == billed_first > 0
     assert second == sim.billed_total() > first
+
+
+def test_dashboard_answers_metrics_too(sim: ArkSimulator, store_url: str, tmp_path: Path) -> None:
+    """``quotawrap dashboard`` serves the same exposition beside its page (once the dashboard is in the tree)."""
+    pytest.importorskip("quotawrap.dashboard", reason="quotawrap dashboard comes with the dashboard's branch")
+    sim.configure(reply_tokens=300)
+    _guarded_runs(sim, store_url)
+    state = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    dashboard = start_cli("dashboard", "--store", store_url, "--port", "0", *LIMITS[:4], env=state)
+    try:
+        assert dashboard.stdout is not None
+        found = re.search(r"on (http://\S+)", dashboard.stdout.readline())
+        assert found, dashboard.stderr.read() if dashboard.stderr else ""
+        samples = _scrape(found.group(1).rstrip("/"))
+    finally:
+        dashboard.terminate()
+        dashboard.communicate(timeout=30)
+    (row,) = cli_json("status", "--store", store_url, "--json", *LIMITS[:4], env=state)
+    model = (("model", MODEL),)
+    assert samples[("quotawrap_settled_tokens_total", model)] == row["usage"] == sim.billed_total() > 0
+    assert samples[("quotawrap_inflight_tokens", model)] == row["in_flight"]
+    assert samples[("quotawrap_limit_tokens", (("limit", "effective"), *model))] == row["effective_limit"]

@@ -54,6 +54,8 @@ _RUN_PERIOD_S = 7 * 86_400.0  # a run's cap has no end of its own: its claims ou
 _POST_TIMEOUT_S = 10.0
 BACKOFF_S: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)  # the pauses before each retry: five tries in all
 _STOP_WAIT_S = 20.0  # what a stopping watcher waits for alerts still being posted
+# Between two looks at the store: each reads the day's snapshot, and a threshold can wait seconds to be told.
+POLL_S = 5.0
 
 
 class Watched(Record, frozen=True):
@@ -261,7 +263,7 @@ class AlertWatcher:
         *,
         clock: Callable[[], float],
         session: str | None = None,
-        interval_s: float = 2.0,
+        interval_s: float = POLL_S,
     ) -> None:
         self._ledger = ledger
         self._read = read

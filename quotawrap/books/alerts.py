@@ -39,6 +39,7 @@ __all__ = [
     "alert_payload",
     "budget_row",
     "claim_name",
+    "day_limit_watched",
     "run_cap_watched",
     "shown_webhook",
     "start_alerts",
@@ -69,9 +70,13 @@ class Watched(Record, frozen=True):
     limit: int
     ends_at: float  # when the period ends (Unix seconds)
     unit: str = "tokens"  # or "cny" (micro-CNY) for a money budget
+    stopped: bool = False  # the guard stops calling it for the period (a model evicted by a wall)
 
     @property
     def fraction(self) -> float:
+        """Settled over the limit; a limit that stops calls has reached all of it, whatever the numbers."""
+        if self.stopped:
+            return float("inf")
         if self.limit <= 0:
             return float("inf") if self.used > 0 else 0.0
         return self.used / self.limit
@@ -96,20 +101,28 @@ def budget_row(budget: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def day_limit_watched(row: Mapping[str, Any], now: float) -> Watched:
+    """A model's day as the live view draws it: against the lower of its effective limit and its usage line (where
+    the model is stopped for the day), and reached whole once a wall stopped it. Pure."""
+    limit = int(row["effective_limit"])
+    walls = (row.get("limits") or {}).get("walls") or []
+    if walls:
+        limit = min(limit, int(walls[0]["cap"]))  # the first wall is the usage line (quota.soft_evict_walls)
+    return Watched(
+        DAILY_LIMIT,
+        str(row["model"]),
+        str(row["day"]),
+        int(row["usage"]),
+        int(row["in_flight"]),
+        limit,
+        now + float(row["seconds_to_reset"]),
+        stopped=bool(row.get("evicted")),
+    )
+
+
 def watched_limits(data: Mapping[str, Any], now: float) -> list[Watched]:
     """Each model's daily limit and each budget of a read-side snapshot (``status_snapshot``'s shape). Pure."""
-    watched = [
-        Watched(
-            DAILY_LIMIT,
-            str(row["model"]),
-            str(row["day"]),
-            int(row["usage"]),
-            int(row["in_flight"]),
-            int(row["effective_limit"]),
-            now + float(row["seconds_to_reset"]),
-        )
-        for row in data.get("models", [])
-    ]
+    watched = [day_limit_watched(row, now) for row in data.get("models", [])]
     for row in map(budget_row, data.get("budgets", [])):
         ends = row["resets_at"] if row["resets_at"] is not None else now + _RUN_PERIOD_S
         watched.append(
@@ -138,6 +151,8 @@ def alert_text(watched: Watched, threshold: float, passed: Sequence[float]) -> s
     numbers = f"{_amount(watched.used, watched.unit)} of {_amount(watched.limit, watched.unit)} settled"
     if watched.in_flight > 0:
         numbers += f", +{_amount(watched.in_flight, watched.unit)} in flight"
+    if watched.stopped:
+        numbers += "; no more calls to it this day"
     period = f"Beijing day {watched.period}" if watched.kind == DAILY_LIMIT else None
     text = f"quotawrap: {printable(subject)} reached {threshold * 100:g}% of {what} ({numbers}"
     text += f"; {period})" if period else ")"

@@ -28,6 +28,10 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
     refused = {row["key"]: row["blocked_calls"] for row in aggregate(today, "model")}
     for row in rows:
         row["refused"] = refused.get(row["model"], 0)
+        stored = ledger.snapshot(row["model"])
+        snapshot = stored if stored is not None and stored.day == day else None
+        limits = quota.model_day_limits(snapshot, settings.quota, today=day)
+        row["limits"] = {"walls": [{"name": w.name, "cap": w.cap} for w in limits if w.kind == "wall"]}
     return {
         "now": now,
         "day": day,

@@ -18,10 +18,11 @@ from quotawrap.books.alerts import (
     alert_payload,
     budget_row,
     claim_name,
+    day_limit_watched,
     shown_webhook,
     watched_limits,
 )
-from quotawrap.core.thresholds import THRESHOLDS
+from quotawrap.core.thresholds import THRESHOLDS, crossed
 from quotawrap.ledger import Ledger, open_ledger
 from quotawrap.ledger.base import ledger_clock
 from tests.redis_server import session_url
@@ -205,6 +206,30 @@ class TestWatchedLimits:
             Watched(DAILY_LIMIT, "m1", "2026-12-07", 5, 1, 10, 1100.0),
             Watched(BUDGET, "b", "5000", 3, 0, 4, 5000.0),
         ]
+
+    def test_a_day_is_watched_up_to_its_usage_line(self) -> None:
+        """The usage wall below the effective limit is where the day ends: 100% there, as the live view draws it."""
+        row = {
+            "model": "m1", "day": "2026-12-07", "usage": 1_950, "in_flight": 0, "effective_limit": 2_000,
+            "seconds_to_reset": 10.0, "evicted": True,
+            "limits": {"walls": [{"name": "usage_wall", "cap": 1_950}, {"name": "balance_wall", "cap": 1}]},
+        }  # fmt: skip
+        watched = day_limit_watched(row, 0.0)
+        assert (watched.limit, watched.stopped) == (1_950, True)
+        assert crossed(0.0, watched.fraction) == [0.5, 0.8, 1.0]
+
+    def test_a_model_stopped_by_a_wall_has_reached_its_limit(self) -> None:
+        """Evicted by the balance wall with a sliver used: 100% (the model takes no more calls), said so."""
+        row = {
+            "model": "m1", "day": "2026-12-07", "usage": 40, "in_flight": 0, "effective_limit": 2_000,
+            "seconds_to_reset": 10.0, "evicted": True,
+        }  # fmt: skip
+        watched = day_limit_watched(row, 0.0)
+        assert crossed(0.0, watched.fraction) == [0.5, 0.8, 1.0]
+        text = alert_payload(watched, 1.0, [0.5, 0.8, 1.0], host="h", session=None)["text"]
+        assert (
+            "reached 100% of its daily limit (40 tokens of 2,000 tokens settled; no more calls to it this day;" in text
+        )
 
     def test_budget_records_shape_too(self) -> None:
         """A budget as its own records write it (id, amount, period_key, left) reads as the snapshot's shape."""

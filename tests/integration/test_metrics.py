@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from quotawrap.simulator import ArkSimulator
 from tests.conftest import child, cli_json, run_quotawrap, start_cli
 from tests.integration.gateway_process import chat_body, gateway
-from tests.redis_server import session_url
+from tests.redis_server import private_server, session_url
 
 MODEL = "deepseek-v4-flash"
 # The limits every command of a test runs with: status explains the limits it is told
@@ -132,3 +132,17 @@ def test_dashboard_answers_metrics_too(sim: ArkSimulator, store_url: str, tmp_pa
     assert samples[("quotawrap_settled_tokens_total", model)] == row["usage"] == sim.billed_total() > 0
     assert samples[("quotawrap_inflight_tokens", model)] == row["in_flight"]
     assert samples[("quotawrap_limit_tokens", (("limit", "effective"), *model))] == row["effective_limit"]
+
+
+@pytest.mark.redis
+def test_a_store_that_cannot_be_read_is_a_503(sim: ArkSimulator) -> None:
+    """Redis stops: a scrape is answered 503 in one line, and answered again once Redis is back."""
+    with private_server(appendonly=True) as server, gateway(["--store", server.url, "--base-url", sim.url]) as gw:
+        assert httpx.get(f"{gw.url}/metrics", timeout=30).status_code == 200
+        server.stop()
+        down = httpx.get(f"{gw.url}/metrics", timeout=60)
+        server.start()
+        back = httpx.get(f"{gw.url}/metrics", timeout=60)
+    assert down.status_code == 503
+    assert down.text.startswith("quotawrap: cannot read the store for /metrics: ") and down.text.count("\n") == 1
+    assert back.status_code == 200 and "quotawrap_unguarded_processes" in back.text

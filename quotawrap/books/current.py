@@ -15,8 +15,8 @@ __all__ = ["current_status", "status_snapshot"]
 def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_dir: str | None = None) -> dict[str, Any]:
     from ..admission.allowance import HISTORY_S
     from ..core import quota
-    from ..settling.audit import aggregate
     from ..support.events import waiting_now
+    from .report import aggregate
     from .status import model_status, unguarded_now
 
     day = quota.beijing_day(now)

@@ -41,7 +41,7 @@ def model_status(
     ledger: Ledger, settings: Settings, now: float, *, waiting: dict[str, int] | None = None
 ) -> list[dict[str, Any]]:
     """``waiting``: per model, calls waiting for room now (the ledger's lines, and this host's events logs)."""
-    from ..settling.audit import aggregate
+    from .report import aggregate
 
     day = quota.beijing_day(now)
     qsettings = settings.quota
@@ -102,7 +102,7 @@ def model_status(
                 "reasoning_p99": reasoning.get(model),
                 "reasoning_ceiling": reasoning_ceiling(model),
                 "reasoning_ceiling_known": limits_for(model) is not None,
-                # the bound a call that may think and sets no bound goes out with (admission.plan_output)
+                # the bound a call that may think and sets no bound goes out with (admission/room.py: plan_output)
                 "output_allowance": min(
                     MAX_OUTPUT_TOKENS,
                     settings.default_max_tokens + reasoning_ceiling(model),
@@ -126,7 +126,7 @@ def _when(ts: float) -> str:
 
 
 def render_status(rows: list[dict[str, Any]]) -> str:
-    from ..settling.audit import anomalous_line, bound_line
+    from .report import anomalous_line, bound_line
 
     if not rows:
         return "quotawrap: the ledger has no models yet (no guarded call, no balance sync)."
@@ -265,7 +265,7 @@ def session_state(run: RunRecord, host: str | None = None) -> str:
 def session_rows(ledger: Reader, since: float | None, until: float | None) -> list[dict[str, Any]]:
     """``quotawrap sessions``: each run with its state, its command (secrets hidden) and its totals."""
     from ..core.redact import redact_command_line
-    from ..settling.audit import aggregate
+    from .report import aggregate
 
     totals = {row["key"]: row for row in aggregate(ledger.call_records(since=since, until=until), "session")}
     rows = []

@@ -104,8 +104,8 @@ def report_command(
     by: str, since: str | None, until: str | None, session: str | None, audit_path: str | None, fmt: str, **values: Any
 ) -> None:
     """Who spent what: guarded calls grouped by model, session, day or any tag."""
-    from ..settling.audit import aggregate, read_jsonl, render_csv, render_table
-    from ..wrapper.report import ledger_rows
+    from ..books.report import aggregate, ledger_rows, render_csv, render_table
+    from ..settling.audit_log import read_jsonl
 
     start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
     try:

@@ -210,13 +210,8 @@ class QuotaSettings(Record, frozen=True):
     small_buffer: int = 50_000  # v6 SMALL_BUFFER: covers package expiry between syncs (§7.5)
     usage_wall: int = 1_950_000  # SOFT_EVICT_USAGE_LIMIT (§7.6)
     balance_wall: int = 100_000  # SOFT_EVICT_BALANCE_LIMIT (§7.6)
-    # How far back the billing balance is assumed to trail our own usage. §4.2 measured
-    # Δ ≈ 14 min, from two syncs 14 min apart (so the resolution is the sync gap itself), and the
-    # notes call the lag periodic ("周期收敛"): settled in batches. A batch job with a ~14 min cycle
-    # that settles up to its previous run leaves tokens unsettled for up to two cycles, ~28 min.
-    # 30 min covers that. The price of a lag above the true delay is transient: the pool is
-    # under-estimated by the usage of the extra minutes, and only while the snapshot (not the 2M
-    # cap) binds; a sync after a quiet spell of `lag` gives the exact pool back.
+    # How far the billing balance may trail our own usage: two of the provider's settlement batches, with room
+    # (docs/quota-math.md, "Default lag").
     balance_lag_s: float = 1800.0
 
     def __post_init__(self) -> None:
@@ -241,10 +236,8 @@ class Snapshot(Record, frozen=True):
     synced_at: float
     day: str  # Beijing day of synced_at: a snapshot never applies to another day (§7.2)
     source: str = "manual"  # "billing-api" | "manual" | "command" | "litellm"
-    # The balance lag the sync assumed (lagged_usage = usage at synced_at - lag_s). Kept so that a
-    # snapshot written by another writer without lag information (the LiteLLM limiter's) can be
-    # given the same treatment; 0 where it is not kept (the SQLite ledger, which has no such
-    # writer). Not part of equality: the limits depend on lagged_usage alone.
+    # The lag the sync assumed (lagged_usage = usage at synced_at - lag_s), kept so a snapshot of a writer that
+    # records none (the LiteLLM limiter) gets the same treatment; out of equality, as the limits read lagged_usage.
     lag_s: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:

@@ -27,8 +27,9 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 def prepare(settings: Settings) -> Settings:
     """The settings a gateway runs with: the store made explicit, tags resolved, a ``serve-`` session id."""
-    from ..books.attribution import automatic_tags, merge_tags, parse_tags
+    from ..books.attribution import automatic_tags
     from ..config.paths import default_store_url, default_unguarded_log, new_run_id
+    from ..core.tags import merge_tags, parse_tags
     from ..ledger import normalize_store_url
 
     store = normalize_store_url(settings.store or default_store_url())

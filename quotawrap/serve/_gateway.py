@@ -552,9 +552,8 @@ class Gateway:
             try:
                 await response.write_eof()
             finally:
-                # After the caller has its answer, off its latency. write_eof yields to the loop
-                # only when the caller reads slowly, so the caller cannot ask again before the
-                # settle is written; another caller meanwhile sees the hold still open (never less safe).
+                # Settled once the caller has its answer, off its latency; write_eof yields to the loop only to a
+                # slow reader, so the caller cannot ask again before the settle is written (never less safe).
                 call.finish()
         return response
 

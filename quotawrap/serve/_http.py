@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..books.attribution import parse_tags
+from ..core.tags import parse_tags
 
 __all__ = [
     "ARK_BASE_URL",

@@ -118,7 +118,7 @@ class GuardBooks:
         if anomaly is not None:
             record = dataclasses.replace(record, usage_anomaly=anomaly)
         try:
-            from .audit import append_jsonl
+            from .audit_log import append_jsonl
 
             append_jsonl(self.settings.audit_log, record)
         except OSError as exc:

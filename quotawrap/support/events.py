@@ -2,7 +2,7 @@
 
 A call that does not fit only because of holds in flight waits instead of being refused,
 first come, first served across threads, processes, runs and hosts: the order is kept in the ledger
-itself (ledger/lines.py has the rule, reserving.py the wait). What this module adds is the wake-up of
+itself (ledger/lines.py has the rule, admission/call.py the wait). What this module adds is the wake-up of
 this process's head waiters when one of its calls settles (:class:`RoomSignal`), and the record:
 
 The children record each wait and each bounded call as a JSON line in the run's events log
@@ -47,7 +47,7 @@ BoundEvent = tuple[str, int, int, str, bool]
 
 
 class QueuedPause(float):
-    """The pause of a call queued behind others (reserving.py): a settle in this process does not end it
+    """The pause of a call queued behind others (admission/call.py): a settle in this process does not end it
     early, as it cannot make that call the head of its line; it only polls to learn when it is."""
 
 

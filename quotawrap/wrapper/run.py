@@ -60,8 +60,9 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
 
     ``ends_process``: this interpreter exits with the run (the console script, not a test calling in).
     """
-    from ..books.attribution import begin_automatic_tags, merge_tags, parse_tags
+    from ..books.attribution import begin_automatic_tags
     from ..config.paths import default_store_url
+    from ..core.tags import merge_tags, parse_tags
     from ..ledger import normalize_store_url
 
     if not 0 <= settings.wait < float("inf"):
@@ -77,7 +78,7 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     from ..config.paths import default_events_log, default_unguarded_log, new_run_id
-    from .launcher import nested_in
+    from .child import nested_in
 
     run_id = settings.run_id or new_run_id()
     settings = settings.replace(run_id=run_id, store=store)
@@ -243,7 +244,7 @@ def _beside_child(ledger: Any, settings: Settings) -> None:
         return
     _expiry_warnings(ledger, settings)
     if not _lean(ledger):  # lean books: only a run that made calls needs it, and imports it at its end
-        import quotawrap.wrapper.report  # noqa: F401
+        import quotawrap.wrapper.summary  # noqa: F401
 
 
 def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events_log: bool, nested: bool) -> NoReturn:
@@ -266,7 +267,7 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
         _say(summary_head(settings.run_id, 0, 0, NO_COST, 0, would_block=would_block, went_around=False))
         sys.exit(result.exit_code)
     from ..support.events import read_events
-    from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
+    from .summary import append_step_summary, format_summary, read_unguarded, run_report, write_json
 
     totals = result.totals
     if totals is None:  # no process of the run opened the ledger: nothing was held or spent

@@ -64,7 +64,7 @@ class Watched(Record, frozen=True):
 
     kind: str  # DAILY_LIMIT, RUN_CAP or BUDGET
     name: str  # the model, the run id or the budget's name
-    period: str  # the Beijing day, the run id, or the budget period's end
+    period: str  # the Beijing day, the run id, or the budget's period
     used: int  # settled
     in_flight: int
     limit: int

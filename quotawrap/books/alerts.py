@@ -361,7 +361,7 @@ def start_alerts(ledger: Ledger, settings: Settings) -> AlertWatcher | None:
         return None
     from ..core.thresholds import parse_thresholds
     from ..ledger.base import ledger_clock, run_key
-    from .current import status_snapshot
+    from .status import status_snapshot
 
     run_id = settings.run_id
 

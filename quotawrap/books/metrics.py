@@ -147,7 +147,7 @@ def ledger_exposition(ledger: Ledger, settings: Settings, *, events_dir: str | N
 
     ``events_dir``: this host's runs' events logs (their waits and processes outside the guard); the
     state directory's by default."""
-    from .current import current_status
+    from .status import current_status
 
     if events_dir is None:
         from ..config.paths import default_events_log

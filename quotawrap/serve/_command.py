@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from ..config.settings import Settings
 from ..core.errors import ConfigError, QuotawrapError
+from ..dashboard.pages import DASHBOARD_PATH, Pages, store_reader
+from ..dashboard.server import warn_if_exposed
 from ..ledger import Ledger
 from ..support.log import warn
 from ._gateway import Gateway  # aiohttp: importing this module is the check that the serve extra is there
@@ -21,8 +23,6 @@ from ._members import MemberGate, provider_key
 from ._runner import run_in_foreground
 
 __all__ = ["prepare", "serve"]
-
-_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def prepare(settings: Settings) -> Settings:
@@ -41,8 +41,18 @@ def prepare(settings: Settings) -> Settings:
     return settings
 
 
-def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Callable[[str], None]) -> None:
-    """Record the session, sync balances if configured, serve until SIGTERM, drain, close the session."""
+def serve(
+    settings: Settings,
+    ledger: Ledger,
+    *,
+    host: str,
+    port: int,
+    say: Callable[[str], None],
+    events_dir: str | None = None,
+) -> None:
+    """Record the session, sync balances if configured, serve until SIGTERM, drain, close the session.
+
+    ``events_dir``: where this host's runs keep their events logs, for the dashboard's waits."""
     from ..books.sync import SyncLoop, sync_source
     from ..ledger.base import RunRecord
 
@@ -56,8 +66,7 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
     if settings.upstream_key_env:  # read before anything is recorded: a missing key is a usage error
         variable = settings.upstream_key_env
         members = MemberGate(variable, provider_key(variable, os.environ), ledger.member_key)
-    if host not in _LOOPBACK:
-        warn(f"serve: listening on {host}, not loopback: whoever reaches it spends through it")
+    warn_if_exposed("serve", host, reach="spends through it and reads its dashboard")
     tags = dict(entry.partition("=")[::2] for entry in settings.tag)
     try:
         ledger.start_run(RunRecord(settings.run_id, time.time(), command=f"quotawrap serve --port {port}", tags=tags))
@@ -71,13 +80,14 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
         sync_loop.start()
     from ..books.alerts import start_alerts
 
+    read = store_reader(ledger, settings, events_dir)
     try:
-        from ..books.metrics import ledger_exposition
+        from ..books.metrics import Exposition
     except ImportError:  # an install from before the serve extra had it
         warn("serve: no /metrics without prometheus-client: pip install 'quotawrap[serve]'")
         exposition = None
     else:
-        exposition = ledger_exposition(ledger, settings)
+        exposition = Exposition(read)
     gateway = Gateway(
         settings,
         ledger,
@@ -85,6 +95,7 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
         port=port,
         drain_timeout=settings.drain_timeout,
         members=members,
+        pages=Pages(read),
         metrics=exposition,
     )
     alerts = start_alerts(ledger, settings)
@@ -92,6 +103,7 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
     def ready(url: str) -> None:
         keys = f", member keys only: the provider key from ${members.variable}" if members is not None else ""
         say(f"quotawrap gateway listening on {url} (upstream {gateway.shown_upstream}, run {settings.run_id}{keys})")
+        say(f"quotawrap dashboard on {url}{DASHBOARD_PATH}")
         sys.stdout.flush()
 
     try:

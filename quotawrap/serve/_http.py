@@ -16,6 +16,7 @@ __all__ = [
     "HEALTH_PATH",
     "METRICS_PATH",
     "PROXY_VARIABLES",
+    "RESERVED_PREFIX",
     "TAG_HEADER",
     "forwarded_request_headers",
     "forwarded_response_headers",
@@ -28,8 +29,11 @@ __all__ = [
 #: Where the gateway forwards when no ``--base-url`` names an upstream (the Ark SDK's default).
 ARK_BASE_URL = "https://ark.cn-beijing.volces.com/api/v3"
 
+#: quotawrap's own paths on the gateway (health, the dashboard): answered there, never forwarded upstream.
+RESERVED_PREFIX = "/_quotawrap/"
+
 #: Outside every provider's API: no upstream path can be shadowed by it.
-HEALTH_PATH = "/_quotawrap/health"
+HEALTH_PATH = RESERVED_PREFIX + "health"
 
 #: Where Prometheus scrapes by default; a GET there is the gateway's own, never forwarded (no provider API
 #: serves it under its base URL).

@@ -76,13 +76,23 @@ def dashboard_command(host: str, port: int, **values: Any) -> None:
 
     settings = command_settings(values)
     ledger = open_store(settings)
-    pages = Pages(store_reader(ledger, settings, os.path.dirname(default_events_log("any"))))
+    read = store_reader(ledger, settings, os.path.dirname(default_events_log("any")))
+    pages = Pages(read, extra=_metrics_page(read))
     try:
         server = DashboardServer(pages, host, port)
     except OSError as exc:
         fail(f"dashboard: cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port", EXIT_USAGE)
     warn_if_exposed("dashboard", host)
     server.serve_until_stopped(lambda url: echo(f"quotawrap dashboard on {url} (Ctrl-C to stop)"))
+
+
+def _metrics_page(read: Any) -> dict[str, Any]:
+    """``/metrics`` beside the page, when prometheus-client is installed (the serve extra)."""
+    try:
+        from ..books.metrics import Exposition
+    except ImportError:
+        return {}
+    return {"metrics": Exposition(read)}
 
 
 def _time_bound(value: str | None, flag: str) -> float | None:

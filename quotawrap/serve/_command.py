@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from ..config.settings import Settings
-from ..core.errors import QuotawrapError
+from ..core.errors import ConfigError, QuotawrapError
 from ..dashboard.pages import DASHBOARD_PATH, Pages, store_reader
 from ..dashboard.server import warn_if_exposed
 from ..ledger import Ledger
@@ -57,6 +57,11 @@ def serve(
     from ..ledger.base import RunRecord
 
     assert settings.run_id, "prepare() assigns the session id"
+    if settings.otel:
+        from ..settling.otel import sdk_missing
+
+        if problem := sdk_missing():
+            raise ConfigError(problem)
     members = None
     if settings.upstream_key_env:  # read before anything is recorded: a missing key is a usage error
         variable = settings.upstream_key_env
@@ -73,10 +78,27 @@ def serve(
     if sync_loop is not None:
         sync_loop.tick()
         sync_loop.start()
-    pages = Pages(store_reader(ledger, settings, events_dir))
+    from ..books.alerts import start_alerts
+
+    read = store_reader(ledger, settings, events_dir)
+    try:
+        from ..books.metrics import Exposition
+    except ImportError:  # an install from before the serve extra had it
+        warn("serve: no /metrics without prometheus-client: pip install 'quotawrap[serve]'")
+        exposition = None
+    else:
+        exposition = Exposition(read)
     gateway = Gateway(
-        settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout, members=members, pages=pages
+        settings,
+        ledger,
+        host=host,
+        port=port,
+        drain_timeout=settings.drain_timeout,
+        members=members,
+        pages=Pages(read),
+        metrics=exposition,
     )
+    alerts = start_alerts(ledger, settings)
 
     def ready(url: str) -> None:
         keys = f", member keys only: the provider key from ${members.variable}" if members is not None else ""
@@ -89,6 +111,8 @@ def serve(
     finally:
         if sync_loop is not None:
             sync_loop.stop()
+        if alerts is not None:
+            alerts.stop()
     with contextlib.suppress(QuotawrapError):
         ledger.end_run(settings.run_id, 0, time.time())
     if not settings.quiet:

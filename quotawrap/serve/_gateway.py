@@ -56,6 +56,7 @@ from ..support.log import warn
 from ._http import (
     ARK_BASE_URL,
     HEALTH_PATH,
+    METRICS_PATH,
     RESERVED_PREFIX,
     TAG_HEADER,
     forwarded_request_headers,
@@ -247,10 +248,13 @@ class Gateway:
         drain_timeout: float = 30.0,
         members: MemberGate | None = None,
         pages: Pages | None = None,
+        metrics: Callable[[], tuple[str, bytes]] | None = None,
     ) -> None:
+        """``metrics``: the Prometheus exposition (content type, body) answered at ``GET /metrics``."""
         self.settings = settings
         self.members = members  # None: the caller's own key goes upstream
         self.pages = pages  # the dashboard, at DASHBOARD_PATH
+        self.metrics = metrics
         self.ledger = ledger
         given = settings.base_url[0] if settings.base_url else ARK_BASE_URL
         self.upstream, self._upstream_auth = split_credentials(given)
@@ -308,6 +312,8 @@ class Gateway:
         self._proxy = _env_proxy(self.upstream)
         app = web.Application(client_max_size=self._max_body)
         app.router.add_get(HEALTH_PATH, self._health)
+        if self.metrics is not None:
+            app.router.add_get(METRICS_PATH, self._metrics)
         if self.pages is not None:
             app.router.add_get(DASHBOARD_PATH.rstrip("/"), self._to_dashboard)
             app.router.add_get(DASHBOARD_PATH + "{name:[^/]*}", self._dashboard)
@@ -425,6 +431,16 @@ class Gateway:
             body["status"] = "draining"
             status = 503
         return web.json_response(body, status=status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """The store's figures for Prometheus, read on a thread (a scrape reads the day's calls)."""
+        assert self.metrics is not None
+        try:
+            content_type, body = await asyncio.get_running_loop().run_in_executor(None, self.metrics)
+        except Exception as exc:
+            text = f"quotawrap: cannot read the store for /metrics: {redact_text(str(exc))}\n"
+            return web.Response(status=503, text=text)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _dashboard(self, request: web.Request) -> web.Response:
         """A page of the dashboard; its data is read from the store on a thread, off the loop that relays calls."""

@@ -14,6 +14,7 @@ from ..core.tags import parse_tags
 __all__ = [
     "ARK_BASE_URL",
     "HEALTH_PATH",
+    "METRICS_PATH",
     "PROXY_VARIABLES",
     "RESERVED_PREFIX",
     "TAG_HEADER",
@@ -33,6 +34,10 @@ RESERVED_PREFIX = "/_quotawrap/"
 
 #: Outside every provider's API: no upstream path can be shadowed by it.
 HEALTH_PATH = RESERVED_PREFIX + "health"
+
+#: Where Prometheus scrapes by default; a GET there is the gateway's own, never forwarded (no provider API
+#: serves it under its base URL).
+METRICS_PATH = "/metrics"
 
 #: ``X-Quotawrap-Tag: user=alice, team=infra``: attribution per request, never sent upstream.
 TAG_HEADER = "x-quotawrap-tag"

@@ -101,11 +101,16 @@ class GuardBooks:
         *,
         anomaly: str | None = None,
     ) -> None:
-        """Append the call to ``--audit-log`` (the ledger keeps its own record); never raises.
+        """Append the call to ``--audit-log`` (the ledger keeps its own record), and record its tokens as
+        OpenTelemetry metrics under ``--otel``; never raises.
 
         A usage anomaly is kept in the record (``usage_anomaly``, counted by ``report``) and in its
         tags (``quotawrap.anomaly``), so ``report --by tag:quotawrap.anomaly`` finds those calls.
         """
+        if self.settings.otel and usage is not None and state == "settled" and anomaly is None:
+            from .otel import record_token_usage
+
+            record_token_usage(context.model, context.endpoint, usage.prompt_tokens, usage.completion_tokens)
         if not self.settings.audit_log:
             return
         tags = self.tags if anomaly is None else {**self.tags, "quotawrap.anomaly": anomaly}

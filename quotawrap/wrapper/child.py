@@ -36,9 +36,10 @@ def child_environment(settings: Settings, base: Mapping[str, str] | None = None)
     found = config_path()
     if found is not None:
         env["QUOTAWRAP_CONFIG"] = str(found)  # the children read the wrapper's file, whatever their cwd
-    # A leftover QUOTAWRAP_CAP_TOKENS="" from the caller's shell must not outlive an unset option.
+    # A leftover QUOTAWRAP_CAP_TOKENS="" from the caller's shell must not outlive an unset option, and a
+    # credential the wrapper uses (the alert webhook's URL) is not the child's.
     for option in OPTIONS:
-        if option.child:
+        if option.child or option.secret:
             env.pop(env_name(option.name), None)
     for name in RETIRED:  # said once, by this wrapper
         env.pop(env_name(name), None)

@@ -93,15 +93,23 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
 
     if problem := prepare_outputs(settings):  # every file the run writes, checked before anything starts
         fail(problem, EXIT_USAGE)
+    if settings.otel:
+        from ..settling.otel import sdk_missing
+
+        if problem := sdk_missing():
+            fail(problem, EXIT_USAGE)
     ledger = _open_books(settings)
     tags = merge_tags(automatic(), explicit)
     settings = settings.replace(tag=tuple(f"{key}={value}" for key, value in tags.items()))
     nested = nested_in(settings)
     _start_run(ledger, settings, command, tags, nested=nested)
     sync_loop = _start_sync(ledger, settings)
+    alerts = _start_alerts(ledger, settings)
     if ends_process:
         _freeze_what_start_up_made()
     result = _run_child(settings, command, ledger, sync_loop)
+    if alerts is not None:
+        alerts.stop()  # after the run's books are closed: its last look sees the final numbers
     if not nested:
         with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
             ledger.end_run(run_id, result.exit_code, time.time())
@@ -188,6 +196,15 @@ def _start_sync(ledger: Any, settings: Settings) -> Any:
         sync_loop.tick()  # before the child's first call: until today's first sync, only the daily cap applies
     sync_loop.start()  # its first tick runs at once, beside the child's start
     return sync_loop
+
+
+def _start_alerts(ledger: Any, settings: Settings) -> Any:
+    """The ``--alert-webhook`` watcher (None without one: the usual run never loads it)."""
+    if not settings.alert_webhook:
+        return None
+    from ..books.alerts import start_alerts
+
+    return start_alerts(ledger, settings)
 
 
 def _expiry_warnings(ledger: Any, settings: Settings) -> None:

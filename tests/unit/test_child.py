@@ -53,6 +53,13 @@ class TestChildEnvironment:
         env = child_environment(Settings(), base={"PYTHONPATH": os.pathsep + "/x"})
         assert env["PYTHONPATH"].split(os.pathsep) == [HOOK_DIR, "", "/x"]
 
+    def test_the_alert_webhook_stays_with_the_wrapper(self) -> None:
+        """QUOTAWRAP_ALERT_WEBHOOK from the caller's shell is the wrapper's credential, not the child's."""
+        base = {"QUOTAWRAP_ALERT_WEBHOOK": "https://hooks.example.com/services/T/B/X", "QUOTAWRAP_ALERT_AT": "90"}
+        env = child_environment(Settings(alert_webhook="https://hooks.example.com/services/T/B/X"), base=base)
+        assert "QUOTAWRAP_ALERT_WEBHOOK" not in env
+        assert env["QUOTAWRAP_ALERT_AT"] == "90"  # not a secret: left as the caller's shell had it
+
     def test_settings_and_home_are_exported(self) -> None:
         """The child gets QUOTAWRAP_HOME and every child setting as QUOTAWRAP_*."""
         env = child_environment(Settings(run_id="r1", cap_tokens=9, store="sqlite:////tmp/l"), base={"X": "1"})

@@ -444,8 +444,9 @@ class LiveView:
             self._fractions[key] = now  # a drop (new day, bigger pool) re-arms the thresholds
         for use in reading.budgets:  # a soft budget's alert: it refuses nothing, so this is where it is heard
             key = (use.label, use.period)
-            for threshold in threshold_crossings(self._fractions.get(key, 0.0), use.fraction):
-                warnings.append(f"quotawrap: {printable(use.label)} at {round(threshold * 100)}% ({use.numbers()})")
+            top = highest(crossed(self._fractions.get(key, 0.0), use.fraction, self._thresholds))
+            if top is not None:
+                warnings.append(f"quotawrap: {printable(use.label)} at {round(top * 100)}% ({use.numbers()})")
             self._fractions[key] = use.fraction
         return warnings
 

@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench bytecode redis-server faketime node-deps
+.PHONY: demo test lint bench bytecode redis-server faketime chromium node-deps
 
 # The Redis tests start a private redis-server from the binary (or use $REDIS_URL).
 redis-server:
@@ -19,6 +19,14 @@ faketime:
 	  echo "installing faketime (Debian package) for the clock-skew tests"; \
 	  (apt-get update -qq && apt-get install -y -qq faketime >/dev/null) \
 	    || { echo "could not install faketime: install it (Debian: apt-get install faketime)"; exit 1; }; \
+	fi
+
+# The dashboard tests load the page in headless Chromium, the system's, driven by Playwright (tests/integration/test_dashboard.py).
+chromium:
+	@if ! command -v chromium >/dev/null; then \
+	  echo "installing chromium (Debian package) for the dashboard tests"; \
+	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+	    || { echo "could not install chromium: install it (Debian: apt-get install chromium)"; exit 1; }; \
 	fi
 
 $(BIN)/quotawrap: pyproject.toml
@@ -55,7 +63,7 @@ lint: $(BIN)/quotawrap  ## the static checks: ruff, ruff format, mypy --strict, 
 	$(BIN)/mypy --strict quotawrap
 	$(BIN)/python tests/check_imports.py
 
-test: lint bytecode redis-server faketime node-deps  ## the whole test suite, lint included
+test: lint bytecode redis-server faketime chromium node-deps  ## the whole test suite, lint included
 	$(BIN)/pytest -q
 
 bench: $(BIN)/quotawrap bytecode redis-server  ## every figure of docs/benchmarks.md and docs/day-simulation.md

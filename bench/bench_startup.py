@@ -95,7 +95,7 @@ def use_bytecode_cache(prefix: str | None) -> None:
 
 
 def hooked_env() -> dict[str, str]:
-    """What the wrapper gives its child (launcher.child_environment), minus the settings."""
+    """What the wrapper gives its child (wrapper/child.child_environment), minus the settings."""
     env = clean_env()
     env["PYTHONPATH"] = str(HOOK_DIR)
     env["QUOTAWRAP_RUN_ID"] = "bench-startup"

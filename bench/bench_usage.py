@@ -1,4 +1,4 @@
-"""Throughput of quotawrap.core.usage on the hot path. Prints numbers, asserts nothing.
+"""Throughput of quotawrap.core.usage and quotawrap.core.sse on the hot path. Prints numbers, asserts nothing.
 
     python bench/bench_usage.py [--rounds 15]
 
@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from _machine import load_average, machine_line  # bench/ is the script's directory
 
-from quotawrap.core.usage import SSEUsageReader, usage_from_body
+from quotawrap.core.sse import SSEUsageReader
+from quotawrap.core.usage import usage_from_body
 
 __all__ = ["chat_stream", "main"]
 

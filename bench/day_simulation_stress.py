@@ -131,7 +131,8 @@ def _finish(client: Any, url: str, pending: Any, call: Any, shape: _Shape) -> di
         guarded.finish()
     if response.status_code != 200:
         day._raise(f"the simulator answered {response.status_code}")
-    from quotawrap.core.usage import SSEUsageReader, usage_from_body
+    from quotawrap.core.sse import SSEUsageReader
+    from quotawrap.core.usage import usage_from_body
 
     if call.stream:
         reader = SSEUsageReader()

@@ -40,10 +40,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("", "__main__"),
 )
 
-# Pure: every module of core/ (its name says so) and the ledger's rules that the Lua scripts mirror.
+# Pure: every module of core/ (its name says so), the ledger's rules that the Lua scripts mirror, consume's plan and
+# the gateway's header rules.
 PURE_PACKAGE = "quotawrap.core"
 PURE_OUTSIDE_CORE: frozenset[str] = frozenset(
-    {"quotawrap.ledger.holds", "quotawrap.ledger.scopes", "quotawrap.ledger.lines", "quotawrap.consume.plan"}
+    {
+        "quotawrap.ledger.holds",
+        "quotawrap.ledger.scopes",
+        "quotawrap.ledger.lines",
+        "quotawrap.consume.plan",
+        "quotawrap.serve._http",
+    }
 )
 # The modules of core/ exempt from the I/O rule, each for a reason that keeps them deterministic: the record
 # classes build their dataclasses on first use under one lock, and the tokenizers read data files shipped

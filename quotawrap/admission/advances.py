@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from ..core.errors import StoreError
-from ..core.quota import Counters, Limit, Verdict
+from ..core.quota import Counters, Limit, Verdict, counts_cost
 from ..ledger.base import ADVANCE, Decision, Drawn, HoldRequest, LimitsFor, Settle, new_hold_id
 from ..settling.settler import before_flush_all
 
@@ -72,7 +72,7 @@ def advance_size(
     for limit in limits:
         c = counters.get(limit.scope, Counters())
         free = limit.cap - c.settled - (0 if limit.kind == "wall" else c.in_flight)
-        if limit.scope == "run_cost":
+        if counts_cost(limit.scope):
             cost_room = free if cost_room is None else min(cost_room, free)
         else:
             room = free if room is None else min(room, free)

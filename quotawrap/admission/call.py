@@ -449,6 +449,9 @@ class Admission:
                         yield queued_poll(decision.queued)
                     continue
                 limits = room.limits_for(room.snapshot())
+                blocking = decision.verdict.blocking
+                if blocking is not None and blocking not in limits:  # a budget's: the ledger keeps those, not the room
+                    limits = [*limits, blocking]
                 never = quota.never_fits(limits, decision.counters, hold.reserve, reserve_cost=hold.reserve_cost)
                 # The plan was made from counters since outgrown: plan it from these and ask again.
                 refits = never is not None and self._refits_lower(hold.reserve)

@@ -153,7 +153,9 @@ class EveryModel:
         response = blocked_response(name, quota.Verdict(False, limit), counters, context.reserved, status=status)
         return GuardedCall.refused(response.with_note(_UNMAPPED_NOTE.format(endpoint=call.endpoint_id)))
 
-    def _hold_in_place_of(self, context: CallContext, model: str, *, enforce: bool = True) -> HoldRequest:
+    def _hold_in_place_of(
+        self, context: CallContext, model: str, *, enforce: bool = True, taken_over: bool = False
+    ) -> HoldRequest:
         """A new hold of the call's size and owner, on ``model``, to take the place of the call's own."""
         return HoldRequest(
             run_id=context.run_id,
@@ -168,6 +170,7 @@ class EveryModel:
             key_fingerprint=context.key_fingerprint,
             tags=self._books.tags,
             reserve_cost=context.reserved_cost,
+            taken_over=taken_over,
         )
 
     def answered(self, call: GuardedCall, raw: object) -> None:
@@ -183,7 +186,7 @@ class EveryModel:
             return  # a call drawn from an advance settles on the advance's model-day (README)
         # taken whatever the limits and lines say: its tokens were admitted as the hold it replaces, which
         # counted against this model's room too (an unmapped hold counts against every model's)
-        hold = self._hold_in_place_of(context, model, enforce=False)
+        hold = self._hold_in_place_of(context, model, enforce=False, taken_over=True)
         try:
             self._ledger.reserve(hold, lambda _snapshot: ())
             self._ledger.release(context.hold_id, handed_to=hold.hold_id)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..core.errors import ConfigError
+from ..core.tags import clean_tag_value
 
 # Every guarded command asks for its tags before its child starts: no typing, re or subprocess here.
 TYPE_CHECKING = False
@@ -28,25 +28,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GIT_TIMEOUT_S",
-    "MAX_TAG_VALUE_LENGTH",
     "WRAPPER_HOST_TAG",
     "WRAPPER_PID_TAG",
     "automatic_tags",
     "begin_automatic_tags",
-    "merge_tags",
-    "parse_tags",
     "run_git",
 ]
 
 
 GIT_TIMEOUT_S: Final = 2.0  # for all git calls together: attribution must never stall a run
-MAX_TAG_VALUE_LENGTH: Final = 256
 # Tags of the run's record only (not of its calls): the wrapper that owns the run, so `status` can
 # tell a run whose wrapper died from one still going.
 WRAPPER_PID_TAG: Final = "wrapper_pid"
 WRAPPER_HOST_TAG: Final = "wrapper_host"
-_KEY_CHARS: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")  # [A-Za-z0-9_.-]+
-_CONTROL: Final = {code: None for code in (*range(0x20), 0x7F)}  # str.translate deletes [\x00-\x1f\x7f]
 _GIT_QUERIES: Final = (
     # symbolic-ref names the branch even before the first commit, and fails on a detached HEAD,
     # where a branch name would be a guess
@@ -72,35 +66,6 @@ _GITLAB: Final = (
     ("CI_COMMIT_REF_NAME", "ci_ref"),
 )
 _USER_VARIABLES: Final = ("LOGNAME", "USER", "LNAME", "USERNAME")  # getpass.getuser's order
-
-
-def parse_tags(values: Sequence[str]) -> dict[str, str]:
-    """``["team=infra", "ticket=QW-5"]`` → ``{"team": "infra", "ticket": "QW-5"}``; a repeated key's last value wins.
-
-    Keys are ``[A-Za-z0-9_.-]+``; values are non-empty, single-line and at most
-    :data:`MAX_TAG_VALUE_LENGTH` characters. Anything else is a :class:`ConfigError` that
-    quotes the offending argument.
-    """
-    if isinstance(values, str):  # one tag passed bare would otherwise be read character by character
-        values = [values]
-    tags: dict[str, str] = {}
-    for raw in values:
-        if not isinstance(raw, str):
-            raise ConfigError(f"--tag expects KEY=VALUE, got {raw!r}")
-        key, separator, value = raw.partition("=")
-        key = key.strip()
-        if not separator:
-            raise ConfigError(f"--tag expects KEY=VALUE, got {raw!r} (no '=')")
-        if not key or not all(char in _KEY_CHARS for char in key):
-            raise ConfigError(f"--tag {raw!r}: the key must be letters, digits, '_', '.' or '-'")
-        if not value.strip():
-            raise ConfigError(f"--tag {raw!r}: the value is empty (an unset shell variable?)")
-        if value.translate(_CONTROL) != value:
-            raise ConfigError(f"--tag {raw!r}: the value must be a single line without control characters")
-        if len(value) > MAX_TAG_VALUE_LENGTH:
-            raise ConfigError(f"--tag {key}=...: the value is longer than {MAX_TAG_VALUE_LENGTH} characters")
-        tags[key] = value
-    return tags
 
 
 def run_git(args: Sequence[str], cwd: str | None, timeout: float) -> str | None:
@@ -254,11 +219,6 @@ class _suppress_oserror:
         return kind is not None and issubclass(kind, OSError)
 
 
-def merge_tags(automatic: Mapping[str, str], explicit: Mapping[str, str]) -> dict[str, str]:
-    """One set of tags; an explicit ``--tag`` overrides an automatic tag with the same key."""
-    return {**automatic, **explicit}
-
-
 # --------------------------------------------------------------------------- sources
 
 
@@ -300,6 +260,6 @@ def _put(tags: dict[str, str], key: str, value: str | None) -> None:
     """Add a found value, made safe for a one-line report; drop it when nothing is left."""
     if value is None:
         return
-    cleaned = value.translate(_CONTROL).strip()[:MAX_TAG_VALUE_LENGTH]
+    cleaned = clean_tag_value(value)
     if cleaned:
         tags[key] = cleaned

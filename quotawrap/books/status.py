@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections import Counter
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
@@ -16,15 +18,18 @@ from ..core.expiry import keep_alive_daily_usage
 from ..core.identity import UNMAPPED
 from ..core.model_limits import limits_for, reasoning_ceiling
 from ..ledger import CallPath, Ledger, Reader, model_day_key
-from ..ledger.base import RunRecord
+from ..ledger.base import CallRecord, RunRecord
 from ..settling.followups import TASK_HOLD_PREFIX, open_task_holds
 from ..support.log import printable
 from ..support.processes import pid_alive
 from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG
 
 __all__ = [
+    "TAG_KEYS",
+    "TOP_ROWS",
     "WRAPPER_HOST_TAG",
     "WRAPPER_PID_TAG",
+    "current_status",
     "expiry_warnings",
     "model_status",
     "no_balance_today",
@@ -33,15 +38,22 @@ __all__ = [
     "render_unguarded",
     "session_rows",
     "session_state",
+    "status_snapshot",
     "unguarded_now",
 ]
 
 
 def model_status(
-    ledger: Ledger, settings: Settings, now: float, *, waiting: dict[str, int] | None = None
+    ledger: Ledger,
+    settings: Settings,
+    now: float,
+    *,
+    waiting: dict[str, int] | None = None,
+    recent: list[CallRecord] | None = None,
 ) -> list[dict[str, Any]]:
-    """``waiting``: per model, calls waiting for room now (the ledger's lines, and this host's events logs)."""
-    from ..settling.audit import aggregate
+    """``waiting``: per model, calls waiting for room now (the ledger's lines, and this host's events logs).
+    ``recent``: the calls started in the last :data:`HISTORY_S`, when the caller has read them already."""
+    from .report import aggregate
 
     day = quota.beijing_day(now)
     qsettings = settings.quota
@@ -50,7 +62,8 @@ def model_status(
         tasks.setdefault(record.model, []).append(
             {"task_id": record.id.removeprefix(TASK_HOLD_PREFIX), "held": record.reserved, "since": record.started_at}
         )
-    recent = ledger.call_records(since=now - HISTORY_S)  # the last 24 h: all of today
+    if recent is None:
+        recent = ledger.call_records(since=now - HISTORY_S)  # the last 24 h: all of today
     reasoning = model_reasoning(recent)
     anomalous = Counter(r.model for r in recent if r.day == day and r.usage_anomaly is not None)
     today = [r for r in recent if r.day == day and r.state != "blocked"]
@@ -102,7 +115,7 @@ def model_status(
                 "reasoning_p99": reasoning.get(model),
                 "reasoning_ceiling": reasoning_ceiling(model),
                 "reasoning_ceiling_known": limits_for(model) is not None,
-                # the bound a call that may think and sets no bound goes out with (admission.plan_output)
+                # the bound a call that may think and sets no bound goes out with (admission/room.py: plan_output)
                 "output_allowance": min(
                     MAX_OUTPUT_TOKENS,
                     settings.default_max_tokens + reasoning_ceiling(model),
@@ -121,12 +134,115 @@ def model_status(
     return rows
 
 
+#: The tags whose values the spend breakdown shows (automatic ``user``, and ``team`` when runs set it).
+TAG_KEYS = ("user", "team")
+#: Rows kept per breakdown: the largest spenders; the rest are summed into one ``(others)`` row.
+TOP_ROWS = 10
+
+
+def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_dir: str | None = None) -> dict[str, Any]:
+    """The state of the store at ``now`` (the ledger's clock), as plain JSON values.
+
+    ``events_dir``: where this host's runs keep their events logs (waits for room, processes outside the
+    guard), of which those of this store's runs started in the last day are read; None reads the ledger's
+    lines alone.
+
+    Shape (every token figure an int; times are Unix seconds):
+
+    - ``now``, ``day`` (Beijing), ``seconds_to_reset``;
+    - ``models``: one row per model, exactly ``status --json``'s (``model_status``), plus ``refused`` (today's
+      refused calls) and ``limits`` ({``v6``, ``lag_aware``, ``daily_cap``, ``walls``: [{name, cap, detail}]});
+    - ``curves``: per model, ``usage`` [[minute, cumulative settled tokens]] of today and ``syncs``
+      [[synced_at, balance]] of today;
+    - ``waiting`` and ``refused``: per model, calls waiting for room now and calls refused today;
+    - ``by_tag``: per key of :data:`TAG_KEYS`, today's rows {key, calls, blocked_calls, settled_tokens,
+      cost_micro_cny} by the tag's value;
+    - ``sessions``: today's runs (``session_rows``);
+    - ``budgets``: the ledger's budgets in their current periods (``BudgetUse.as_json``, plus ``name`` and
+      ``limit`` for the page): used, in flight, left, when each resets;
+    - ``unguarded_processes``: processes of live runs outside the guard (``unguarded_now``).
+    """
+    from ..support.events import waiting_now
+    from .report import aggregate
+
+    day = quota.beijing_day(now)
+    # the events directory holds the logs of every store's runs on this host: this store's runs of the last day
+    runs = {run.run_id for run in ledger.runs(since=now - HISTORY_S)} if events_dir is not None else set()
+    waiting = waiting_now(events_dir, runs=runs) if events_dir is not None else {}
+    for model, count in ledger.waiting(now).items():  # the ledger's lines: every run and host
+        waiting[model] = max(count, waiting.get(model, 0))
+    recent = ledger.call_records(since=now - HISTORY_S)  # the last 24 h: all of today
+    rows = model_status(ledger, settings, now, waiting=waiting, recent=recent)
+    today = [record for record in recent if record.day == day]
+    refused = {row["key"]: row["blocked_calls"] for row in aggregate(today, "model") if row["blocked_calls"]}
+    curves: dict[str, dict[str, list[list[float]]]] = {}
+    for row in rows:
+        row["refused"] = refused.get(row["model"], 0)
+        row["limits"] = _limits(ledger, settings.quota, row["model"], day)
+        curves[row["model"]] = {
+            "usage": [[t, used] for t, used in ledger.usage_series(row["model"], day)],
+            "syncs": [[t, balance] for t, balance in ledger.sync_history(row["model"], day)],
+        }
+    return {
+        "now": now,
+        "day": day,
+        "seconds_to_reset": round(quota.seconds_to_beijing_midnight(now), 1),
+        "models": rows,
+        "curves": curves,
+        "waiting": {model: count for model, count in sorted(waiting.items()) if count},
+        "refused": refused,
+        "by_tag": {key: _top(aggregate(today, f"tag:{key}")) for key in TAG_KEYS},
+        "sessions": session_rows(ledger, quota.beijing_day_start(now), None),
+        "budgets": [
+            {**use.as_json(), "name": use.label, "limit": use.budget.amount} for use in ledger.budget_uses(now, "")
+        ],
+        "unguarded_processes": unguarded_now(events_dir, runs=runs) if events_dir is not None else [],
+    }
+
+
+def _limits(ledger: Ledger, settings: quota.QuotaSettings, model: str, day: str) -> dict[str, Any]:
+    """Today's limits of one model: v6's (the balance taken as settled at the sync), the lag-aware one the
+    guard enforces, and the soft-evict walls."""
+    stored = ledger.snapshot(model)
+    snapshot = stored if stored is not None and stored.day == day else None
+    v6, _ = quota.effective_limit(snapshot, dataclasses.replace(settings, balance_lag_s=0.0), today=day)
+    limits = quota.model_day_limits(snapshot, settings, today=day)
+    return {
+        "v6": v6,
+        "lag_aware": next(limit.cap for limit in limits if limit.kind == "hold"),
+        "daily_cap": settings.daily_cap,
+        "walls": [{"name": w.name, "cap": w.cap, "detail": w.detail} for w in limits if w.kind == "wall"],
+    }
+
+
+_SUMS = ("calls", "blocked_calls", "settled_tokens", "cost_micro_cny")
+
+
+def _top(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The :data:`TOP_ROWS` largest rows (``aggregate`` sorts them), the rest summed as ``(others)``."""
+    kept = [{"key": row["key"], **{name: row[name] for name in _SUMS}} for row in rows[:TOP_ROWS]]
+    rest = rows[TOP_ROWS:]
+    if rest:
+        kept.append({"key": "(others)", **{name: sum(row[name] for row in rest) for name in _SUMS}})
+    return kept
+
+
+def current_status(ledger: Ledger, settings: Settings, *, events_dir: str | None = None) -> dict[str, Any]:
+    """``status_snapshot`` now, as ``quotawrap status`` reads it: on the ledger's clock (on Redis the server's, so
+    a host whose clock is off shows the ledger's day), with the holds of dead runs charged first."""
+    from ..ledger.base import ledger_clock
+
+    now = ledger_clock(ledger)()
+    ledger.reclaim_orphans(now)
+    return status_snapshot(ledger, settings, now, events_dir=events_dir)
+
+
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, quota.BEIJING).strftime("%m-%d %H:%M")
 
 
 def render_status(rows: list[dict[str, Any]]) -> str:
-    from ..settling.audit import anomalous_line, bound_line
+    from .report import anomalous_line, bound_line
 
     if not rows:
         return "quotawrap: the ledger has no models yet (no guarded call, no balance sync)."
@@ -191,15 +307,18 @@ def render_status(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def unguarded_now(directory: str | os.PathLike[str], *, max_age_s: float = 86_400.0) -> list[dict[str, Any]]:
+def unguarded_now(
+    directory: str | os.PathLike[str], *, max_age_s: float = 86_400.0, runs: Collection[str] | None = None
+) -> list[dict[str, Any]]:
     """Processes of live runs that run without quotawrap's hook, as each run's wrapper found them
-    (``registry.publish_unguarded``, in the events logs of ``directory``; the command is redacted).
+    (``registry.publish_unguarded``, in the events logs of ``directory``, of ``runs`` alone when given;
+    the command is redacted).
 
     A run's events log goes when its wrapper ends; one a dead wrapper left behind is not a live run."""
     from ..support.events import recent_logs
 
     found: list[dict[str, Any]] = []
-    for run_id, events in recent_logs(directory, max_age_s):
+    for run_id, events in recent_logs(directory, max_age_s, runs=runs):
         for event in events:
             if not isinstance(event, dict) or event.get("ev") != "unguarded":
                 continue
@@ -265,7 +384,7 @@ def session_state(run: RunRecord, host: str | None = None) -> str:
 def session_rows(ledger: Reader, since: float | None, until: float | None) -> list[dict[str, Any]]:
     """``quotawrap sessions``: each run with its state, its command (secrets hidden) and its totals."""
     from ..core.redact import redact_command_line
-    from ..settling.audit import aggregate
+    from .report import aggregate
 
     totals = {row["key"]: row for row in aggregate(ledger.call_records(since=since, until=until), "session")}
     rows = []

@@ -136,9 +136,8 @@ def sync_once(
             )
         finally:
             ledger.release_lease(BILLING_LEASE, holder)
-        # A model the billing API used to list packages for, and now lists none: they expired or
-        # were used up, so its free balance is 0 (not "unknown", which would keep yesterday's pool).
-        # A model that never had a matching package stays unknown: its name may simply not match.
+        # Packages listed before and none now were used up or expired, so the free balance is 0, not "unknown"
+        # (which would keep yesterday's pool); a model that never matched a package may just be named otherwise.
         for model in candidate_models(ledger, settings):
             if model not in packages and _had_packages(ledger, model):
                 packages[model] = []

@@ -21,10 +21,8 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> None:
     if argv is None:
-        # The console script: importing the start path makes some 15,000 tracked objects (functions,
-        # classes, dicts) that live as long as the process, so the collector's passes over them find
-        # nothing, and delay the child. The run freezes them and turns the collector back
-        # on before its child starts; a subcommand turns it back on below.
+        # The console script: the collector's passes over the start path's objects, which live as long as the
+        # process, would only delay the child, so the run freezes them before it starts (a subcommand: below).
         import gc
 
         gc.disable()

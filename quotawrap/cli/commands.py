@@ -20,6 +20,7 @@ from ..core.errors import EXIT_STORE, EXIT_USAGE, ConfigError, QuotawrapError, S
 from ..ledger import open_store
 from ..support.log import fail
 from ..support.packages import import_problem
+from .budget_commands import budget_group
 from .common import command_settings, echo, settings_options
 from .key_commands import keys_group
 from .ledger_commands import COMMANDS
@@ -62,8 +63,9 @@ def cli() -> None:
     """Cap what a program spends on LLM calls: quotawrap [OPTIONS] -- COMMAND [ARGS...]"""
 
 
-for _command in COMMANDS:  # status, report, sessions, sync, prune: defined beside the modules they drive
+for _command in COMMANDS:  # status, dashboard, report, sessions, sync, prune: defined beside the modules they drive
     cli.add_command(_command)
+cli.add_command(budget_group)
 cli.add_command(keys_group)
 
 
@@ -81,7 +83,10 @@ def run_command(command: tuple[str, ...], **values: Any) -> None:
     run_guarded(command_settings(values), command)
 
 
-_SERVE_OPTIONS = [option.name for option in OPTIONS if option.name not in ("proxy", "report_json", "fail_on_block")]
+# a run's own budget (--budget) is stored by the wrapper of a run: the gateway keeps to the ledger's budgets
+_SERVE_OPTIONS = [
+    option.name for option in OPTIONS if option.name not in ("proxy", "report_json", "fail_on_block", "budget")
+]
 
 
 @cli.command("serve")
@@ -93,7 +98,9 @@ def serve_command(host: str, port: int, **values: Any) -> None:
 
     It forwards to the first --base-url (else Ark) and checks and charges every billed call exactly as
     a guarded run does; on SIGTERM it lets the calls in flight finish, charges them, and exits.
+    Its dashboard (what status shows, updating by itself) is at /_quotawrap/dashboard/.
     """
+    from ..config.paths import default_events_log
     from ..serve import without_hook
 
     without_hook()
@@ -109,7 +116,7 @@ def serve_command(host: str, port: int, **values: Any) -> None:
         fail(str(exc), EXIT_USAGE)
     ledger = open_store(settings)
     try:
-        serve(settings, ledger, host=host, port=port, say=echo)
+        serve(settings, ledger, host=host, port=port, say=echo, events_dir=os.path.dirname(default_events_log("any")))
     except StoreError as exc:
         fail(f"{exc}; the gateway cannot guard without its ledger (pass --fail-open to serve anyway)", EXIT_STORE)
     except ConfigError as exc:
@@ -333,7 +340,7 @@ def consume_command(
 
 def click_main(args: Sequence[str], config: dict[str, Any]) -> None:
     """Every command but the plain run (``quotawrap --help``, ``status``, a run click must parse)."""
-    names = ("run", "serve", "status", "sync", "report", "sessions", "consume", "prune")
+    names = ("run", "serve", "status", "dashboard", "sync", "report", "sessions", "consume", "prune")
     default_map: dict[str, Any] = {name: config for name in names}
     default_map["keys"] = {name: config for name in keys_group.commands}  # a group's are per subcommand
     try:

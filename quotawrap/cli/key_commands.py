@@ -59,7 +59,7 @@ def keys_group() -> None:
 )
 def add_command(name: str, tags: tuple[str, ...], **values: Any) -> None:
     """Make a member key NAME and print it once; the ledger keeps only its hash and tags."""
-    from ..books.attribution import parse_tags
+    from ..core.tags import parse_tags
 
     try:
         check_key_name(name)

@@ -1,4 +1,4 @@
-"""The subcommands that read and maintain the ledger: ``status``, ``report``, ``sessions``,
+"""The subcommands that read and maintain the ledger: ``status``, ``dashboard``, ``report``, ``sessions``,
 ``sync`` and ``prune``. :mod:`quotawrap.cli` adds them to the command group.
 
 Each parses its flags and delegates the work to the module that owns it (status, report,
@@ -22,45 +22,77 @@ from .common import command_settings, echo, settings_options
 __all__ = ["COMMANDS"]
 
 
+# What status and the dashboard show depends on these: the store, and the settings of the limits they explain.
+_STATUS_OPTIONS = [
+    "store",
+    "daily_cap",
+    "small_buffer",
+    "usage_wall",
+    "balance_wall",
+    "balance_lag",
+    "model",
+    "thinking_floor",
+    "default_max_tokens",
+    "reasoning_reserve",
+]
+
+
 @click.command("status")
-@settings_options(
-    [
-        "store",
-        "daily_cap",
-        "small_buffer",
-        "usage_wall",
-        "balance_wall",
-        "balance_lag",
-        "model",
-        "thinking_floor",
-        "default_max_tokens",
-        "reasoning_reserve",
-    ]
-)
+@settings_options(_STATUS_OPTIONS)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_command(as_json: bool, **values: Any) -> None:
     """Per model: tokens used today, in flight and waiting, the limit that applies now and why."""
-    from ..books.status import model_status, render_status, render_unguarded, unguarded_now
+    from ..books.status import current_status, render_status, render_unguarded
     from ..config.paths import default_events_log
-    from ..support.events import waiting_now
+    from ..core.budgets import BudgetUse
 
     settings = command_settings(values)
-    from ..ledger.base import ledger_clock
-
     ledger = open_store(settings)
-    now = ledger_clock(ledger)()  # on Redis the server's: a host whose clock is off shows the ledger's day
-    ledger.reclaim_orphans(now)
-    waiting = waiting_now(os.path.dirname(default_events_log("any")))  # this host's runs, from their events logs
-    for model, count in ledger.waiting(now).items():  # the ledger's lines: every run and host
-        waiting[model] = max(count, waiting.get(model, 0))
-    rows = model_status(ledger, settings, now, waiting=waiting)
-    unguarded = unguarded_now(os.path.dirname(default_events_log("any")))
+    # the waits and processes outside the guard of this host's runs, from their events logs
+    snapshot = current_status(ledger, settings, events_dir=os.path.dirname(default_events_log("any")))
+    rows, unguarded = snapshot["models"], snapshot["unguarded_processes"]
+    budgets = [
+        BudgetUse.from_json(row) for row in snapshot["budgets"]
+    ]  # the ledger's own (a run's own are its summary's)
     if as_json:
         for row in rows:  # the list of model rows stays the output's shape; like the reset time, same in each
             row["unguarded_processes"] = unguarded
+            row["budgets"] = snapshot["budgets"]
         click.echo(json.dumps(rows, indent=2, sort_keys=True))
     else:
-        echo("\n".join([render_status(rows), *render_unguarded(unguarded)]))
+        shown = ["budgets:", *(f"  {use.line()}" for use in budgets)] if budgets else []
+        echo("\n".join([render_status(rows), *shown, *render_unguarded(unguarded)]))
+
+
+@click.command("dashboard")
+@settings_options(_STATUS_OPTIONS)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", default=8791, show_default=True, type=click.IntRange(0, 65535), help="Port (0: any free port).")
+def dashboard_command(host: str, port: int, **values: Any) -> None:
+    """A local web page of what status shows, updating by itself: open the address it prints."""
+    from ..config.paths import default_events_log
+    from ..dashboard.pages import Pages, store_reader
+    from ..dashboard.server import DashboardServer, warn_if_exposed
+
+    settings = command_settings(values)
+    ledger = open_store(settings)
+    read = store_reader(ledger, settings, os.path.dirname(default_events_log("any")))
+    pages = Pages(read, extra=_metrics_page(read))
+    try:
+        server = DashboardServer(pages, host, port)
+    except OSError as exc:
+        fail(f"dashboard: cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port", EXIT_USAGE)
+    warn_if_exposed("dashboard", host)
+    server.serve_until_stopped(lambda url: echo(f"quotawrap dashboard on {url} (Ctrl-C to stop)"))
+
+
+def _metrics_page(read: Any) -> dict[str, Any]:
+    """``/metrics`` beside the page, when prometheus-client is installed (the serve extra)."""
+    try:
+        from ..books.metrics import Exposition
+    except ImportError:
+        return {}
+    return {"metrics": Exposition(read)}
 
 
 def _time_bound(value: str | None, flag: str) -> float | None:
@@ -104,10 +136,13 @@ def report_command(
     by: str, since: str | None, until: str | None, session: str | None, audit_path: str | None, fmt: str, **values: Any
 ) -> None:
     """Who spent what: guarded calls grouped by model, session, day or any tag."""
-    from ..settling.audit import aggregate, read_jsonl, render_csv, render_table
-    from ..wrapper.report import ledger_rows
+    from ..books.report import aggregate, ledger_rows, render_csv, render_table
+    from ..core.budgets import BudgetUse
+    from ..ledger.base import ledger_clock
+    from ..settling.audit_log import read_jsonl
 
     start, end = _time_bound(since, "--since"), _time_bound(until, "--until")
+    budgets: list[BudgetUse] = []  # the ledger's budgets now (an audit log keeps none)
     try:
         if audit_path:
             records = [
@@ -117,18 +152,19 @@ def report_command(
                 and (end is None or r.started_at < end)
                 and (session is None or r.run_id == session)
             ]
-        else:
-            rows = ledger_rows(open_store(command_settings(values)), by, since=start, until=end, session=session)
-        if audit_path:
             rows = aggregate(records, by)
+        else:
+            ledger = open_store(command_settings(values))
+            rows = ledger_rows(ledger, by, since=start, until=end, session=session)
+            budgets = ledger.budget_uses(ledger_clock(ledger)(), session or "")
     except QuotawrapError as exc:
         fail(with_cure(exc), exit_code(exc))
     if fmt == "json":
-        click.echo(json.dumps({"by": by, "rows": rows}, indent=2))
+        click.echo(json.dumps({"by": by, "rows": rows, "budgets": [use.as_json() for use in budgets]}, indent=2))
     elif fmt == "csv":
         click.echo(render_csv(rows), nl=False)
     else:
-        echo(render_table(rows, by))
+        echo("\n".join([render_table(rows, by), *(use.line() for use in budgets)]))
 
 
 @click.command("sessions")
@@ -266,4 +302,4 @@ def prune_command(older_than: str, dry_run: bool, **values: Any) -> None:
     click.echo(describe(result))
 
 
-COMMANDS = (status_command, report_command, sessions_command, sync_command, prune_command)
+COMMANDS = (status_command, dashboard_command, report_command, sessions_command, sync_command, prune_command)

@@ -24,7 +24,21 @@ __all__ = ["SUBCOMMANDS", "RunArgs", "parse_run_args"]
 
 # The command group's subcommands (the test checks this list against click's group).
 SUBCOMMANDS = frozenset(
-    {"run", "serve", "status", "report", "sessions", "sync", "prune", "simulate", "demo", "consume", "keys"}
+    {
+        "run",
+        "serve",
+        "status",
+        "dashboard",
+        "report",
+        "sessions",
+        "sync",
+        "prune",
+        "simulate",
+        "demo",
+        "consume",
+        "keys",
+        "budget",
+    }
 )
 _GROUP_FLAGS = frozenset({"-h", "--help", "--version"})
 # click's BoolParamType states; anything else is click's to refuse

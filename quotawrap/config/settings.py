@@ -54,7 +54,7 @@ _BALANCE_LAG_S = 1800.0
 class Option:
     """One setting: its flag, ``QUOTAWRAP_*`` variable and toml key, its type, default and rule."""
 
-    __slots__ = ("check", "child", "default", "flag", "help", "multiple", "name", "type")
+    __slots__ = ("check", "child", "default", "flag", "help", "multiple", "name", "secret", "type")
 
     def __init__(
         self,
@@ -67,9 +67,10 @@ class Option:
         child: bool = True,  # travels to the child through the environment
         flag: str = "",
         check: Check | None = None,  # the option's rule, applied to flags, environment and toml alike
+        secret: bool = False,  # its value is a credential (a webhook's URL): no message shows it
     ) -> None:
         self.name, self.type, self.default, self.help = name, type, default, help
-        self.multiple, self.child, self.flag, self.check = multiple, child, flag, check
+        self.multiple, self.child, self.flag, self.check, self.secret = multiple, child, flag, check, secret
 
     def __repr__(self) -> str:
         return f"Option({self.name!r}, {self.type.__name__}, {self.default!r})"
@@ -89,9 +90,10 @@ class Option:
         for item in value if self.multiple else (value,):
             problem = self.check(item)
             if problem is not None:
-                from ..core.redact import redact_text
+                from ..core.redact import HIDDEN, redact_text
 
-                raise ConfigError(f"{self.cli_flag} ({env_name(self.name)}): {problem}, got {redact_text(repr(item))}")
+                shown = HIDDEN if self.secret else redact_text(repr(item))
+                raise ConfigError(f"{self.cli_flag} ({env_name(self.name)}): {problem}, got {shown}")
 
 
 def _count(value: Any) -> str | None:
@@ -131,6 +133,16 @@ def _period(value: Any) -> str | None:
 
 def _cny(value: Any) -> str | None:
     return None if math.isfinite(value) and value >= 0 else "must be a finite amount of CNY >= 0"
+
+
+def _budget(value: Any) -> str | None:
+    from ..core.budgets import parse_budget
+
+    try:
+        parse_budget(value)
+    except ConfigError as exc:
+        return str(exc).removeprefix(f"budget {value!r}: ")
+    return None
 
 
 def _price_policy(value: Any) -> str | None:
@@ -192,6 +204,16 @@ def _base_url(value: Any) -> str | None:
         return "names no host"
     if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         return "has a port that is not a number from 1 to 65535"
+    return None
+
+
+def _thresholds(value: Any) -> str | None:
+    from ..core.thresholds import parse_thresholds
+
+    try:
+        parse_thresholds(str(value))
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -396,6 +418,16 @@ OPTIONS: tuple[Option, ...] = (
         multiple=True,
     ),
     Option(
+        "budget",
+        str,
+        (),
+        "A budget for this run alone, SELECTOR:AMOUNT/PERIOD[,soft] as `quotawrap budget set` takes it (repeatable):"
+        " it limits this run's calls and counts them only.",
+        multiple=True,
+        child=False,
+        check=_budget,
+    ),
+    Option(
         "cap_cost",
         float,
         None,
@@ -539,6 +571,32 @@ OPTIONS: tuple[Option, ...] = (
     Option("report_json", str, None, "Write the run's summary as JSON to this path.", child=False),
     Option("fail_on_block", bool, False, "Exit with code 3 when any call was blocked.", child=False),
     Option("quiet", bool, False, "No summary and no live line on stderr.", child=False),
+    Option(
+        "alert_at",
+        str,
+        "50,80,100",
+        "Percents of a limit (a model's day, the run's cap, a budget) at which the run warns on stderr and"
+        " --alert-webhook posts, e.g. 50,80,100.",
+        child=False,
+        check=_thresholds,
+    ),
+    Option(
+        "alert_webhook",
+        str,
+        None,
+        "Post a Slack-compatible message to this URL when a limit crosses an --alert-at percent: once per limit,"
+        " day and percent, whichever run or host sees it first.",
+        child=False,
+        check=_base_url,
+        secret=True,
+    ),
+    Option(
+        "otel",
+        bool,
+        False,
+        "Record each guarded call's input and output tokens as OpenTelemetry metrics (gen_ai.client.token.usage)"
+        " on the program's meter provider; needs the OpenTelemetry SDK.",
+    ),
 )
 
 OPTION_BY_NAME = {option.name: option for option in OPTIONS}
@@ -610,6 +668,7 @@ class Settings:
     inject_usage: bool
     run_id: str | None
     tag: tuple[str, ...]
+    budget: tuple[str, ...]
     cap_cost: float | None
     audit_log: str | None
     unknown_price: str
@@ -635,6 +694,9 @@ class Settings:
     report_json: str | None
     fail_on_block: bool
     quiet: bool
+    alert_at: str
+    alert_webhook: str | None
+    otel: bool
     extra: Mapping[str, Any]  # unknown toml sections, for later features
 
     def __init__(self, **values: Any) -> None:

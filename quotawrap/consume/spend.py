@@ -396,7 +396,7 @@ def execute(
     from ..config.paths import new_run_id
     from ..ledger.base import RunRecord
     from ..wrapper.live import LiveView
-    from ..wrapper.report import run_report, write_json
+    from ..wrapper.summary import run_report, write_json
 
     run_id = f"consume-{new_run_id()}"
     tags = {"task": "consume"}

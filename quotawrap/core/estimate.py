@@ -76,7 +76,7 @@ MAX_OUTPUT_TOKENS = 65_536
 
 Kind = Literal["chat", "responses", "embeddings", "completions", "images", "video", "context", "classification"]
 # What the guard reserves for a call that may think and bounds only its answer (max_tokens): see
-# admission.plan_output and README "What the guard sends and reserves".
+# admission/room.py: plan_output and README "What the guard sends and reserves".
 ReasoningReserve = Literal["ceiling", "learned", "cut"]
 REASONING_RESERVES: Final[tuple[str, ...]] = get_args(ReasoningReserve)
 Count = Callable[[str, str], int]
@@ -439,9 +439,8 @@ def _text_tokens(value: object, counter: _Counter, where: str) -> int:
     return counter.text(value, where)
 
 
-# A message's fields, each with how it counts. An absent one counts 0 and cannot be malformed, so the place
-# an error would name is written only for a field present: 4 strings per message (a long conversation's
-# hundreds) were formatted on every call, for an error that almost never comes.
+# A message's fields, each with how it counts: an absent one counts 0 and cannot be malformed, so the place an
+# error would name is formatted only for a field present, not for every field of every message on every call.
 _MESSAGE_FIELDS: tuple[tuple[str, Callable[[object, _Counter, str], int]], ...] = (
     ("content", _content_tokens),
     ("name", _text_tokens),

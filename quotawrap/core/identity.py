@@ -37,9 +37,8 @@ __all__ = [
     "resolve",
 ]
 
-# The ledger's model of a call through an endpoint id whose model is not known yet. Its hold counts against
-# every model's day limits until the answer names the model (README, "One identity per model"). Not a
-# string canonical() can give a model Ark serves: those have no space or bracket.
+# The model a call through a not yet mapped endpoint id is held as, against every model's day limits until its
+# answer names the model (README, "One identity per model"); no name of a model Ark serves has a space or bracket.
 UNMAPPED = "(unmapped endpoint)"
 
 _ENDPOINT_PREFIX = "ep-"

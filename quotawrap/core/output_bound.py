@@ -14,10 +14,9 @@ def cut_short(output: int, bound: int) -> bool:
     return output >= bound
 
 
-# A call the guard bounded carries how and at what in its hold id ("<id>@a8192": a bound added, "<id>@r64":
-# its max_tokens replaced), as a refitted attempt carries its "~" (audit.retry_id): every ledger keeps the id
-# as given, a call drawn from an advance's included, so ``report`` and ``status`` read back which calls the
-# guard's bound cut short (``cut_short`` of the record's completion tokens) with no column of their own.
+# A call the guard bounded carries how and at what in its hold id ("<id>@a8192": a bound added, "<id>@r64": its
+# max_tokens replaced), as a refitted attempt carries its "~" (settling/audit.py), so every ledger keeps it with no
+# column of its own and ``report`` and ``status`` read back which calls the bound cut short.
 _MARK = "@"
 _HOW = {ADDED: "a", REPLACED: "r"}
 _HOW_BY_LETTER = {letter: how for how, letter in _HOW.items()}

@@ -30,6 +30,7 @@ from .records import Record
 
 __all__ = [
     "BEIJING",
+    "COST_BUDGET_PREFIX",
     "DAY_S",
     "DEFAULT_LAG_CANDIDATES_S",
     "Binding",
@@ -46,7 +47,9 @@ __all__ = [
     "beijing_day_start",
     "calibrate_lag",
     "calibrate_lag_days",
+    "charge",
     "cost_limits",
+    "counts_cost",
     "effective_limit",
     "evicted_by",
     "lag_fit",
@@ -66,7 +69,9 @@ __all__ = [
     "verdict",
 ]
 
-Scope = Literal["run", "model_day", "run_cost"]  # run_cost counts micro-CNY, the others tokens
+# "run", "model_day", "run_cost", or a budget's counter (core.budgets.budget_scope); counts_cost says which unit
+Scope = str
+COST_BUDGET_PREFIX = "budget:cny:"  # a budget scope counting micro-CNY (every other budget counts tokens)
 LimitKind = Literal["hold", "wall"]
 Binding = Literal["daily_cap", "snapshot"]
 Series = Sequence[tuple[float, int]]
@@ -99,6 +104,16 @@ class Verdict(Record, frozen=True):
         return "evicted" if self.blocking.kind == "wall" else "over_limit"
 
 
+def counts_cost(scope: Scope) -> bool:
+    """Whether a scope counts micro-CNY (the run's cost, a money budget), not tokens."""
+    return scope == "run_cost" or scope.startswith(COST_BUDGET_PREFIX)
+
+
+def charge(scope: Scope, reserve: int, reserve_cost: int) -> int:
+    """What a call adds to a scope's counters: its cost where the scope counts money, else its tokens."""
+    return reserve_cost if counts_cost(scope) else reserve
+
+
 def ordered(limits: Sequence[Limit]) -> list[Limit]:
     """The order ``verdict`` checks limits in: walls first, otherwise as given (sorted() is stable).
 
@@ -122,7 +137,7 @@ def verdict(
         if limit.kind == "wall":
             if c.settled >= limit.cap:
                 return Verdict(False, limit)
-        elif c.settled + c.in_flight + (reserve_cost if limit.scope == "run_cost" else reserve) > limit.cap:
+        elif c.settled + c.in_flight + charge(limit.scope, reserve, reserve_cost) > limit.cap:
             return Verdict(False, limit)
     return Verdict(True)
 
@@ -141,7 +156,7 @@ def never_fits(
         if limit.kind == "wall":
             if c.settled >= limit.cap:
                 return limit
-        elif c.settled + (reserve_cost if limit.scope == "run_cost" else reserve) > limit.cap:
+        elif c.settled + charge(limit.scope, reserve, reserve_cost) > limit.cap:
             return limit
     return None
 
@@ -154,7 +169,7 @@ def token_room(limits: Sequence[Limit], counters: Mapping[str, Counters]) -> int
     rooms = [
         limit.cap - counters.get(limit.scope, Counters()).settled
         for limit in limits
-        if limit.kind == "hold" and limit.scope != "run_cost"
+        if limit.kind == "hold" and not counts_cost(limit.scope)
     ]
     return min(rooms) if rooms else None
 
@@ -210,13 +225,8 @@ class QuotaSettings(Record, frozen=True):
     small_buffer: int = 50_000  # v6 SMALL_BUFFER: covers package expiry between syncs (§7.5)
     usage_wall: int = 1_950_000  # SOFT_EVICT_USAGE_LIMIT (§7.6)
     balance_wall: int = 100_000  # SOFT_EVICT_BALANCE_LIMIT (§7.6)
-    # How far back the billing balance is assumed to trail our own usage. §4.2 measured
-    # Δ ≈ 14 min, from two syncs 14 min apart (so the resolution is the sync gap itself), and the
-    # notes call the lag periodic ("周期收敛"): settled in batches. A batch job with a ~14 min cycle
-    # that settles up to its previous run leaves tokens unsettled for up to two cycles, ~28 min.
-    # 30 min covers that. The price of a lag above the true delay is transient: the pool is
-    # under-estimated by the usage of the extra minutes, and only while the snapshot (not the 2M
-    # cap) binds; a sync after a quiet spell of `lag` gives the exact pool back.
+    # How far the billing balance may trail our own usage: two of the provider's settlement batches, with room
+    # (docs/quota-math.md, "Default lag").
     balance_lag_s: float = 1800.0
 
     def __post_init__(self) -> None:
@@ -241,10 +251,8 @@ class Snapshot(Record, frozen=True):
     synced_at: float
     day: str  # Beijing day of synced_at: a snapshot never applies to another day (§7.2)
     source: str = "manual"  # "billing-api" | "manual" | "command" | "litellm"
-    # The balance lag the sync assumed (lagged_usage = usage at synced_at - lag_s). Kept so that a
-    # snapshot written by another writer without lag information (the LiteLLM limiter's) can be
-    # given the same treatment; 0 where it is not kept (the SQLite ledger, which has no such
-    # writer). Not part of equality: the limits depend on lagged_usage alone.
+    # The lag the sync assumed (lagged_usage = usage at synced_at - lag_s), kept so a snapshot of a writer that
+    # records none (the LiteLLM limiter) gets the same treatment; out of equality, as the limits read lagged_usage.
     lag_s: float = field(default=0.0, compare=False)
 
     def __post_init__(self) -> None:

@@ -25,10 +25,8 @@ __all__ = [
 
 HIDDEN = "***"
 
-# Every guarded command's start redacts its command line before the run is recorded, and `re` (with
-# the four patterns below) slows that start: an argument holding none of these fragments (in any
-# ASCII case) cannot match a pattern, so a command line of such arguments is kept as it is and `re` stays
-# unloaded. Each pattern needs one: tests/unit/test_redact_and_files.py proves it on generated text.
+# Every guarded command redacts its command line as it starts, so a command line whose arguments hold none of
+# these fragments (in any ASCII case) is kept as it is without loading `re` (test_redact_and_files.py proves it).
 _NAME_FRAGMENTS = ("key", "secret", "token", "pass", "pwd", "auth", "credential", "cookie", "sk")
 _VALUE_FRAGMENTS = ("sk-", "ak-", "aklt", "gh", "github_pat", "xox", "aiza", "bearer", "basic", "token", "://")
 

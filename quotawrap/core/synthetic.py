@@ -69,7 +69,7 @@ def block_message(model: str, verdict: quota.Verdict, counters: Mapping[str, quo
     assert limit is not None
     used = counters.get(limit.scope, quota.Counters())
     hint = _RAISE_HINTS.get(limit.name, "see `quotawrap status`")
-    fmt = format_cny if limit.scope == "run_cost" else _fmt
+    fmt = format_cny if quota.counts_cost(limit.scope) else _fmt
     if limit.name == "waiting_line":  # ledger/lines.py: refused by the line, not by a cap
         what = f"call to {model} cannot wait (--wait) and other calls wait for room before it"
     elif limit.kind == "wall":
@@ -101,6 +101,6 @@ def blocked_response(
         status,
         "QuotawrapLimitExceeded",
         "TooManyRequests" if status == 429 else "Forbidden",
-        block_message(model, verdict, counters, reserve_cost if limit.scope == "run_cost" else reserve),
+        block_message(model, verdict, counters, quota.charge(limit.scope, reserve, reserve_cost)),
         blocked=limit.name,
     )

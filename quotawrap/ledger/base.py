@@ -92,6 +92,9 @@ class HoldRequest(Record, frozen=True):
     # An advance (quotawrap.admission.advances): room a process reserves ahead for its next calls. Refused, it leaves
     # no row (it is no call); taken, its row is a hold of endpoint ADVANCE that its calls are drawn from.
     advance: bool = False
+    # A hold that takes over another's room (a video task's, from its create): checked when that one was reserved,
+    # so no budget refuses it; it counts against them as any hold does.
+    taken_over: bool = False
 
 
 class Drawn(NamedTuple):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
+from ..core.budgets import Budget, BudgetUse
 from ..core.quota import Counters, Package, Snapshot
 from ..core.usage import Usage
 from .base import CallRecord, DayAggregate, Decision, HoldRequest, LimitsFor, PruneResult, RunRecord, RunTotals, Settle
@@ -125,6 +126,14 @@ class Books(Protocol):
 
     def put_packages(self, model: str, packages: Sequence[Package], synced_at: float) -> None: ...
 
+    def set_budget(self, budget: Budget) -> bool:
+        """Keep ``budget`` (ledger/budgets.py) under its id, replacing the amount it had; whether it changed."""
+        ...
+
+    def remove_budget(self, budget_id: str) -> bool:
+        """Remove the budget of this id (what it counted stays in its counters); whether there was one."""
+        ...
+
     # -- retention: fold old days into aggregates so the ledger stops growing
 
     def prune(self, before_day: str, *, dry_run: bool = False) -> PruneResult:
@@ -160,6 +169,14 @@ class Reader(Protocol):
         ...
 
     def run_totals(self, run_id: str) -> RunTotals: ...
+
+    def budgets(self, run_id: str | None = None) -> list[Budget]:
+        """The ledger's budgets and the run ``run_id``'s own (None: every run's too), in id order."""
+        ...
+
+    def budget_uses(self, now: float, run_id: str | None = None) -> list[BudgetUse]:
+        """``budgets(run_id)``, each in the period ``now`` falls in: used, in flight, left, when it resets."""
+        ...
 
     def call_records(
         self, *, since: float | None = None, until: float | None = None, run_id: str | None = None

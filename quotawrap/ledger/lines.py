@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, NamedTuple
 
-from ..core.quota import Counters, Limit, Scope
+from ..core.quota import Counters, Limit, Scope, charge
 
 __all__ = [
     "LEASE_S",
@@ -98,7 +98,7 @@ def crowded(
         if limit.kind != "hold":
             continue
         c = counters.get(limit.scope, Counters())
-        if c.settled + c.in_flight + (reserve_cost if limit.scope == "run_cost" else reserve) > limit.cap:
+        if c.settled + c.in_flight + charge(limit.scope, reserve, reserve_cost) > limit.cap:
             found.add(line_of(limit.scope))
     return tuple(line for line in LINES if line in found)
 

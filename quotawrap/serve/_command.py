@@ -13,7 +13,9 @@ import time
 from collections.abc import Callable
 
 from ..config.settings import Settings
-from ..core.errors import QuotawrapError
+from ..core.errors import ConfigError, QuotawrapError
+from ..dashboard.pages import DASHBOARD_PATH, Pages, store_reader
+from ..dashboard.server import warn_if_exposed
 from ..ledger import Ledger
 from ..support.log import warn
 from ._gateway import Gateway  # aiohttp: importing this module is the check that the serve extra is there
@@ -22,13 +24,12 @@ from ._runner import run_in_foreground
 
 __all__ = ["prepare", "serve"]
 
-_LOOPBACK = ("127.0.0.1", "::1", "localhost")
-
 
 def prepare(settings: Settings) -> Settings:
     """The settings a gateway runs with: the store made explicit, tags resolved, a ``serve-`` session id."""
-    from ..books.attribution import automatic_tags, merge_tags, parse_tags
+    from ..books.attribution import automatic_tags
     from ..config.paths import default_store_url, default_unguarded_log, new_run_id
+    from ..core.tags import merge_tags, parse_tags
     from ..ledger import normalize_store_url
 
     store = normalize_store_url(settings.store or default_store_url())
@@ -40,18 +41,32 @@ def prepare(settings: Settings) -> Settings:
     return settings
 
 
-def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Callable[[str], None]) -> None:
-    """Record the session, sync balances if configured, serve until SIGTERM, drain, close the session."""
+def serve(
+    settings: Settings,
+    ledger: Ledger,
+    *,
+    host: str,
+    port: int,
+    say: Callable[[str], None],
+    events_dir: str | None = None,
+) -> None:
+    """Record the session, sync balances if configured, serve until SIGTERM, drain, close the session.
+
+    ``events_dir``: where this host's runs keep their events logs, for the dashboard's waits."""
     from ..books.sync import SyncLoop, sync_source
     from ..ledger.base import RunRecord
 
     assert settings.run_id, "prepare() assigns the session id"
+    if settings.otel:
+        from ..settling.otel import sdk_missing
+
+        if problem := sdk_missing():
+            raise ConfigError(problem)
     members = None
     if settings.upstream_key_env:  # read before anything is recorded: a missing key is a usage error
         variable = settings.upstream_key_env
         members = MemberGate(variable, provider_key(variable, os.environ), ledger.member_key)
-    if host not in _LOOPBACK:
-        warn(f"serve: listening on {host}, not loopback: whoever reaches it spends through it")
+    warn_if_exposed("serve", host, reach="spends through it and reads its dashboard")
     tags = dict(entry.partition("=")[::2] for entry in settings.tag)
     try:
         ledger.start_run(RunRecord(settings.run_id, time.time(), command=f"quotawrap serve --port {port}", tags=tags))
@@ -63,11 +78,32 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
     if sync_loop is not None:
         sync_loop.tick()
         sync_loop.start()
-    gateway = Gateway(settings, ledger, host=host, port=port, drain_timeout=settings.drain_timeout, members=members)
+    from ..books.alerts import start_alerts
+
+    read = store_reader(ledger, settings, events_dir)
+    try:
+        from ..books.metrics import Exposition
+    except ImportError:  # an install from before the serve extra had it
+        warn("serve: no /metrics without prometheus-client: pip install 'quotawrap[serve]'")
+        exposition = None
+    else:
+        exposition = Exposition(read)
+    gateway = Gateway(
+        settings,
+        ledger,
+        host=host,
+        port=port,
+        drain_timeout=settings.drain_timeout,
+        members=members,
+        pages=Pages(read),
+        metrics=exposition,
+    )
+    alerts = start_alerts(ledger, settings)
 
     def ready(url: str) -> None:
         keys = f", member keys only: the provider key from ${members.variable}" if members is not None else ""
         say(f"quotawrap gateway listening on {url} (upstream {gateway.shown_upstream}, run {settings.run_id}{keys})")
+        say(f"quotawrap dashboard on {url}{DASHBOARD_PATH}")
         sys.stdout.flush()
 
     try:
@@ -75,6 +111,8 @@ def serve(settings: Settings, ledger: Ledger, *, host: str, port: int, say: Call
     finally:
         if sync_loop is not None:
             sync_loop.stop()
+        if alerts is not None:
+            alerts.stop()
     with contextlib.suppress(QuotawrapError):
         ledger.end_run(settings.run_id, 0, time.time())
     if not settings.quiet:

@@ -48,6 +48,7 @@ from ..core.errors import ConfigError
 from ..core.member_keys import MemberKey, member_tags
 from ..core.redact import redact_text, redact_url
 from ..core.synthetic import SyntheticResponse
+from ..dashboard.pages import DASHBOARD_PATH, Answer, Pages, addressed_here
 from ..ledger import CallPath
 from ..ledger.base import run_key
 from ..settling.call import GuardedCall
@@ -55,6 +56,8 @@ from ..support.log import warn
 from ._http import (
     ARK_BASE_URL,
     HEALTH_PATH,
+    METRICS_PATH,
+    RESERVED_PREFIX,
     TAG_HEADER,
     forwarded_request_headers,
     forwarded_response_headers,
@@ -105,6 +108,12 @@ def _hand_over(done: Future[_T], abandon: Callable[[_T], None]) -> None:
 
 def _answer(synthetic: SyntheticResponse) -> web.Response:
     return web.Response(status=synthetic.status, body=synthetic.body, headers=CIMultiDict(synthetic.headers))
+
+
+def _page(answer: Answer) -> web.Response:
+    headers = CIMultiDict(answer.headers)
+    headers["Content-Type"] = answer.content_type
+    return web.Response(status=answer.status, body=answer.body, headers=headers)
 
 
 def _too_large(size: int | None, limit: int) -> web.Response:
@@ -238,9 +247,14 @@ class Gateway:
         port: int = 0,
         drain_timeout: float = 30.0,
         members: MemberGate | None = None,
+        pages: Pages | None = None,
+        metrics: Callable[[], tuple[str, bytes]] | None = None,
     ) -> None:
+        """``metrics``: the Prometheus exposition (content type, body) answered at ``GET /metrics``."""
         self.settings = settings
         self.members = members  # None: the caller's own key goes upstream
+        self.pages = pages  # the dashboard, at DASHBOARD_PATH
+        self.metrics = metrics
         self.ledger = ledger
         given = settings.base_url[0] if settings.base_url else ARK_BASE_URL
         self.upstream, self._upstream_auth = split_credentials(given)
@@ -298,6 +312,12 @@ class Gateway:
         self._proxy = _env_proxy(self.upstream)
         app = web.Application(client_max_size=self._max_body)
         app.router.add_get(HEALTH_PATH, self._health)
+        if self.metrics is not None:
+            app.router.add_get(METRICS_PATH, self._metrics)
+        if self.pages is not None:
+            app.router.add_get(DASHBOARD_PATH.rstrip("/"), self._to_dashboard)
+            app.router.add_get(DASHBOARD_PATH + "{name:[^/]*}", self._dashboard)
+        app.router.add_route("*", RESERVED_PREFIX + "{tail:.*}", self._reserved)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(
             app,
@@ -411,6 +431,38 @@ class Gateway:
             body["status"] = "draining"
             status = 503
         return web.json_response(body, status=status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """The store's figures for Prometheus, read on a thread (a scrape reads the day's calls)."""
+        assert self.metrics is not None
+        try:
+            content_type, body = await asyncio.get_running_loop().run_in_executor(None, self.metrics)
+        except Exception as exc:
+            text = f"quotawrap: cannot read the store for /metrics: {redact_text(str(exc))}\n"
+            return web.Response(status=503, text=text)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _dashboard(self, request: web.Request) -> web.Response:
+        """A page of the dashboard; its data is read from the store on a thread, off the loop that relays calls."""
+        assert self.pages is not None
+        if not addressed_here(request.headers.get("Host"), self.host):
+            return _page(self.pages.refused(request.headers.get("Host")))
+        answer = await asyncio.get_running_loop().run_in_executor(None, self.pages.answer, request.match_info["name"])
+        return _page(answer)
+
+    async def _to_dashboard(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound(DASHBOARD_PATH)  # the page's relative links need the trailing slash
+
+    async def _reserved(self, request: web.Request) -> web.Response:
+        """quotawrap's prefix is never forwarded: a path under it that names nothing is answered here."""
+        shown = "health, dashboard/" if self.pages is not None else "health"
+        return _page(
+            Answer(
+                404,
+                "text/plain; charset=utf-8",
+                f"quotawrap keeps {RESERVED_PREFIX} for its own pages ({shown})\n".encode(),
+            )
+        )
 
     def _guard_for(self, tags: Mapping[str, str]) -> Guard:
         key = tuple(sorted(tags.items()))
@@ -536,9 +588,8 @@ class Gateway:
             try:
                 await response.write_eof()
             finally:
-                # After the caller has its answer, off its latency. write_eof yields to the loop
-                # only when the caller reads slowly, so the caller cannot ask again before the
-                # settle is written; another caller meanwhile sees the hold still open (never less safe).
+                # Settled once the caller has its answer, off its latency; write_eof yields to the loop only to a
+                # slow reader, so the caller cannot ask again before the settle is written (never less safe).
                 call.finish()
         return response
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from ..books.attribution import parse_tags
+from ..core.tags import parse_tags
 
 __all__ = [
     "ARK_BASE_URL",
     "HEALTH_PATH",
+    "METRICS_PATH",
     "PROXY_VARIABLES",
+    "RESERVED_PREFIX",
     "TAG_HEADER",
     "forwarded_request_headers",
     "forwarded_response_headers",
@@ -27,8 +29,15 @@ __all__ = [
 #: Where the gateway forwards when no ``--base-url`` names an upstream (the Ark SDK's default).
 ARK_BASE_URL = "https://ark.cn-beijing.volces.com/api/v3"
 
+#: quotawrap's own paths on the gateway (health, the dashboard): answered there, never forwarded upstream.
+RESERVED_PREFIX = "/_quotawrap/"
+
 #: Outside every provider's API: no upstream path can be shadowed by it.
-HEALTH_PATH = "/_quotawrap/health"
+HEALTH_PATH = RESERVED_PREFIX + "health"
+
+#: Where Prometheus scrapes by default; a GET there is the gateway's own, never forwarded (no provider API
+#: serves it under its base URL).
+METRICS_PATH = "/metrics"
 
 #: ``X-Quotawrap-Tag: user=alice, team=infra``: attribution per request, never sent upstream.
 TAG_HEADER = "x-quotawrap-tag"

@@ -109,11 +109,16 @@ class Books:
         *,
         anomaly: str | None = None,
     ) -> None:
-        """Append the call to ``--audit-log`` (the ledger keeps its own record); never raises.
+        """Append the call to ``--audit-log`` (the ledger keeps its own record), and record its tokens as
+        OpenTelemetry metrics under ``--otel``; never raises.
 
         A usage anomaly is kept in the record (``usage_anomaly``, counted by ``report``) and in its
         tags (``quotawrap.anomaly``), so ``report --by tag:quotawrap.anomaly`` finds those calls.
         """
+        if self.settings.otel and usage is not None and state == "settled" and anomaly is None:
+            from .otel import record_token_usage
+
+            record_token_usage(context.model, context.endpoint, usage.prompt_tokens, usage.completion_tokens)
         if not self.settings.audit_log:
             return
         tags = self.tags if anomaly is None else {**self.tags, "quotawrap.anomaly": anomaly}
@@ -121,7 +126,7 @@ class Books:
         if anomaly is not None:
             record = dataclasses.replace(record, usage_anomaly=anomaly)
         try:
-            from .audit import append_jsonl
+            from .audit_log import append_jsonl
 
             append_jsonl(self.settings.audit_log, record)
         except OSError as exc:

@@ -19,8 +19,9 @@ from typing import Any, Literal, NamedTuple, Protocol
 from ..core import endpoints
 from ..core.endpoint_prices import CostRule
 from ..core.output_bound import ADDED, cut_short
+from ..core.sse import SSEUsageReader, is_event_stream
 from ..core.synthetic import SyntheticResponse
-from ..core.usage import SSEUsageReader, Usage, UsageBound, check_usage, is_event_stream, model_of_body, usage_from_body
+from ..core.usage import Usage, UsageBound, check_usage, model_of_body, usage_from_body
 from ..ledger import HoldRequest
 from ..ledger.base import CallRecord, CallState, Decision, Drawn, Settle
 from ..support.log import warn

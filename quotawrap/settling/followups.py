@@ -144,6 +144,7 @@ class TaskCreated:
             tags=services.tags,
             reserve_cost=created.reserve_cost,
             hold_id=task_hold_id(task_id),
+            taken_over=True,
         )
         try:
             ledger = services.ledger()

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import field
 from pathlib import Path
 from typing import Any
@@ -290,12 +290,21 @@ def summarize(lines: Iterable[str]) -> RunEvents:
     return EventsTail(None).feed(lines)
 
 
-def recent_logs(directory: str | os.PathLike[str], max_age_s: float) -> Iterable[tuple[str, list[Any]]]:
+def recent_logs(
+    directory: str | os.PathLike[str], max_age_s: float, *, runs: Collection[str] | None = None
+) -> Iterable[tuple[str, list[Any]]]:
     """(run id, its events) of each events log in ``directory`` written to within ``max_age_s``;
-    lines that are not JSON are skipped, and so is a log that cannot be read."""
+    lines that are not JSON are skipped, and so is a log that cannot be read.
+
+    ``runs``: only the logs of these runs (a store's: the directory holds the logs of every store's runs on
+    this host)."""
     now = time.time()
     try:
-        paths = sorted(p for p in Path(directory).glob("*.jsonl") if now - p.stat().st_mtime < max_age_s)
+        paths = sorted(
+            p
+            for p in Path(directory).glob("*.jsonl")
+            if (runs is None or p.stem in runs) and now - p.stat().st_mtime < max_age_s
+        )
     except OSError:
         return
     for path in paths:
@@ -312,15 +321,18 @@ def recent_logs(directory: str | os.PathLike[str], max_age_s: float) -> Iterable
         yield path.stem, events
 
 
-def waiting_now(directory: str | os.PathLike[str], *, max_age_s: float = 86_400.0) -> dict[str, int]:
-    """Per model, calls waiting for room right now in any run whose events log is in ``directory``.
+def waiting_now(
+    directory: str | os.PathLike[str], *, max_age_s: float = 86_400.0, runs: Collection[str] | None = None
+) -> dict[str, int]:
+    """Per model, calls waiting for room right now in any run whose events log is in ``directory`` (of
+    ``runs`` alone, when given).
 
     A wait counts while its process lives (a killed child's last wait is not left waiting forever).
     """
     from .processes import pid_alive
 
     counts: dict[str, int] = {}
-    for _run_id, events in recent_logs(directory, max_age_s):
+    for _run_id, events in recent_logs(directory, max_age_s, runs=runs):
         open_waits: dict[str, tuple[str, int]] = {}
         for event in events:
             try:

@@ -49,7 +49,7 @@ def summary_head(
 ) -> str:
     """The first line of a run's summary (``report.format_summary``'s); ``would_block`` in watch mode only.
 
-    Here, not in :mod:`quotawrap.wrapper.report`: a run whose processes never opened the ledger prints it alone,
+    Here, not in :mod:`quotawrap.wrapper.summary`: a run whose processes never opened the ledger prints it alone,
     without loading the report's modules and the full ledger."""
     return (
         f"quotawrap: session {session}: {calls} guarded call(s),"

@@ -1,4 +1,4 @@
-"""Run the child with the hook injected, stay its parent, and close the books when it exits.
+"""The child's process: spawn it with the hook's environment (:mod:`.child`), stay its parent, close the books.
 
 Unlike ``ddtrace-run`` and ``opentelemetry-instrument`` this does not ``exec``: quotawrap
 forwards signals, waits, charges the holds the run left open and prints the summary.
@@ -11,10 +11,10 @@ import os
 import sys
 import time
 
-from ..config.file import config_path
-from ..config.settings import OPTIONS, RETIRED, Settings, env_name
+from ..config.settings import Settings
 from ..support.log import warn
 from ..support.processes import which
+from .child import HOOK_DIR, child_environment, injection_blockers, nested_in
 
 # Everything up to the child's spawn is paid by every guarded command: the process watcher, the
 # signal forwarding, the threads and their modules load once the child is on its way; the child
@@ -23,75 +23,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import threading
     from collections.abc import Callable, Mapping, Sequence
-    from pathlib import Path
     from types import FrameType
     from typing import Any
 
+    from ..core.budgets import BudgetUse
     from ..ledger import Books, Ledger, RunTotals
     from .registry import UnguardedProcess
 
-    HOOK_DIR: Path  # the hook's directory and the package's home, as paths (module __getattr__ below)
-    PACKAGE_HOME: Path
+__all__ = ["ChildResult", "run_child"]
 
-__all__ = [
-    "HOOK_DIR",
-    "ChildResult",
-    "child_environment",
-    "injection_blockers",
-    "nested_in",
-    "run_child",
-]
-
-_PACKAGE_HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-_HOOK_DIR = os.path.join(_PACKAGE_HOME, "sitecustomize_hook")
 _RECLAIM_EVERY_S = 10.0
 _MARK_POLL_S = 0.05  # the reclaimer's look for a process of the run that opened the ledger
 _RECLAIMER_JOIN_S = 0.1  # its connection only: an unjoined one leaves the WAL beside the file, no harm
 _PR_SET_CHILD_SUBREAPER = 36
-# Set by a wrapper for its child: a quotawrap started below with the same run id joins that run
-# instead of opening (and later overwriting and closing) it a second time.
-NESTED_VARIABLE = "QUOTAWRAP_WRAPPED_RUN"
-
-
-def __getattr__(name: str) -> Path:
-    """``HOOK_DIR`` and ``PACKAGE_HOME`` as paths (pathlib loads on first use, not on the start path)."""
-    if name in ("HOOK_DIR", "PACKAGE_HOME"):
-        from pathlib import Path
-
-        return Path(_HOOK_DIR if name == "HOOK_DIR" else _PACKAGE_HOME)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def child_environment(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: our hook first on PYTHONPATH (once), settings as QUOTAWRAP_*."""
-    env = dict(os.environ if base is None else base)
-    hook = _HOOK_DIR
-    # Empty entries stay: Python reads them as the working directory, which the program may rely on.
-    existing = [
-        entry
-        for entry in (env["PYTHONPATH"].split(os.pathsep) if env.get("PYTHONPATH") else [])
-        if not entry or os.path.normpath(entry) != hook
-    ]
-    env["PYTHONPATH"] = os.pathsep.join([hook, *existing])
-    env["QUOTAWRAP_HOME"] = _PACKAGE_HOME
-    found = config_path()
-    if found is not None:
-        env["QUOTAWRAP_CONFIG"] = str(found)  # the children read the wrapper's file, whatever their cwd
-    # A leftover QUOTAWRAP_CAP_TOKENS="" from the caller's shell must not outlive an unset option.
-    for option in OPTIONS:
-        if option.child:
-            env.pop(env_name(option.name), None)
-    for name in RETIRED:  # said once, by this wrapper
-        env.pop(env_name(name), None)
-    env.update(settings.child_env())
-    env[NESTED_VARIABLE] = settings.run_id or ""
-    return env
-
-
-def nested_in(settings: Settings, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this wrapper runs inside another's child with that run's id (``quotawrap -- ... quotawrap``)."""
-    env = os.environ if environ is None else environ
-    return bool(settings.run_id) and env.get(NESTED_VARIABLE) == settings.run_id
 
 
 def _become_subreaper() -> bool:
@@ -178,34 +122,6 @@ def _wait_left_behind(child: int, linger_s: float) -> None:
         time.sleep(0.05)
 
 
-def injection_blockers(command: Sequence[str]) -> list[str]:
-    """Interpreter flags that stop PYTHONPATH's sitecustomize from running (-I, -E, -S)."""
-    import re
-
-    if not command or not re.match(r"^python(\d+(\.\d+)?)?$", os.path.basename(command[0])):
-        return []
-    found: list[str] = []
-    args = iter(command[1:])
-    for arg in args:
-        if arg == "-" or not arg.startswith("-"):
-            break  # the script: what follows is its own
-        if arg.startswith("--"):
-            if arg == "--check-hash-based-pycs":
-                next(args, None)
-            continue
-        letters = arg[1:]
-        for index, letter in enumerate(letters):
-            if letter in "cm":
-                return found  # -c CODE / -m MODULE: what follows is the program's
-            if letter in "WX":  # -W ARG, -X ARG: the argument is the rest, or the next word
-                if index == len(letters) - 1:
-                    next(args, None)
-                break
-            if letter in "IES" and f"-{letter}" not in found:
-                found.append(f"-{letter}")
-    return found
-
-
 class ChildResult:
     def __init__(
         self,
@@ -216,6 +132,7 @@ class ChildResult:
         *,
         unguarded_processes: Sequence[UnguardedProcess] = (),
         connections: Sequence[Mapping[str, object]] = (),
+        budgets: Sequence[BudgetUse] = (),
     ) -> None:
         self.exit_code = exit_code
         self.totals = totals  # None: no process of the run opened the ledger, so every total is zero
@@ -223,6 +140,7 @@ class ChildResult:
         self.store_error = store_error  # the books could not be closed: totals are empty, holds stay open
         self.unguarded_processes = list(unguarded_processes)  # Python processes that ran without the hook
         self.connections = list(connections)  # connections to guarded hosts that went around every client
+        self.budgets = list(budgets)  # the budgets its calls may count against, as the run ends
 
 
 def _exit_code(returncode: int) -> int:
@@ -347,7 +265,7 @@ def _run(
             process.pid,
             run_dir,
             strict=settings.strict,
-            hook_dir=_HOOK_DIR,
+            hook_dir=HOOK_DIR,
             peers=GuardedPeers(settings.base_url),
             on_unguarded=functools.partial(publish_unguarded, settings.events_log),
         ).start()
@@ -428,6 +346,13 @@ def _run(
                 else ledger.resolve_run(settings.run_id, release_advances=every_draw_landed)
             )
             totals = ledger.run_totals(settings.run_id)
+            from ..ledger.budgets import run_budget_uses
+
+            budgets = run_budget_uses(ledger, ledger_clock(ledger)(), settings.run_id, settings.tag)
+            if not nested:  # the run's own budgets (--budget) end with it: no reserve reads them again
+                for use in budgets:
+                    if use.budget.run_id == settings.run_id:
+                        ledger.remove_budget(use.budget.id)
         except QuotawrapError as exc:
             # Nothing is lost: the run's open holds stay in the ledger and the next run, `status` or
             # reclaim charges them (they carry an expiry and their owner's pid).
@@ -442,7 +367,14 @@ def _run(
                 unguarded_processes=unguarded,
                 connections=connections,
             )
-    return ChildResult(_exit_code(returncode), totals, resolved, unguarded_processes=unguarded, connections=connections)
+    return ChildResult(
+        _exit_code(returncode),
+        totals,
+        resolved,
+        unguarded_processes=unguarded,
+        connections=connections,
+        budgets=budgets,
+    )
 
 
 class _Relay:

@@ -16,7 +16,8 @@ run's cap (then named, and the numbers are the run's), which also has a line of 
 
 On a terminal the lines are pinned to the bottom rows (a scroll region, as ``apt`` does), so
 the child's own output, which shares the terminal, scrolls above them and is never overwritten.
-Elsewhere (CI logs) only crossings of 50/80/100% of a limit are logged, as plain lines.
+Elsewhere (CI logs) only crossings of the ``--alert-at`` percents of a limit (50/80/100 by default) are
+logged, as plain lines: one per look at the ledger, naming the highest percent passed since the last.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ from typing import TextIO
 
 from ..config.settings import Settings
 from ..core import quota
+from ..core.budgets import BudgetUse
 from ..core.records import Record
+from ..core.thresholds import crossed, highest, parse_thresholds
 from ..ledger import Ledger, model_day_key, run_key
 from ..ledger.base import ledger_clock
+from ..ledger.budgets import run_budget_uses
 from ..support.events import EventsTail, RunEvents
 from ..support.log import printable
 
@@ -44,7 +48,6 @@ __all__ = [
     "RUN_LABEL",
     "SHADED",
     "SOLID",
-    "THRESHOLDS",
     "BottomBlock",
     "Gauge",
     "LiveView",
@@ -56,14 +59,12 @@ __all__ = [
     "percent",
     "read_gauges",
     "render_line",
-    "threshold_crossings",
     "tightest",
     "wait_line",
     "warning_line",
 ]
 
 SOLID, SHADED, FREE = "█", "▒", "░"
-THRESHOLDS: tuple[float, ...] = (0.5, 0.8, 1.0)
 DAILY_LIMIT = "daily limit"
 RUN_CAP = "run cap"
 RUN_LABEL = "run"
@@ -140,13 +141,6 @@ def render_line(model: str, settled: int, in_flight: int, limit: int, limit_name
     return text
 
 
-def threshold_crossings(
-    previous_fraction: float, fraction: float, thresholds: Sequence[float] = THRESHOLDS
-) -> list[float]:
-    """The thresholds passed on the way from ``previous_fraction`` up to ``fraction`` (each once)."""
-    return [t for t in thresholds if previous_fraction < t <= fraction]
-
-
 def warning_line(label: str, threshold: float, gauge: Gauge) -> str:
     """``quotawrap: deepseek-v4 at 80% of daily limit (1.56M / 1.95M, +34k in flight)``."""
     numbers = f"{human(gauge.settled)} / {human(gauge.limit)}"
@@ -177,10 +171,12 @@ class Gauge(Record, frozen=True):
 
 
 class Reading(Record, frozen=True):
-    """One poll of the ledger: the run cap (if any) and each model's daily limit, for this run's models."""
+    """One poll of the ledger: the run cap (if any) and each model's daily limit, for this run's models, and the
+    budgets its calls may count against."""
 
     run: Gauge | None
     models: dict[str, Gauge]
+    budgets: tuple[BudgetUse, ...] = ()
 
 
 def day_limit(snapshot: quota.Snapshot | None, settings: quota.QuotaSettings, day: str) -> int:
@@ -218,7 +214,7 @@ def read_gauges(ledger: Ledger, settings: Settings, run_id: str, now: float) -> 
         )
         for model, key in zip(models, day_keys, strict=True)
     }
-    return Reading(run, gauges)
+    return Reading(run, gauges, tuple(run_budget_uses(ledger, now, run_id, settings.tag)))
 
 
 def block_lines(reading: Reading) -> list[str]:
@@ -233,7 +229,7 @@ def block_lines(reading: Reading) -> list[str]:
     return [
         render_line(label.ljust(width), gauge.settled, gauge.in_flight, gauge.limit, name)
         for label, gauge, name in rows
-    ]
+    ] + [printable(use.line()) for use in reading.budgets]
 
 
 def wait_line(events: RunEvents) -> str | None:
@@ -363,6 +359,7 @@ class LiveView:
         self._size = terminal_size or (lambda: _terminal_size(self._stream))
         self._block = BottomBlock()
         self._fractions: dict[tuple[str, str], float] = {}  # (label, limit name) -> last settled fraction
+        self._thresholds = parse_thresholds(settings.alert_at)
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -440,9 +437,17 @@ class LiveView:
         for label, gauge in gauges:
             key = (label, gauge.limit_name)
             now = gauge.fraction
-            for threshold in threshold_crossings(self._fractions.get(key, 0.0), now):
-                warnings.append(warning_line(label, threshold, gauge))
+            # one line per reading: a poll that finds 50% and 80% both passed says 80% (the higher implies the lower)
+            top = highest(crossed(self._fractions.get(key, 0.0), now, self._thresholds))
+            if top is not None:
+                warnings.append(warning_line(label, top, gauge))
             self._fractions[key] = now  # a drop (new day, bigger pool) re-arms the thresholds
+        for use in reading.budgets:  # a soft budget's alert: it refuses nothing, so this is where it is heard
+            key = (use.label, use.period)
+            top = highest(crossed(self._fractions.get(key, 0.0), use.fraction, self._thresholds))
+            if top is not None:
+                warnings.append(f"quotawrap: {printable(use.label)} at {round(top * 100)}% ({use.numbers()})")
+            self._fractions[key] = use.fraction
         return warnings
 
     def _write(self, text: str) -> None:

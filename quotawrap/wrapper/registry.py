@@ -23,7 +23,7 @@ from ..core.redact import redact_argv
 from ..support.files import RUN_DIR_PREFIX, new_private_dir, remove_tree
 from .sockets import open_peers
 
-# Loaded once the child runs, beside its start on a 2-core machine: no dataclasses, pathlib, json,
+# Loaded once the child runs, beside its start, where every import delays it: no dataclasses, pathlib, json,
 # signal, and the patterns compiled when a command is first redacted.
 TYPE_CHECKING = False
 if TYPE_CHECKING:

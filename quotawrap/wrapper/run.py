@@ -60,8 +60,9 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
 
     ``ends_process``: this interpreter exits with the run (the console script, not a test calling in).
     """
-    from ..books.attribution import begin_automatic_tags, merge_tags, parse_tags
+    from ..books.attribution import begin_automatic_tags
     from ..config.paths import default_store_url
+    from ..core.tags import merge_tags, parse_tags
     from ..ledger import normalize_store_url
 
     if not 0 <= settings.wait < float("inf"):
@@ -77,7 +78,7 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     from ..config.paths import default_events_log, default_unguarded_log, new_run_id
-    from .launcher import nested_in
+    from .child import nested_in
 
     run_id = settings.run_id or new_run_id()
     settings = settings.replace(run_id=run_id, store=store)
@@ -92,15 +93,23 @@ def run_guarded(settings: Settings, command: Sequence[str], *, ends_process: boo
 
     if problem := prepare_outputs(settings):  # every file the run writes, checked before anything starts
         fail(problem, EXIT_USAGE)
+    if settings.otel:
+        from ..settling.otel import sdk_missing
+
+        if problem := sdk_missing():
+            fail(problem, EXIT_USAGE)
     ledger = _open_books(settings)
     tags = merge_tags(automatic(), explicit)
     settings = settings.replace(tag=tuple(f"{key}={value}" for key, value in tags.items()))
     nested = nested_in(settings)
     _start_run(ledger, settings, command, tags, nested=nested)
     sync_loop = _start_sync(ledger, settings)
+    alerts = _start_alerts(ledger, settings)
     if ends_process:
         _freeze_what_start_up_made()
     result = _run_child(settings, command, ledger, sync_loop)
+    if alerts is not None:
+        alerts.stop()  # after the run's books are closed: its last look sees the final numbers
     if not nested:
         with contextlib.suppress(QuotawrapError):  # already reported by run_child when the store is down
             ledger.end_run(run_id, result.exit_code, time.time())
@@ -161,6 +170,12 @@ def _start_run(ledger: Any, settings: Settings, command: Sequence[str], tags: di
             from ..ledger.base import RunRecord
 
             ledger.start_run(RunRecord(settings.run_id, time.time(), command=line, tags=all_tags))
+        if settings.budget:  # the run's own budgets, in the ledger before its first call
+            from ..core.budgets import parse_budget
+
+            books = ledger.full() if _lean(ledger) else ledger
+            for spec in settings.budget:
+                books.set_budget(parse_budget(spec, run_id=settings.run_id))
     except QuotawrapError as exc:
         if not settings.fail_open:
             fail(f"{exc}; refusing to run unguarded (pass --fail-open to run anyway)", EXIT_STORE)
@@ -181,6 +196,15 @@ def _start_sync(ledger: Any, settings: Settings) -> Any:
         sync_loop.tick()  # before the child's first call: until today's first sync, only the daily cap applies
     sync_loop.start()  # its first tick runs at once, beside the child's start
     return sync_loop
+
+
+def _start_alerts(ledger: Any, settings: Settings) -> Any:
+    """The ``--alert-webhook`` watcher (None without one: the usual run never loads it)."""
+    if not settings.alert_webhook:
+        return None
+    from ..books.alerts import start_alerts
+
+    return start_alerts(ledger, settings)
 
 
 def _expiry_warnings(ledger: Any, settings: Settings) -> None:
@@ -226,7 +250,7 @@ def _beside_child(ledger: Any, settings: Settings) -> None:
         return
     _expiry_warnings(ledger, settings)
     if not _lean(ledger):  # lean books: only a run that made calls needs it, and imports it at its end
-        import quotawrap.wrapper.report  # noqa: F401
+        import quotawrap.wrapper.summary  # noqa: F401
 
 
 def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events_log: bool, nested: bool) -> NoReturn:
@@ -249,7 +273,7 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
         _say(summary_head(settings.run_id, 0, 0, NO_COST, 0, would_block=would_block, went_around=False))
         sys.exit(result.exit_code)
     from ..support.events import read_events
-    from .report import append_step_summary, format_summary, read_unguarded, run_report, write_json
+    from .summary import append_step_summary, format_summary, read_unguarded, run_report, write_json
 
     totals = result.totals
     if totals is None:  # no process of the run opened the ledger: nothing was held or spent
@@ -268,6 +292,7 @@ def _finish(settings: Settings, result: Any, tags: dict[str, str], *, own_events
         unguarded_processes=[process.as_dict() for process in result.unguarded_processes],
         connections=result.connections,
         events=read_events(settings.events_log),
+        budgets=result.budgets,
     )
     _remove_events_log(settings, own_events_log)
     if not settings.quiet:

@@ -5,7 +5,7 @@ The hook loads in Python processes only. A process of the run that is not Python
 process watcher asks this module whether such a process holds a connection to Ark or to a
 ``--base-url`` host:port, and names it loudly (``--strict`` stops it). A connection is seen while it
 is open: an LLM call holds one for as long as the answer takes, so real calls are caught; a call
-that opens and closes between two polls (50 ms) on loopback may be missed. Everything here reads
+that opens and closes between two of the watcher's polls on loopback may be missed. Everything here reads
 files only; names are resolved off the start-up path (:meth:`GuardedPeers.resolve`), and nothing heavy
 is imported until a process that is not Python holds a connection.
 """

@@ -142,7 +142,8 @@ class TestLiveLineOnATerminal:
 
 class TestPlainLogLines:
     def test_threshold_warnings_without_escapes(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
-        """Piped stderr: no ANSI, no bars; one plain line as the run passes 50% and another at 80% of the cap."""
+        """Piped stderr: no ANSI, no bars; a plain line as the run passes 50% and one at 80% of the cap (one line
+        at 80% alone when one look at the ledger finds both passed)."""
         # ~1,010 tokens a call against 3,700: settled 27%, 55%, 82%, then the fourth call is refused
         result = run_quotawrap(
             ["--store", store, "--base-url", sim.url, "--cap-tokens", "3700"],
@@ -155,9 +156,9 @@ class TestPlainLogLines:
         assert "▒" not in result.stderr and "█" not in result.stderr
         warnings = [line for line in result.stderr.splitlines() if " of run cap " in line]
         numbers = r"\(\d(\.\d+)?k / 3\.7k(, \+\d(\.\d+)?k in flight)?\)"
-        assert len(warnings) == 2, result.stderr
-        assert re.fullmatch(rf"quotawrap: run at 50% of run cap {numbers}", warnings[0])
-        assert re.fullmatch(rf"quotawrap: run at 80% of run cap {numbers}", warnings[1])
+        percents = [re.fullmatch(rf"quotawrap: run at (\d+)% of run cap {numbers}", line) for line in warnings]
+        assert all(percents), result.stderr
+        assert [match.group(1) for match in percents if match] in (["50", "80"], ["80"]), result.stderr
 
     def test_quiet_silences_warnings(self, sim: ArkSimulator, store: str, tmp_path: Path) -> None:
         """--quiet: the same run logs no threshold line."""

@@ -34,7 +34,7 @@ NEVER_LOADED = (
     "quotawrap.ledger.sqlite.ledger",
     "quotawrap.ledger.base",
     "quotawrap.core.quota",
-    "quotawrap.wrapper.report",
+    "quotawrap.wrapper.summary",
     "quotawrap.wrapper.live",
     "quotawrap.books.retention",
     "quotawrap.core.money",

@@ -265,7 +265,7 @@ class TestRefittedAttempt:
     ) -> None:
         """A call whose bound was fitted to counters another process has since outgrown is refused once, refitted
         and admitted: `quotawrap report` counts no blocked call, as the run summary does (one rule for both)."""
-        from quotawrap.settling.audit import aggregate
+        from quotawrap.books.report import aggregate
 
         mine = make_guard(cap_tokens=9_000, wait=0)
         first = mine.begin("POST", URL, JSON, body(max_tokens=None))

@@ -18,7 +18,7 @@ from quotawrap.ledger import model_day_key
 from quotawrap.ledger.endpoint_ids import PROBE_WAIT_S, EndpointIds
 from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 from quotawrap.settling.call import GuardedCall
-from quotawrap.wrapper.report import read_unguarded
+from quotawrap.wrapper.summary import read_unguarded
 
 BASE = "http://127.0.0.1:9/api/v3"
 URL = f"{BASE}/chat/completions"

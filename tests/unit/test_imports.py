@@ -31,6 +31,9 @@ class TestImportRules:
             "quotawrap.core.quota",
             "quotawrap.core.estimate",
             "quotawrap.core.usage",
+            "quotawrap.core.sse",
+            "quotawrap.core.tags",
+            "quotawrap.serve._http",
             "quotawrap.core.endpoints",
             "quotawrap.core.money",
         ):

@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotawrap.admission.advances import Advances
+from quotawrap.books.report import aggregate
 from quotawrap.books.sync import record_balance
 from quotawrap.core.errors import StoreError
 from quotawrap.core.identity import UNMAPPED
@@ -43,7 +44,6 @@ from quotawrap.ledger import Books, CallPath, Ledger, Reader, open_ledger
 from quotawrap.ledger.base import ADVANCE, HoldRequest, RunRecord, Settle, model_day_key, run_cost_key, run_key
 from quotawrap.ledger.holds import MAX_CHARGE
 from quotawrap.ledger.redis import RedisLedger
-from quotawrap.settling.audit import aggregate
 from tests.redis_server import (
     RedisCluster3,
     RedisServer,

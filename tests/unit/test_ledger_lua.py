@@ -1,6 +1,7 @@
 """The Lua mirrors of the ledger's rules equal their Python originals, on generated cases.
 
-lua/lib.lua's ``blocking`` must be ``quota.verdict`` (on limits in ``quota.ordered``'s order) and
+lua/lib.lua's ``blocking`` must be ``quota.verdict`` (on limits in ``quota.ordered``'s order, budgets' scopes
+among them, whose unit ``charge`` tells as ``quota.charge`` does) and
 its ``never_blocking`` ``quota.never_fits``; its ``hold_step`` / ``hold_follow`` must be ``holds.step`` /
 ``holds.follow``, its ``line_ahead`` / ``line_crowded`` / ``line_decide`` the waiting lines' rule
 of ``ledger/lines.py``, and its ``day_refused`` the Beijing day of ``quota.beijing_day``. Each check
@@ -17,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from quotawrap.core.quota import DAY_S, Counters, Limit, beijing_day, never_fits, ordered, verdict
+from quotawrap.core.budgets import budget_scope, parse_budget
+from quotawrap.core.quota import DAY_S, Counters, Limit, beijing_day, charge, never_fits, ordered, verdict
 from quotawrap.ledger import holds, lines
 from quotawrap.ledger.redis.client import lua_file
 from quotawrap.ledger.redis.keys import day_start
@@ -28,6 +30,12 @@ pytestmark = pytest.mark.redis
 BATCH = 1000
 CASES = 6000
 RUN_SCOPES = ("run", "run_cost")
+# Budget scopes as core.budgets.budget_scope names them: one counting tokens, one micro-CNY (issue 33).
+BUDGET_SCOPES = (
+    budget_scope(parse_budget("team=search:200k/day"), "2026-08-13"),
+    budget_scope(parse_budget("*:cny300/month"), "2026-08"),
+)
+SCOPES = ("run", "model_day", "run_cost", *BUDGET_SCOPES)
 
 # Appended to the library: ARGV[1] is a JSON list of cases; every number comes back as a decimal
 # string (cjson would print 14 significant digits), a step that changes nothing as false.
@@ -37,7 +45,7 @@ for i, c in ipairs(cjson.decode(ARGV[1])) do
   if c.check == 'verdict' then
     local limits = {}
     for j, l in ipairs(c.limits) do limits[j] = {l[1], l[2], l[3], l[4]} end
-    out[i] = blocking(limits, c.run_only, c.run, c.md[1], c.md[2], c.reserve, c.reserve_cost)
+    out[i] = blocking(limits, c.run_only, c.run, c.md[1], c.md[2], c.reserve, c.reserve_cost, c.budgets)
   elseif c.check == 'step' then
     local r = {hold_step(c.state, c.event, c.reserved, c.charged, c.reserved_cost, c.charged_cost, c.usage, c.cost)}
     if r[1] == nil then
@@ -48,11 +56,13 @@ for i, c in ipairs(cjson.decode(ARGV[1])) do
   elseif c.check == 'never' then
     local limits = {}
     for j, l in ipairs(c.limits) do limits[j] = {l[1], l[2], l[3], l[4]} end
-    out[i] = never_blocking(limits, false, c.run, c.md[1], c.reserve, c.reserve_cost)
+    out[i] = never_blocking(limits, false, c.run, c.md[1], c.reserve, c.reserve_cost, c.budgets)
   elseif c.check == 'crowded' then
     local limits = {}
     for j, l in ipairs(c.limits) do limits[j] = {l[1], l[2], l[3], l[4]} end
-    out[i] = {line_crowded(limits, c.run, c.md[1], c.md[2], c.reserve, c.reserve_cost)}
+    out[i] = {line_crowded(limits, c.run, c.md[1], c.md[2], c.reserve, c.reserve_cost, c.budgets)}
+  elseif c.check == 'charge' then
+    out[i] = int(charge(c.scope, c.reserve, c.reserve_cost))
   elseif c.check == 'ahead' then
     local waiter, ticket = false, false
     if c.waiter ~= '' then waiter = c.waiter end
@@ -106,13 +116,13 @@ def _anomaly(rng: random.Random) -> int:
 
 
 def _verdict_case(rng: random.Random) -> tuple[dict[str, Any], list[Limit], dict[str, Counters], bool]:
-    counters = {scope: Counters(_amount(rng), _amount(rng)) for scope in ("run", "model_day", "run_cost")}
+    counters = {scope: Counters(_amount(rng), _amount(rng)) for scope in SCOPES}
     reserve, reserve_cost = _amount(rng), _amount(rng)
     limits = []
     for i in range(rng.randint(0, 5)):
-        scope = rng.choice(("run", "model_day", "run_cost"))
+        scope = rng.choice(SCOPES)
         c = counters[scope]
-        amount = reserve_cost if scope == "run_cost" else reserve
+        amount = charge(scope, reserve, reserve_cost)
         # caps at and around the edges: exactly fits, one over, wall at settled
         cap = rng.choice((c.settled, c.settled + c.in_flight + amount, _amount(rng))) + rng.randint(-1, 1)
         limits.append(Limit(f"limit-{i}", scope, max(cap, 0), rng.choice(("hold", "wall"))))  # type: ignore[arg-type]
@@ -128,6 +138,7 @@ def _verdict_case(rng: random.Random) -> tuple[dict[str, Any], list[Limit], dict
             counters["run_cost"].in_flight,
         ],
         "md": [counters["model_day"].settled, counters["model_day"].in_flight],
+        "budgets": {scope: [counters[scope].settled, counters[scope].in_flight] for scope in BUDGET_SCOPES},
         "reserve": reserve,
         "reserve_cost": reserve_cost,
     }
@@ -147,6 +158,18 @@ def test_limit_check_is_quota_verdict(lua: Any) -> None:
         assert got == expected.blocking, case
         refused += index != 0
     assert CASES // 5 < refused < CASES * 4 // 5  # the generator reaches both answers often
+
+
+def test_charge_is_quota_charge(lua: Any) -> None:
+    """charge() adds a call's cost to the scopes that count money (the run's cost, a money budget), else its
+    tokens, as quota.charge: what a budget's hold and its steps move in the budgets' slot."""
+    rng = random.Random(16)
+    cases = [
+        {"check": "charge", "scope": rng.choice(SCOPES), "reserve": _amount(rng), "reserve_cost": _amount(rng)}
+        for _ in range(CASES // 10)
+    ]
+    for case, answer in zip(cases, lua(cases), strict=True):
+        assert int(answer) == charge(case["scope"], case["reserve"], case["reserve_cost"]), case
 
 
 def _hold(rng: random.Random) -> dict[str, Any]:

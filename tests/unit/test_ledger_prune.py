@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from quotawrap.books.report import day_range, ledger_rows
 from quotawrap.books.retention import AUTO_LEASE, auto_prune, cutoff_day
 from quotawrap.core.quota import BEIJING, Counters, Limit
 from quotawrap.core.usage import Usage
 from quotawrap.ledger import HoldRequest
 from quotawrap.ledger.sqlite.file import CALL_COLUMNS
 from quotawrap.ledger.sqlite.ledger import SCHEMA_VERSION, SQLiteLedger
-from quotawrap.wrapper.report import day_range, ledger_rows
 from tests.unit.conftest import FakeClock
 
 MODELS = ("doubao-seed-1-6-250615", "deepseek-v4-flash")

@@ -531,7 +531,7 @@ def test_what_is_in_flight_is_what_the_open_holds_reserved(tmp_path: Path, holds
                     keys = scope_keys(run_id, model, day)
                     expected = {s: Counters(settled_by.get(k, 0), open_by.get(k, 0)) for s, k in keys.items()}
                     with conn:
-                        read, _, _ = read_for_reserve(conn, keys, (run_id, model, day), True)
+                        read, _, _, _ = read_for_reserve(conn, keys, (run_id, model, day), True)
                     assert read == expected
                     assert ledger.counters(list(keys.values())) == {keys[s]: c for s, c in expected.items()}
         ledger.close()

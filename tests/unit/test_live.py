@@ -37,7 +37,6 @@ from quotawrap.wrapper.live import (
     percent,
     read_gauges,
     render_line,
-    threshold_crossings,
     tightest,
     warning_line,
 )
@@ -154,32 +153,6 @@ class TestRenderLine:
     def test_table(self, args: tuple[str, int, int, int, str], expected: str) -> None:
         """The issue's shape; the limit is named only when it is not the label's own."""
         assert render_line(*args) == expected
-
-
-class TestThresholdCrossings:
-    @pytest.mark.parametrize(
-        ("previous", "now", "expected"),
-        [
-            (0.0, 0.3, []),
-            (0.0, 0.5, [0.5]),
-            (0.49, 0.62, [0.5]),
-            (0.5, 0.79, []),
-            (0.62, 0.85, [0.8]),
-            (0.0, 0.9, [0.5, 0.8]),
-            (0.0, 1.0, [0.5, 0.8, 1.0]),
-            (0.9, 1.4, [1.0]),
-            (1.0, 1.2, []),
-            (0.9, 0.2, []),  # a drop (new day) crosses nothing
-            (0.0, float("inf"), [0.5, 0.8, 1.0]),
-        ],
-    )
-    def test_table(self, previous: float, now: float, expected: list[float]) -> None:
-        """Each threshold in (previous, now] once."""
-        assert threshold_crossings(previous, now) == expected
-
-    def test_custom_thresholds(self) -> None:
-        """Thresholds are a parameter."""
-        assert threshold_crossings(0.0, 0.95, thresholds=(0.9,)) == [0.9]
 
 
 class TestWarningLine:
@@ -414,6 +387,30 @@ class TestLiveViewPlain:
             "quotawrap: run at 80% of run cap (8.5k / 10k, +500 in flight)",
         ]
         assert not ANSI.search(out.getvalue())
+
+    def test_two_thresholds_in_one_poll_are_one_line(self, ledger: SQLiteLedger) -> None:
+        """0 -> 85% between two looks: one line, at 80% (it used to print 50% and 80% together)."""
+        out = io.StringIO()
+        view = LiveView(ledger, Settings(cap_tokens=10_000), "run-1", stream=out, clock=lambda: NOW)
+        view.poll()
+        _hold(ledger, 9_000, settle=8_500)
+        view.stop()
+        assert out.getvalue().splitlines() == ["quotawrap: run at 80% of run cap (8.5k / 10k)"]
+
+    def test_alert_at_sets_the_percents(self, ledger: SQLiteLedger) -> None:
+        """--alert-at 30,60: the lines come at 30% and 60%, not at 50%."""
+        out = io.StringIO()
+        view = LiveView(ledger, Settings(cap_tokens=10_000, alert_at="30,60"), "run-1", stream=out, clock=lambda: NOW)
+        _hold(ledger, 3_500, settle=3_500)
+        view.poll()
+        _hold(ledger, 2_000, settle=2_000)
+        view.poll()
+        _hold(ledger, 1_000, settle=1_000)
+        view.stop()
+        assert out.getvalue().splitlines() == [
+            "quotawrap: run at 30% of run cap (3.5k / 10k)",
+            "quotawrap: run at 60% of run cap (6.5k / 10k)",
+        ]
 
     def test_daily_limit_warning(self, ledger: SQLiteLedger) -> None:
         """A model past 50% of its day (other runs included) is logged at the first look."""

@@ -300,8 +300,8 @@ class TestWhatTheLedgerKeeps:
         """The hold id of a call the guard bounded says how and at what: `quotawrap report` (table, JSON, CSV)
         and `status` count those calls and the ones cut short there, after the run, from the ledger alone; a
         refused attempt refitted and asked again is still no blocked call."""
+        from quotawrap.books.report import aggregate, render_csv, render_table
         from quotawrap.books.status import model_status, render_status
-        from quotawrap.settling.audit import aggregate, render_csv, render_table
 
         guard = Guard(Settings(base_url=(BASE,), run_id=RUN, reasoning_reserve="cut"), ledger)
         for fields, completion in (({}, 8_192), ({}, 300), ({"max_tokens": 64}, 64), ({"max_tokens": 64}, 20)):

@@ -6,11 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from quotawrap.books.report import render_table
 from quotawrap.books.status import render_sessions, render_status, render_unguarded
-from quotawrap.settling.audit import render_table, step_summary_markdown
 from quotawrap.support import log as _log
 from quotawrap.support.log import printable, warn
 from quotawrap.wrapper.live import Gauge, Reading, block_lines, warning_line
+from quotawrap.wrapper.summary import step_summary_markdown
 
 HOSTILE = "evil\n\x1b[31mRED\x1b[0m\r\u202etxt\x07"
 
@@ -135,19 +136,19 @@ def test_the_step_summary_keeps_its_table_whole() -> None:
 
 def test_the_helper_is_the_one_in_log() -> None:
     """One helper: the edges import it from _log, which every module may import."""
+    import quotawrap.books.report
     import quotawrap.books.status
-    import quotawrap.settling.audit
     import quotawrap.wrapper.live
-    import quotawrap.wrapper.report
+    import quotawrap.wrapper.summary
 
-    for module in (quotawrap.settling.audit, quotawrap.wrapper.live, quotawrap.wrapper.report, quotawrap.books.status):
+    for module in (quotawrap.books.report, quotawrap.wrapper.live, quotawrap.wrapper.summary, quotawrap.books.status):
         assert module.printable is _log.printable
 
 
 def test_the_run_summary_escapes_model_names_and_keeps_its_columns() -> None:
     from quotawrap.config.settings import Settings
     from quotawrap.ledger import ModelTotals, RunTotals
-    from quotawrap.wrapper.report import format_summary, run_report
+    from quotawrap.wrapper.summary import format_summary, run_report
 
     totals = RunTotals("r1", {HOSTILE: ModelTotals(calls=1, settled_tokens=5), "plain": ModelTotals(calls=2)})
     text = format_summary(run_report(totals, settings=Settings(), exit_code=0))

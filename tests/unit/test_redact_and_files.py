@@ -15,7 +15,7 @@ from quotawrap.config.settings import Settings
 from quotawrap.core.redact import join_command, key_fingerprint, redact_argv, redact_command_line, redact_url
 from quotawrap.ledger import RunTotals
 from quotawrap.support.files import append_private, prepare, write_private
-from quotawrap.wrapper.report import run_report
+from quotawrap.wrapper.summary import run_report
 
 
 class TestRedact:

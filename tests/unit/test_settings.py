@@ -482,6 +482,20 @@ class TestOptionRules:
         with pytest.raises(ConfigError, match="--hold-ttl"):
             Settings.from_env({"QUOTAWRAP_HOLD_TTL": "nan"})
 
+    def test_a_bad_webhook_is_refused_without_showing_it(self) -> None:
+        """--alert-webhook's URL is its credential: a value that is no URL is refused without being echoed."""
+        with pytest.raises(ConfigError) as refused:
+            Settings(alert_webhook="hooks.slack.com/services/T0/B0/XYZSECRET")
+        assert "--alert-webhook (QUOTAWRAP_ALERT_WEBHOOK): must be an http:// or https:// URL" in str(refused.value)
+        assert "XYZSECRET" not in str(refused.value)
+
+    @pytest.mark.parametrize("text", ["50,,", "0", "fifty", "2000"])
+    def test_alert_at_is_a_list_of_percents(self, text: str) -> None:
+        """--alert-at takes percents above 0, from flags, the environment and toml alike."""
+        with pytest.raises(ConfigError, match="--alert-at"):
+            Settings.from_env({"QUOTAWRAP_ALERT_AT": text})
+        assert Settings(alert_at="90,95").alert_at == "90,95"
+
     def test_defaults_and_zero_caps_pass(self) -> None:
         """The defaults pass their own rules, and a cap of 0 (block everything) is a valid choice."""
         assert Settings(cap_tokens=0, daily_cap=0, cap_cost=0.0).daily_cap == 0

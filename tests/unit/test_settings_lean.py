@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quotawrap.books.attribution import parse_tags
 from quotawrap.config.settings import OPTION_BY_NAME, OPTIONS, Settings, _json_list, _run_id
 from quotawrap.core.errors import ConfigError
 from quotawrap.core.money import format_cny
 from quotawrap.core.quota import QuotaSettings
+from quotawrap.core.tags import parse_tags
 from quotawrap.ledger import open_ledger
 from quotawrap.ledger.sqlite.ledger import SQLiteLedger
 from quotawrap.ledger.sqlite.runs import RunBooks, open_runs, tags_json

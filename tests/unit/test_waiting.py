@@ -12,7 +12,7 @@ from quotawrap.config.settings import Settings
 from quotawrap.ledger.base import ModelTotals, RunTotals
 from quotawrap.support.events import EventLog, EventsTail, percentile, read_events, summarize, waiting_now
 from quotawrap.wrapper.live import wait_line
-from quotawrap.wrapper.report import format_summary, run_report
+from quotawrap.wrapper.summary import format_summary, run_report
 
 
 def _lines(*events: dict) -> list[str]:

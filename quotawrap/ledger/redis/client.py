@@ -37,9 +37,11 @@ _WITH_LIB = (
     "transition_many",
     "md_transition",
     "line_leave",
+    "budget_gate",
+    "budget_apply",
 )
 _WITH_ADVANCE = ("transition_many",)  # then lua/advance.lua (an advance's steps) after the library
-SCRIPTS = (*_WITH_LIB, "lease", "unlease")
+SCRIPTS = (*_WITH_LIB, "lease", "unlease", "budget_set")
 
 
 def as_text(value: object) -> str | None:

@@ -157,6 +157,32 @@ class Keys:
         """Member key name -> key hash: one name per key, never reused."""
         return f"{self._prefix}:member_key_names"
 
+    # -- the budgets' slot (ledger/budgets.py) ----------------------------------------------------
+
+    def _budgets(self) -> str:
+        return f"{{{self._prefix}:budgets}}"
+
+    def budget_defs(self) -> str:
+        return f"{self._budgets()}:defs"
+
+    def budget_version(self) -> str:
+        return f"{self._budgets()}:v"
+
+    def budget_counters(self) -> str:
+        return f"{self._budgets()}:c"
+
+    def budget_holds(self) -> str:
+        return f"{self._budgets()}:h"
+
+    def budget_gate(self) -> list[str]:
+        return [self.budget_counters(), self.budget_holds(), self.budget_version()]
+
+    def budget_apply(self) -> list[str]:
+        return [self.budget_counters(), self.budget_holds()]
+
+    def budget_set(self) -> list[str]:
+        return [self.budget_defs(), self.budget_version()]
+
     # -- the LiteLLM limiter's ---------------------------------------------------------------
 
     def their_snapshot(self, model: str) -> tuple[str, str]:
@@ -195,7 +221,7 @@ class Keys:
         keys = self._cache.get(cache_key)
         if keys is not None:
             return keys
-        if script == "reserve_one":  # KEYS[3..22]
+        if script == "reserve_one":  # KEYS[3..25]
             keys = (
                 self.meta(),
                 self.snapshot(model),
@@ -214,6 +240,7 @@ class Keys:
                 self.active(),
                 self.models(),
                 self.md_counters(day, UNMAPPED),
+                *self.budget_gate(),
             )
         else:  # transition_one's KEYS[2..10]; md_transition's are the first six
             keys = (
@@ -255,7 +282,7 @@ class Keys:
 
     def transition_one(self, day: str, model: str, run_id: str, hold_id: str) -> list[str]:
         shared = self._shared("transition", day, model, run_id)
-        return [self.hold(day, model, hold_id), *shared, self.location(hold_id)]
+        return [self.hold(day, model, hold_id), *shared, self.location(hold_id), *self.budget_apply()]
 
     def md_transition(self, day: str, model: str, run_id: str, hold_id: str) -> list[str]:
         return [self.hold(day, model, hold_id), *self._shared("transition", day, model, run_id)[:6]]

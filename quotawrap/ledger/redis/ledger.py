@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from ...core import quota
+from ...core.budgets import BUDGET_PREFIX, Budget, BudgetUse
 from ...core.errors import ConfigError, QuotawrapError, StoreError
 from ...core.identity import UNMAPPED
 from ...core.quota import BEIJING, Counters, Limit, Package, Snapshot, Verdict
@@ -49,9 +51,11 @@ from ..base import (
     RunTotals,
     Settle,
 )
+from ..budgets import BudgetBook, budget_uses
 from ..holds import Event
 from ..scopes import ModelDay, Run, parse_counter_key
 from . import books, records
+from .budgets import RedisBudgets, budget_counters_of
 from .client import Arg, Client, as_int, as_text
 from .clock import ServerClock
 from .keys import Keys, expire_at
@@ -59,7 +63,7 @@ from .lines import NO_LINE, LineReply, count_waiting, leave, leave_lines, with_t
 from .litellm import THEIR_SNAPSHOT_TTL_S, ForeignUsage, pick_snapshot, with_our_lag
 from .options import DAY_S, RedisOptions, redact, split_url
 from .records import Location
-from .reserve_args import ReserveArgs
+from .reserve_args import ReserveArgs, budget_fields, limit_args
 from .transitions import OWN_DAILY_USAGE_TTL_S, Step, anomaly_note, step_arg, step_keys
 
 if TYPE_CHECKING:
@@ -113,6 +117,7 @@ class RedisLedger:
         self._locations: dict[str, Location] = {}  # holds this process took, until settled
         self._snapshots: dict[str, tuple[float, str, Snapshot | None]] = {}
         self._active_seen: dict[str, float] = {}
+        self._budgets = RedisBudgets(self._client, self._keys)
 
     @property
     def cluster(self) -> bool:
@@ -303,6 +308,7 @@ class RedisLedger:
         run: Sequence[int],
         held: bool,
         line: LineReply = NO_LINE,
+        budgets: Mapping[str, Counters] | None = None,
     ) -> Decision:
         if held:
             locations = self._locations
@@ -310,7 +316,7 @@ class RedisLedger:
                 del locations[next(iter(locations))]
             locations[request.hold_id] = Location(request.day, request.model, request.run_id)
         tokens, cost = Counters(run[0], run[1]), Counters(run[2], run[3])
-        counters = {"run": tokens, "model_day": md, "run_cost": cost}
+        counters = {"run": tokens, "model_day": md, "run_cost": cost, **(budgets or {})}
         return line.decision(request, ordered, blocking, counters, held)
 
     def _reserve_one(self, request: HoldRequest, limits_for: LimitsFor) -> Decision:
@@ -321,12 +327,18 @@ class RedisLedger:
         for _ in range(5):
             day, now = request.day, self._now()
             fingerprint, snapshot = self._snapshot_for_reserve(model, fresh=fresh)
-            ordered, limits = self._args.ordered(limits_for(_of_day(snapshot, day) if other_day else snapshot))
+            version, budget_limits, scopes = self._budgets_for(request, now, fresh=fresh)
+            if scopes is None:  # no room ahead past a budget (ledger/budgets.py): its calls reserve one by one
+                return Decision(request.hold_id, Verdict(True), False, {})
+            of_day = limits_for(_of_day(snapshot, day) if other_day else snapshot)
+            ordered, limits = self._args.ordered([*of_day, *budget_limits] if budget_limits else of_day)
             keys = self._keys.reserve_one(day, model, request.run_id, request.hold_id, self._foreign.names(model, day))
+            expires = self._expire_at(day, request.expires_at)
             args = (
                 self._epoch or "",
                 fingerprint,
-                self._args.encode(request, limits, self._expire_at(day, request.expires_at), now, index_at),
+                self._args.encode(request, limits, expires, now, index_at, budget_fields(scopes)),
+                version,
             )
             sent = time.time()
             result = client.retrying("reserve", partial(client.script, "reserve_one", keys, args))
@@ -350,11 +362,23 @@ class RedisLedger:
             md = Counters(int(result[1]), int(result[2]))
             run = [int(result[4]), int(result[5]), int(result[7]), int(result[8])]
             line = LineReply(int(result[9]), int(result[10]), as_text(result[11]) or "", int(result[12]))
-            return self._decision(request, ordered, code, md, run, bool(int(result[3])), line)
+            seen = budget_counters_of(result[14])
+            return self._decision(request, ordered, code, md, run, bool(int(result[3])), line, seen)
         raise StoreError(
-            "the balance snapshot or the server's Beijing day kept changing while reserving; try again",
+            "the balance snapshot, the budgets or the server's Beijing day kept changing while reserving; try again",
             store=self._store,
         )
+
+    def _budgets_for(
+        self, request: HoldRequest, now: float, *, fresh: bool
+    ) -> tuple[str, list[Limit], list[str] | None]:
+        """(the budgets' version, the hard budgets' limits, every matching budget's scope) of ``request``; scopes
+        None: an advance a budget bars."""
+        version, budgets = self._budgets.for_reserve(fresh=fresh)
+        if BudgetBook.bars_advance(budgets, request):
+            return version, [], None
+        limits, scopes = BudgetBook.for_hold(budgets, request, now)
+        return version, limits, scopes
 
     def _on_the_servers_day(self, request: HoldRequest, server: object, sent: float, received: float) -> HoldRequest:
         """The call again on the server's day, once a script refused the day it named: the caller read the ledger's
@@ -383,7 +407,9 @@ class RedisLedger:
             expires = self._expire_at(day, request.expires_at)
             client.retrying("read", partial(self._check_meta, day))
             _, snapshot = self._snapshot_for_reserve(model, fresh=True)
-            ordered, limits = self._args.ordered(limits_for(_of_day(snapshot, day) if other_day else snapshot))
+            version, budget_limits, scopes = self._budgets_for(request, now, fresh=True)
+            of_day = limits_for(_of_day(snapshot, day) if other_day else snapshot)
+            ordered, limits = self._args.ordered([*of_day, *budget_limits] if budget_limits else of_day)
             foreign = client.retrying("read", partial(self._foreign.total, model, day))
             # The unmapped endpoints' counters live in another slot: read here, before the model-day script.
             also = (0, 0) if model == UNMAPPED else self._unmapped_counters(day)
@@ -397,34 +423,50 @@ class RedisLedger:
                 request, other_day = self._on_the_servers_day(request, gate[1], sent, time.time()), True
                 continue
             run, taken, ahead_run, in_run_line = [int(v) for v in gate[:4]], int(gate[4]), int(gate[5]), int(gate[6])
+            seen: dict[str, Counters] = {}
+            budget_taken = False
+            if scopes:  # the budgets' slot next: check them and take their share, as the run gate did the run's
+                own = limit_args(quota.ordered(budget_limits))
+                gate_args = self._args.encode(request, json.dumps(own), expires, now, None, budget_fields(scopes))
+                gated = self._budgets.gate(gate_args, version)
+                if gated is None:  # the budgets changed since they were read: give the run's back, read again
+                    if taken:
+                        self._run_apply(run_id, hold_id, "gone", 0, 0)
+                    continue
+                budget_taken, seen = gated
+                args = self._args.encode(request, limits, expires, now, None, budget_fields(scopes, seen))
             md_keys = self._keys.md_reserve(day, model, run_id, hold_id)
             md_args: list[Arg] = [*run, foreign + also[0], args, ahead_run, also[1]]
             sent = time.time()
             try:
                 result = client.retrying("reserve", partial(client.script, "md_reserve", md_keys, md_args))
             except StoreError:
-                if taken:
-                    with contextlib.suppress(StoreError):
-                        self._run_apply(run_id, hold_id, "gone", 0, 0)
+                with contextlib.suppress(StoreError):
+                    self._give_back(run_id, hold_id, taken=bool(taken), budget_taken=budget_taken)
                 raise
             received = time.time()
             if int(result[0]) == -4 and len(result) == 2:  # midnight came between the two slots: give the run's back
-                if taken:
-                    self._run_apply(run_id, hold_id, "gone", 0, 0)
+                self._give_back(run_id, hold_id, taken=bool(taken), budget_taken=budget_taken)
                 request, other_day = self._on_the_servers_day(request, result[1], sent, received), True
                 continue
             self._server.observe(float(as_text(result[6]) or 0), sent, received)
             held = bool(int(result[3]))
             if not held:
-                if taken:
-                    self._run_apply(run_id, hold_id, "gone", 0, 0)
+                self._give_back(run_id, hold_id, taken=bool(taken), budget_taken=budget_taken)
                 client.retrying("reserve", lambda: client.delete(self._keys.location(hold_id)))
             elif request.waiter is not None and in_run_line:  # admitted: out of the run's line too
                 leave(client, self._keys.run_line(run_id), request.waiter)
             md = Counters(int(result[1]), int(result[2]))
             line = LineReply(ahead_run, int(result[4]), as_text(result[5]) or "", request.ticket or 0)
-            return self._decision(request, ordered, int(result[0]), md, run, held, line)
+            return self._decision(request, ordered, int(result[0]), md, run, held, line, seen)
         raise StoreError("the server's Beijing day kept changing while reserving; try again", store=self._store)
+
+    def _give_back(self, run_id: str, hold_id: str, *, taken: bool, budget_taken: bool) -> None:
+        """Cluster: the shares a reserve cut short took in the run's and the budgets' slots, given back."""
+        if taken:
+            self._run_apply(run_id, hold_id, "gone", 0, 0)
+        if budget_taken:
+            self._budgets.apply(hold_id, "gone", 0, 0)
 
     def _unmapped_counters(self, day: str) -> tuple[int, int]:
         """(settled, in flight) of the calls to endpoints whose model is not known yet, on ``day``."""
@@ -518,6 +560,7 @@ class RedisLedger:
         # Not atomic with the model-day step on Cluster: each is idempotent, and a lost step only
         # leaves the run's or the LiteLLM limiter's view short (docs/redis.md).
         self._run_apply(at.run_id, hold_id, target, charged, charged_cost)
+        self._budgets.apply(hold_id, target, charged, charged_cost)
         if delta:
             own = self._keys.own_daily_usage(at.model, at.day)
             with client.errors(event):
@@ -610,7 +653,7 @@ class RedisLedger:
                 resolved += 1
             elif not client.retrying("read", partial(client.exists, self._keys.hold(day, model, hold_id))):
                 # the model-day never took it (a Cluster reserve cut short): nothing was sent
-                self._run_apply(run_id, hold_id, "gone", 0, 0)
+                self._give_back(run_id, hold_id, taken=True, budget_taken=True)
         return resolved
 
     def reclaim_orphans(self, now: float) -> int:
@@ -657,8 +700,10 @@ class RedisLedger:
         """Counters by scopes.counter_key; a model-day's settled includes the LiteLLM limiter's
         daily_usage of that model-day (what the verdict sees)."""
         client = self._redis()
-        found: dict[str, Counters] = {}
+        found: dict[str, Counters] = self._budgets.counters([key for key in keys if key.startswith(BUDGET_PREFIX)])
         for key in keys:
+            if key in found:
+                continue
             scope = parse_counter_key(key)
             if isinstance(scope, ModelDay):
                 day, model = scope.day, scope.model
@@ -703,6 +748,23 @@ class RedisLedger:
 
         client.retrying("sync", write)
         self._snapshots.pop(model, None)
+
+    # -- budgets (ledger/budgets.py) -----------------------------------------------------------
+
+    def set_budget(self, budget: Budget) -> bool:
+        self._redis()
+        return self._budgets.put(budget.id, budget)
+
+    def remove_budget(self, budget_id: str) -> bool:
+        self._redis()
+        return self._budgets.put(budget_id, None)
+
+    def budgets(self, run_id: str | None = None) -> list[Budget]:
+        self._redis()
+        return self._budgets.listed(run_id)
+
+    def budget_uses(self, now: float, run_id: str | None = None) -> list[BudgetUse]:
+        return budget_uses(self, now, run_id)
 
     # -- models and leases --------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _text  # json.dumps' own string encoder (C)
 
-from ...core.quota import Limit, ordered
+from ...core.quota import Counters, Limit, ordered
 from ..base import HoldRequest
 from ..holds import clamp
 from ..lines import LEASE_S
@@ -20,10 +20,21 @@ from .keys import day_start
 from .lines import LINE_TTL_S
 from .options import RedisOptions
 
-__all__ = ["BLOCKED_MARK_TTL_S", "ReserveArgs", "limit_args"]
+__all__ = ["BLOCKED_MARK_TTL_S", "ReserveArgs", "budget_fields", "limit_args"]
 
 BLOCKED_MARK_TTL_S = 60  # long enough for a retried reserve to find its first answer
 _CACHE_MAX = 256  # (run, model-day, endpoint, key...) combinations a process keeps before starting afresh
+
+
+def budget_fields(scopes: Sequence[str], seen: Mapping[str, Counters] | None = None) -> str:
+    """The call's budget scopes (and, on Cluster, the counters the budget gate saw) as fields of reserve_args."""
+    if not scopes:
+        return ""
+    fields = f'"budgets":{json.dumps(list(scopes))},'
+    if seen is not None:
+        flat = [item for scope in scopes for item in (scope, str(seen[scope].settled), str(seen[scope].in_flight))]
+        fields += f'"budget_seen":{json.dumps(flat)},'
+    return fields
 
 
 def limit_args(ordered: Sequence[Limit]) -> list[list[str | int]]:
@@ -107,12 +118,22 @@ class ReserveArgs:
         self._tags = (items, encoded)
         return encoded
 
-    def encode(self, request: HoldRequest, limits: str, expires: int, now: float, index_at: float | None = None) -> str:
+    def encode(
+        self,
+        request: HoldRequest,
+        limits: str,
+        expires: int,
+        now: float,
+        index_at: float | None = None,
+        budgets: str = "",
+    ) -> str:
         """The JSON argument; ``limits``: ``ordered``'s encoding, ``expires``: keys.expire_at of the call,
-        ``index_at``: when reserve_one should index the model-day and the model (None: not now)."""
+        ``index_at``: when reserve_one should index the model-day and the model (None: not now), ``budgets``:
+        :func:`budget_fields`' of the call's budget scopes."""
         waiter = request.waiter
         return (
-            f'{{"hold_id":{_text(request.hold_id)},"reserve":{clamp(int(request.reserve))},'
+            f"{{{budgets}"
+            f'"hold_id":{_text(request.hold_id)},"reserve":{clamp(int(request.reserve))},'
             f'"index_at":"{"" if index_at is None else repr(float(index_at))}",'
             f'"reserve_cost":{clamp(int(request.reserve_cost))},"expires":"{float(request.expires_at)!r}",'
             f'"now":{_text(repr(now))},"expire_at":{int(expires)},"tags":{self._tags_part(request.tags)},'

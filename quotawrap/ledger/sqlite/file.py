@@ -113,6 +113,14 @@ _MEMBER_KEYS = """CREATE TABLE IF NOT EXISTS member_keys (
     key_hash TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, tags TEXT NOT NULL, created_at REAL NOT NULL, revoked_at REAL
 ) WITHOUT ROWID"""
 
+# Budgets (ledger/budgets.py) and the budget scopes each hold counts against (ledger/sqlite/budgets.py).
+BUDGET_TABLES = """
+CREATE TABLE IF NOT EXISTS budgets (id TEXT PRIMARY KEY, budget TEXT NOT NULL, run_id TEXT NOT NULL, set_at REAL);
+CREATE TABLE IF NOT EXISTS hold_budgets (hold_id TEXT NOT NULL, scope TEXT NOT NULL, PRIMARY KEY (hold_id, scope))
+    WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS hold_budgets_scope ON hold_budgets (scope);
+"""
+
 _SCHEMA = (
     """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -151,6 +159,7 @@ CREATE TABLE IF NOT EXISTS usage_series (
     + ";\n"
     + _MEMBER_KEYS
     + ";\n"
+    + BUDGET_TABLES
 )
 
 

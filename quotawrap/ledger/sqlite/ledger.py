@@ -18,8 +18,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Concatenate, ParamSpec, TypeVar
 
+from ...core.budgets import BUDGET_PREFIX, Budget, BudgetUse
 from ...core.errors import StoreCorrupt, StoreError
-from ...core.quota import Counters, Package, Snapshot, verdict
+from ...core.quota import Counters, Package, Snapshot, Verdict, verdict
 from ...core.usage import Usage
 from ...support.host import hostname
 from ...support.processes import pid_alive
@@ -34,11 +35,20 @@ from ..base import (
     RunTotals,
     Settle,
 )
+from ..budgets import BudgetBook, budget_uses
 from ..holds import Deltas, Event, add_deltas, clamp, step
 from ..reasoning import REASONING_HISTORY
 from ..scopes import model_day_key, run_cost_key, run_key, scope_keys
 from . import books
 from .advances import close_advance, drawn_runs, land_drawn, release_dead_advances, split_from_advance
+from .budgets import (
+    budget_counters,
+    charge_budgets,
+    list_budget_texts,
+    remember_budgets,
+    remove_budget,
+    store_budget,
+)
 from .file import (
     CALL_COLUMNS,
     LOCK_WAIT_S,
@@ -157,6 +167,7 @@ class SQLiteLedger:
         self.url = url or f"sqlite:///{self.path}"
         self._local = threading.local()
         self._host = hostname()
+        self._budget_book = BudgetBook()
         self._checkpoint_pages: int | None = None  # None: SQLite's default (leave_checkpoints)
         refuse_symlink(self.path, self.url)
         with self._errors("open"):
@@ -285,8 +296,15 @@ class SQLiteLedger:
         reserve, reserve_cost = clamp(request.reserve), clamp(request.reserve_cost)
         with self._write("reserve") as conn:
             call = (request.run_id, request.model, request.day)
-            scoped, snapshot, waiting = read_for_reserve(conn, scopes, call, request.enforce)
+            scoped, snapshot, waiting, stored = read_for_reserve(conn, scopes, call, request.enforce)
             limits = limits_for(snapshot)
+            budgets = self._budget_book.decode(stored)
+            if self._budget_book.bars_advance(budgets, request):  # its calls reserve one by one (ledger/budgets.py)
+                return Decision(request.hold_id, Verdict(True), False, scoped)
+            budget_limits, budget_scopes = self._budget_book.for_hold(budgets, request, self._clock())
+            if budget_scopes:
+                scoped = {**scoped, **budget_counters(conn, budget_scopes)}
+                limits = [*limits, *budget_limits]
             result = verdict(limits, scoped, reserve, reserve_cost=reserve_cost)
             place = Place(conn, request, self._clock(), waiting, scopes)
             outcome = place.decide(limits, scoped, result.allowed)
@@ -318,6 +336,8 @@ class SQLiteLedger:
                     request.expires_at,
                 ),
             )
+            if held and budget_scopes:
+                remember_budgets(conn, request.hold_id, budget_scopes)
         return Decision(request.hold_id, result, held, scoped, ticket=place.ticket)
 
     def leave_line(self, request: HoldRequest) -> None:
@@ -355,6 +375,7 @@ class SQLiteLedger:
         if moved is None:
             return None
         values = step_values(moved, usage, latency_s, anomaly, handed_to, self._clock())
+        charge_budgets(conn, hold_id, moved.deltas)
         conn.execute(MOVE_HELD if held else UPDATE_FINAL, (*values, hold_id))
         if held:  # it left 'held' (a hold never returns to it): its row moved to calls
             conn.execute("DELETE FROM holds WHERE id = ?", (hold_id,))
@@ -439,8 +460,31 @@ class SQLiteLedger:
         return reclaimed
 
     def counters(self, keys: Sequence[str]) -> dict[str, Counters]:
+        budget_keys = [key for key in keys if key.startswith(BUDGET_PREFIX)]
+        if not budget_keys:
+            with self._errors("read"):
+                return read_counters(self._conn(), keys)
+        with self._write("read") as conn:  # one snapshot of both kinds of counter
+            found = read_counters(conn, [key for key in keys if not key.startswith(BUDGET_PREFIX)])
+            found.update(budget_counters(conn, budget_keys))
+        return {key: found[key] for key in keys}
+
+    # -- budgets (ledger/budgets.py) -------------------------------------------------------------
+
+    def set_budget(self, budget: Budget) -> bool:
+        with self._write("budget") as conn:
+            return store_budget(conn, budget, self._clock())
+
+    def remove_budget(self, budget_id: str) -> bool:
+        with self._write("budget") as conn:
+            return remove_budget(conn, budget_id)
+
+    def budgets(self, run_id: str | None = None) -> list[Budget]:
         with self._errors("read"):
-            return read_counters(self._conn(), keys)
+            return sorted(self._budget_book.decode(list_budget_texts(self._conn(), run_id)), key=lambda b: b.id)
+
+    def budget_uses(self, now: float, run_id: str | None = None) -> list[BudgetUse]:
+        return budget_uses(self, now, run_id)
 
     def snapshot(self, model: str) -> Snapshot | None:
         with self._errors("read"):

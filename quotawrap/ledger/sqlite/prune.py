@@ -71,6 +71,12 @@ def _prune_day(conn: sqlite3.Connection, day: str, dry_run: bool) -> tuple[int, 
                 f" ON CONFLICT (day, model, tags) DO UPDATE SET {updates}",
                 (day, model, tags, *sums),
             )
+        # the budget scopes of its finished calls go with them (a hold in flight keeps its own)
+        conn.execute(
+            "DELETE FROM hold_budgets WHERE hold_id IN (SELECT id FROM calls WHERE day = ?)"
+            " AND hold_id NOT IN (SELECT id FROM holds)",
+            (day,),
+        )
         conn.execute("DELETE FROM calls WHERE day = ?", (day,))
         conn.execute("DELETE FROM usage_series WHERE day = ?", (day,))
         conn.execute("DELETE FROM sync_history WHERE day = ?", (day,))

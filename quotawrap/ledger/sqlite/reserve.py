@@ -68,15 +68,17 @@ UNION ALL SELECT 0, key, settled, NULL, NULL, NULL, NULL FROM counters WHERE key
 UNION ALL SELECT 1, {SNAPSHOT_COLUMNS} FROM snapshots WHERE model = ?4
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?1
 UNION ALL SELECT 2, line, ticket, waiter, until, NULL, NULL FROM waiters WHERE ?5 AND line = ?2
+UNION ALL SELECT 4, budget, NULL, NULL, NULL, NULL, NULL FROM budgets WHERE run_id IN ('', ?6)
 UNION ALL SELECT 3, {_SUMS}, NULL, NULL FROM holds
 """
 
 
 def read_for_reserve(
     conn: sqlite3.Connection, scopes: Mapping[str, str], call: tuple[str, str, str], enforce: bool
-) -> tuple[dict[str, Counters], Snapshot | None, list[WaiterRow]]:
+) -> tuple[dict[str, Counters], Snapshot | None, list[WaiterRow], list[str]]:
     """The counters of ``scopes`` (scope_keys of ``call``, its (run, model, day); missing ones read as zero),
-    the model's snapshot, and the rows of the call's two waiting lines (none unless it enforces).
+    the model's snapshot, the rows of the call's two waiting lines (none unless it enforces), and the budgets
+    that may apply to it as stored (the ledger's and its run's own: ledger/sqlite/budgets.py).
 
     A model's model-day counters include the calls to endpoints whose model is not known yet (their model-day
     is UNMAPPED's): any of them may turn out to be this model (README, "One identity per model")."""
@@ -85,6 +87,7 @@ def read_for_reserve(
     in_flight = (0, 0, 0, 0)
     snapshot: Snapshot | None = None
     waiting: list[WaiterRow] = []
+    budgets: list[str] = []
     unmapped = model_day_key(UNMAPPED, day)
     params = (scopes["run"], scopes["model_day"], scopes["run_cost"], model, enforce, run_id, day, unmapped, UNMAPPED)
     for kind, *row in conn.execute(_RESERVE_READS, params):
@@ -94,6 +97,8 @@ def read_for_reserve(
             snapshot = Snapshot(*row)
         elif kind == 2:
             waiting.append((row[0], row[1], row[2], row[3]))
+        elif kind == 4:
+            budgets.append(row[0])
         else:
             in_flight = (row[0] or 0, row[1] or 0, row[2] or 0, row[3] or 0)
     held = dict(zip(IN_FLIGHT, in_flight, strict=False))
@@ -101,7 +106,7 @@ def read_for_reserve(
     if model != UNMAPPED:
         own = counters["model_day"]
         counters["model_day"] = Counters(own.settled + settled.get(unmapped, 0), own.in_flight + in_flight[3])
-    return counters, snapshot, waiting
+    return counters, snapshot, waiting, budgets
 
 
 def read_counters(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Counters]:

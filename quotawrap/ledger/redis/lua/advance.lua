@@ -81,9 +81,9 @@ local function close_advance(k, a, d, w)
   return 1
 end
 
--- transition_one's keys at keys[first + 1 .. first + 11] and the advance's two after them, as k.
+-- transition_one's keys at keys[first + 1 .. first + 13] and the advance's two after them, as k.
 local function advance_keys(keys, first)
   return {hold = keys[first + 1], counters = keys[first + 2], open = keys[first + 3], pids = keys[first + 4],
     run_totals = keys[first + 5], run_counters = keys[first + 8], run_holds = keys[first + 9],
-    location = keys[first + 11], advance = keys[first + 12], advance_location = keys[first + 13]}
+    location = keys[first + 11], advance = keys[first + 14], advance_location = keys[first + 15]}
 end

@@ -30,9 +30,16 @@ local function run_counters(key)
   return {num(v[1]), num(v[2]), num(v[3]), num(v[4])}
 end
 
+-- quota.charge: what a call adds to a scope's counters, its cost where the scope counts money (the run's cost,
+-- a money budget: core.budgets.budget_scope leads with 'budget:cny:'), else its tokens
+local function charge(scope, reserve, reserve_cost)
+  if scope == 'run_cost' or string.sub(scope, 1, 11) == 'budget:cny:' then return reserve_cost end
+  return reserve
+end
+
 -- a limit's scope as the counters it checks and the amount the call adds to them (quota.Limit.scope);
--- any other scope has zero counters
-local function scope_counters(scope, run, md_settled, md_in_flight, reserve, reserve_cost)
+-- budgets: {scope = {settled, in flight}} of the budget scopes read (nil: none); any other scope has zero counters
+local function scope_counters(scope, run, md_settled, md_in_flight, reserve, reserve_cost, budgets)
   if scope == 'run' then
     return run[1], run[2], reserve
   elseif scope == 'run_cost' then
@@ -40,18 +47,22 @@ local function scope_counters(scope, run, md_settled, md_in_flight, reserve, res
   elseif scope == 'model_day' then
     return md_settled, md_in_flight, reserve
   end
-  return 0, 0, reserve
+  local amount = charge(scope, reserve, reserve_cost)
+  local seen = budgets and budgets[scope]
+  if seen then return seen[1], seen[2], amount end
+  return 0, 0, amount
 end
 
 -- quota.verdict: the index of the first limit that refuses the call, 0 when every limit fits.
 -- limits: {scope, kind, cap, name} each, already in quota.ordered's order (walls first).
 -- Scopes: run (tokens), run_cost (micro-CNY, checked with the call's cost), model_day (tokens);
 -- any other scope has zero counters. run_only: check the run scopes alone (the Cluster run gate).
-local function blocking(limits, run_only, run, md_settled, md_in_flight, reserve, reserve_cost)
+local function blocking(limits, run_only, run, md_settled, md_in_flight, reserve, reserve_cost, budgets)
   for i, limit in ipairs(limits) do
     local scope = limit[1]
     if not run_only or scope == 'run' or scope == 'run_cost' then
-      local settled, in_flight, amount = scope_counters(scope, run, md_settled, md_in_flight, reserve, reserve_cost)
+      local settled, in_flight, amount =
+        scope_counters(scope, run, md_settled, md_in_flight, reserve, reserve_cost, budgets)
       if limit[2] == 'wall' then
         if settled >= limit[3] then return i end
       elseif settled + in_flight + amount > limit[3] then
@@ -63,8 +74,13 @@ local function blocking(limits, run_only, run, md_settled, md_in_flight, reserve
 end
 
 -- quota.never_fits: blocking() on the counters with nothing in flight (what settles first cannot help)
-local function never_blocking(limits, run_only, run, md_settled, reserve, reserve_cost)
-  return blocking(limits, run_only, {run[1], 0, run[3], 0}, md_settled, 0, reserve, reserve_cost)
+local function never_blocking(limits, run_only, run, md_settled, reserve, reserve_cost, budgets)
+  local settled_only = nil
+  if budgets then
+    settled_only = {}
+    for scope, seen in pairs(budgets) do settled_only[scope] = {seen[1], 0} end
+  end
+  return blocking(limits, run_only, {run[1], 0, run[3], 0}, md_settled, 0, reserve, reserve_cost, settled_only)
 end
 
 -- lines.ahead: how many live waiters stand ahead of a call in one line.
@@ -82,12 +98,13 @@ local function line_ahead(entries, waiter, ticket, now)
 end
 
 -- lines.crowded: whether a hold limit of the run line, of the model-day line, does not fit now
-local function line_crowded(limits, run, md_settled, md_in_flight, reserve, reserve_cost)
+local function line_crowded(limits, run, md_settled, md_in_flight, reserve, reserve_cost, budgets)
   local crowd_run, crowd_md = false, false
   for _, limit in ipairs(limits) do
     if limit[2] == 'hold' then
       local scope = limit[1]
-      local settled, in_flight, amount = scope_counters(scope, run, md_settled, md_in_flight, reserve, reserve_cost)
+      local settled, in_flight, amount =
+        scope_counters(scope, run, md_settled, md_in_flight, reserve, reserve_cost, budgets)
       if settled + in_flight + amount > limit[3] then
         if scope == 'model_day' then crowd_md = true else crowd_run = true end
       end
@@ -184,10 +201,11 @@ end
 -- The lines' answer for a call (lines.decide on the ledger's counters, foreign usage included in
 -- md_settled); ahead_run, ahead_md: line_ahead of each line (on Cluster the run gate's, passed on).
 -- Returns line_decide's three answers, then blocking()'s.
-local function line_answer(a, run, md_settled, md_in_flight, ahead_run, ahead_md)
-  local refused = blocking(a.limits, false, run, md_settled, md_in_flight, a.reserve, a.reserve_cost)
-  local never = never_blocking(a.limits, false, run, md_settled, a.reserve, a.reserve_cost) ~= 0
-  local crowd_run, crowd_md = line_crowded(a.limits, run, md_settled, md_in_flight, a.reserve, a.reserve_cost)
+local function line_answer(a, run, md_settled, md_in_flight, ahead_run, ahead_md, budgets)
+  local refused = blocking(a.limits, false, run, md_settled, md_in_flight, a.reserve, a.reserve_cost, budgets)
+  local never = never_blocking(a.limits, false, run, md_settled, a.reserve, a.reserve_cost, budgets) ~= 0
+  local crowd_run, crowd_md =
+    line_crowded(a.limits, run, md_settled, md_in_flight, a.reserve, a.reserve_cost, budgets)
   local outcome, join_run, join_md = line_decide(ahead_run, ahead_md, refused == 0, never, crowd_run, crowd_md,
     a.can_wait == '1' and a.waiter ~= '', a.enforce == '1')
   return outcome, join_run, join_md, refused
@@ -381,8 +399,9 @@ end
 -- model-day counted besides our own (the LiteLLM limiter's, the unmapped endpoints'); line_refused: refuse
 -- it for the waiting line (blocking -1). seen (optional): {settled, in flight} of k.counters as this script
 -- already read them. also_in_flight (optional): tokens held besides our own (the unmapped endpoints').
+-- budgets (optional): the counters of the call's budget scopes (budget_read's).
 -- Returns {blocking, settled seen, in flight seen, held}.
-local function md_reserve(k, a, run, foreign, line_refused, seen, also_in_flight)
+local function md_reserve(k, a, run, foreign, line_refused, seen, also_in_flight, budgets)
   local md_settled, md_in_flight
   if seen then md_settled, md_in_flight = seen[1], seen[2] else md_settled, md_in_flight = counters(k.counters) end
   md_settled, md_in_flight = md_settled + foreign, md_in_flight + (also_in_flight or 0)
@@ -391,7 +410,7 @@ local function md_reserve(k, a, run, foreign, line_refused, seen, also_in_flight
     local held = (prior[1] == 'blocked') and 0 or 1
     return {tonumber(prior[2]), md_settled, md_in_flight - held * num(prior[3]), held}
   end
-  local refused_by = blocking(a.limits, false, run, md_settled, md_in_flight, a.reserve, a.reserve_cost)
+  local refused_by = blocking(a.limits, false, run, md_settled, md_in_flight, a.reserve, a.reserve_cost, budgets)
   if line_refused then refused_by = -1 end
   local held = (refused_by == 0 or a.enforce == '0')
   local advance = a.advance == '1'  -- room ahead for a process's next calls (quotawrap.advances), no call itself
@@ -513,6 +532,73 @@ local function md_transition(k, a, w)
   return {1, target, reserved, actual, settled_delta, f[4], actual_cost}
 end
 
+-- Budgets (ledger/budgets.py). Their slot holds a hash of counters, fields 's:' .. scope (settled) and 'f:' ..
+-- scope (in flight), and a hash of the holds' copies, as the run slot's (run_hold): hold id -> state, reserved,
+-- charged, reserved cost, charged cost, then the budget scopes the hold counts against, tab separated.
+
+-- {scope = {settled, in flight}} of the call's budget scopes (a.budgets), read from the counters hash
+local function budget_read(counters_key, scopes)
+  local found = {}
+  if #scopes == 0 then return found end
+  local fields = {}
+  for i, scope in ipairs(scopes) do
+    fields[2 * i - 1], fields[2 * i] = 's:' .. scope, 'f:' .. scope
+  end
+  local v = redis.call('HMGET', counters_key, unpack(fields))
+  for i, scope in ipairs(scopes) do found[scope] = {num(v[2 * i - 1]), num(v[2 * i])} end
+  return found
+end
+
+-- The counters read, flat for the reply: scope, settled, in flight, ... (cjson would round large numbers)
+local function budget_reply(scopes, found)
+  local flat = {}
+  for _, scope in ipairs(scopes) do
+    local seen = found[scope] or {0, 0}
+    flat[#flat + 1], flat[#flat + 2], flat[#flat + 3] = scope, int(seen[1]), int(seen[2])
+  end
+  return flat
+end
+
+-- The hold counts against its budget scopes: what it reserved is in flight there, and its copy remembers them.
+local function budget_take(counters_key, holds_key, a)
+  if #a.budgets == 0 then return end
+  for _, scope in ipairs(a.budgets) do
+    local amount = charge(scope, a.reserve, a.reserve_cost)
+    if amount ~= 0 then redis.call('HINCRBY', counters_key, 'f:' .. scope, int(amount)) end
+  end
+  local copy = {'held', int(a.reserve), 0, int(a.reserve_cost), 0}
+  for _, scope in ipairs(a.budgets) do copy[#copy + 1] = scope end
+  redis.call('HSET', holds_key, a.hold_id, table.concat(copy, '\t'))
+end
+
+-- Move a hold's budget copy to target, charged new_charged tokens and new_charged_cost (holds.follow, as
+-- run_apply moves the run's copy): state based, so a move applied twice, or two out of order, converge.
+local function budget_apply(counters_key, holds_key, hold_id, target, new_charged, new_charged_cost, w)
+  local copy = redis.call('HGET', holds_key, hold_id)
+  if not copy then return 0 end
+  local f = {}
+  for part in string.gmatch(copy, '[^\t]+') do f[#f + 1] = part end
+  local state, reserved, charged, reserved_cost, charged_cost =
+    f[1], tonumber(f[2]), tonumber(f[3]), tonumber(f[4]), tonumber(f[5])
+  local settled, in_flight, cost_settled, cost_in_flight =
+    hold_follow(state, reserved, charged, reserved_cost, charged_cost, target, new_charged, new_charged_cost)
+  if settled == nil then return 0 end
+  for i = 6, #f do
+    local scope = f[i]
+    local s, fl = settled, in_flight
+    if charge(scope, 0, 1) == 1 then s, fl = cost_settled, cost_in_flight end
+    if s ~= 0 then hincr(w, counters_key, 's:' .. scope, s) end
+    if fl ~= 0 then hincr(w, counters_key, 'f:' .. scope, fl) end
+  end
+  if target == 'unresolved' then
+    f[1], f[3], f[5] = 'unresolved', int(new_charged), int(new_charged_cost)
+    redis.call('HSET', holds_key, hold_id, table.concat(f, '\t'))
+  else
+    redis.call('HDEL', holds_key, hold_id)
+  end
+  return 1
+end
+
 -- The call's fields come as one JSON argument: packing one string costs the client far less
 -- than packing twenty (redis-py's per-argument encoding is the hot spot of a reserve).
 local function reserve_args(first)
@@ -520,6 +606,7 @@ local function reserve_args(first)
   local limits = {}
   for i, l in ipairs(a.limits) do limits[i] = {l[1], l[2], tonumber(l[3]), l[4]} end
   a.limits = limits
+  if not a.budgets then a.budgets = {} end
   return a
 end
 
@@ -528,9 +615,10 @@ local function transition_args(first)
 end
 
 -- Single node: settle, release or resolve one hold in the model-day and run slots at once, and
--- mirror the settled delta into our LiteLLM daily_usage key. keys[first + 1 .. first + 11]:
+-- mirror the settled delta into our LiteLLM daily_usage key. keys[first + 1 .. first + 13]:
 -- hold, md counters, md open, md pids, md run totals, md series, md audit, run counters, run holds,
--- our daily_usage key, hold location (keys.transition_one). Returns md_transition's reply.
+-- our daily_usage key, hold location, budget counters, budget holds (keys.transition_one). Returns md_transition's
+-- reply.
 local function transition_both(keys, first, a, w)
   local k = {hold = keys[first + 1], counters = keys[first + 2], open = keys[first + 3], pids = keys[first + 4],
     run_totals = keys[first + 5], series = keys[first + 6], audit = keys[first + 7]}
@@ -542,6 +630,7 @@ local function transition_both(keys, first, a, w)
       set_ttl(w, 'EXPIRE', keys[first + 10], a.own_ttl)
     end
     if r[2] ~= 'unresolved' then redis.call('DEL', keys[first + 11]) end
+    budget_apply(keys[first + 12], keys[first + 13], a.hold_id, r[2], r[4], r[7], w)
   end
   return r
 end

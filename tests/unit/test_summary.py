@@ -1,4 +1,4 @@
-"""Tests for quotawrap.wrapper.report: what a run's summary says of the calls that went around the guard."""
+"""Tests for quotawrap.wrapper.summary: what a run's summary says of the calls that went around the guard."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from quotawrap.config.settings import Settings
 from quotawrap.core.identity import UNMAPPED
 from quotawrap.ledger import ModelTotals, RunTotals
-from quotawrap.wrapper.report import format_summary, read_unguarded, run_report
+from quotawrap.wrapper.summary import format_summary, read_unguarded, run_report
 
 
 class TestReadUnguarded:

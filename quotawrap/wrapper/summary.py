@@ -1,4 +1,4 @@
-"""The run's summary: stderr table and ``--report-json``; both come from one dict."""
+"""The run's summary: the stderr table, ``--report-json`` and the CI step summary, all from one dict."""
 
 from __future__ import annotations
 
@@ -6,30 +6,30 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..books.report import anomalous_line
 from ..config.settings import Settings
+from ..core.budgets import BudgetUse
 from ..core.errors import EXIT_BLOCKED
 from ..core.identity import UNMAPPED
 from ..core.money import format_cny
 from ..core.output_bound import ADDED, REPLACED
-from ..core.quota import DAY_S, beijing_day, beijing_day_start
+from ..core.quota import BEIJING
 from ..core.redact import redact_url
-from ..ledger import ModelTotals, Reader, RunTotals
-from ..ledger.base import CallRecord, DayAggregate
-from ..settling.audit import anomalous_line
+from ..ledger import ModelTotals, RunTotals
 from ..support.events import RunEvents
 from ..support.files import append_private, write_private
 from ..support.log import printable, summary_head
 
 __all__ = [
     "append_step_summary",
-    "day_range",
     "format_summary",
-    "ledger_rows",
     "read_unguarded",
     "run_report",
+    "step_summary_markdown",
     "write_json",
 ]
 
@@ -72,6 +72,7 @@ def run_report(
     connections: Sequence[Mapping[str, Any]] = (),
     events: RunEvents | None = None,
     outside_filter: Mapping[str, int] | None = None,
+    budgets: Sequence[BudgetUse] = (),
 ) -> dict[str, Any]:
     """The run's summary as data; token counts are tokens, costs ``cost_micro_cny`` (micro-CNY, the name and
     unit ``quotawrap report --format json`` uses; the ledger's ``settled_cost``).
@@ -132,6 +133,8 @@ def run_report(
         "unguarded_log": settings.unguarded_log if unguarded else None,
         "store_error": store_error,
         "connections": [dict(connection) for connection in connections],
+        # the budgets its calls may count against, as the run ended (issue 33)
+        "budgets": [use.as_json() for use in budgets],
         "waits": events.as_dict(),
         # calls the guard sent with a whole-output bound, per how (added / replaced max_tokens), and those cut there
         "bounds": {
@@ -146,8 +149,6 @@ def run_report(
 
 def append_step_summary(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
     """GitHub Actions shows ``$GITHUB_STEP_SUMMARY`` Markdown on the run's page."""
-    from ..settling.audit import step_summary_markdown
-
     append_private(path, step_summary_markdown(report).encode())
 
 
@@ -197,6 +198,7 @@ def format_summary(report: dict[str, Any]) -> str:
             f" wait p50 {waits['wait_p50_s']:.2f}s, p99 {waits['wait_p99_s']:.2f}s"
         )
     lines += _bound_lines(report.get("bounds") or {})
+    lines += [f"  {BudgetUse.from_json(budget).line()}" for budget in report.get("budgets") or ()]
     if totals.get("unguarded_calls"):
         lines.append(
             f"  {totals['unguarded_calls']} call(s) went out UNGUARDED while the store was unreachable"
@@ -287,27 +289,80 @@ def write_json(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
     write_private(path, (json.dumps(report, indent=2, sort_keys=True) + "\n").encode())
 
 
-def day_range(since: float | None, until: float | None) -> tuple[str | None, str | None]:
-    """The pruned days a report over [since, until) counts: those that *start* in the range, so that
-    adjacent ranges count every pruned day exactly once (a pruned day is kept whole, not by the hour)."""
+def step_summary_markdown(report: Mapping[str, Any]) -> str:
+    """The run's report as Markdown for ``$GITHUB_STEP_SUMMARY``."""
+    totals = report["totals"]
+    cap = report.get("limits", {})
+    caps = ", ".join(
+        text
+        for text in (
+            f"token cap {cap['cap_tokens']:,}" if cap.get("cap_tokens") is not None else "",
+            f"cost cap {format_cny(round(cap['cap_cost'] * 1_000_000))}" if cap.get("cap_cost") is not None else "",
+        )
+        if text
+    )
+    verdict = "**blocked calls: {}**".format(totals["blocked_calls"]) if totals["blocked_calls"] else "no call blocked"
+    warnings = []  # unguarded calls, processes and connections are listed below the table
+    if report.get("store_error"):
+        warnings.append(
+            f"> **Totals are incomplete**: the ledger could not close this run ({_cell(report['store_error'])})."
+        )
+    lines = [
+        f"### quotawrap · session `{report['session']}`",
+        "",
+        *(line for warning in warnings for line in (warning, "")),
+        f"{totals['calls']} guarded call(s), {totals['settled_tokens']:,} tokens settled"
+        f" ({format_cny(totals.get('cost_micro_cny', 0))}); {verdict}" + (f"; {caps}" if caps else ""),
+        "",
+        "| model | calls | blocked | settled tokens | cost | overshoot | unresolved |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, model in sorted(report["models"].items()):
+        lines.append(
+            f"| {_cell(name)} | {model['calls']:,} | {model['blocked_calls']:,} | {model['settled_tokens']:,}"
+            f" | {format_cny(model.get('cost_micro_cny', 0))} | {model['overshoot_calls']:,}"
+            f" | {model['unresolved_calls']:,} |"
+        )
+    if totals.get("anomalous_calls"):
+        lines += ["", f"- {anomalous_line(totals['anomalous_calls'])}"]
+    lines += _went_around_markdown(totals)
+    when = datetime.now(BEIJING).strftime("%Y-%m-%d %H:%M Beijing")
+    code = f"exit code {report['exit_code']}"
+    if report.get("command_exit_code", report["exit_code"]) != report["exit_code"]:
+        code += f" (--fail-on-block; the command exited {report['command_exit_code']})"
+    lines += ["", f"<sub>{when} · {code} · mode {report['mode']}</sub>", ""]
+    return "\n".join(lines)
 
-    def first_day_from(ts: float | None) -> str | None:
-        if ts is None:
-            return None
-        start = beijing_day_start(ts)
-        return beijing_day(start if start >= ts else start + DAY_S)
 
-    return first_day_from(since), first_day_from(until)
+def _cell(text: object) -> str:
+    """Text from a program or provider inside the Markdown: one line, and no ``|`` or backtick that ends its cell."""
+    return printable(text).replace("|", "\\|").replace("`", "'")
 
 
-def ledger_rows(
-    ledger: Reader, by: str, *, since: float | None = None, until: float | None = None, session: str | None = None
-) -> list[dict[str, Any]]:
-    """``quotawrap report``'s rows: the calls still kept, plus the daily aggregates of pruned days."""
-    from ..settling.audit import aggregate
-
-    found: list[CallRecord | DayAggregate] = [*ledger.call_records(since=since, until=until, run_id=session)]
-    if session is None:  # aggregates keep no session: a session filter sees only kept calls
-        since_day, until_day = day_range(since, until)
-        found += ledger.aggregates(since_day=since_day, until_day=until_day)
-    return aggregate(found, by)
+def _went_around_markdown(totals: Mapping[str, Any]) -> list[str]:
+    """What the totals above cannot include: a CI page must say so as loudly as the terminal summary does."""
+    items = [
+        f"- **UNGUARDED PROCESS** pid {process['pid']} (`{_cell(process['command'])}`) ran without quotawrap's hook"
+        f" ({_cell(process['reason'])}): "
+        + ("stopped by --strict" if process.get("stopped") else "its calls were **not** guarded")
+        for process in totals.get("unguarded_processes", ())
+    ]
+    if totals.get("unguarded_connections"):
+        items.append(
+            f"- **{totals['unguarded_connections']} connection(s) went out UNGUARDED** (--allow-unguarded):"
+            " their calls are not in these totals"
+        )
+    if totals.get("refused_connections"):
+        items.append(
+            f"- {totals['refused_connections']} connection(s) made outside every guarded HTTP client were refused"
+        )
+    if totals.get("unguarded_calls"):
+        items.append(
+            f"- **{totals['unguarded_calls']} call(s) went out UNGUARDED** while the store was down (--fail-open)"
+        )
+    if totals.get("outside_filter_calls"):
+        items.append(
+            f"- **{totals['outside_filter_calls']} call(s) went out UNGUARDED**: --model does not name their model"
+            " (`outside_filter_calls` per model in the report JSON)"
+        )
+    return ["", "**Not everything went through the guard:**", *items] if items else []

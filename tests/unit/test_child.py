@@ -1,4 +1,4 @@
-"""Tests for the injection path: launcher.child_environment / injection_blockers, bootstrap, sitecustomize."""
+"""Tests for the injection path: wrapper.child (child_environment, injection_blockers), bootstrap, sitecustomize."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import pytest
 
 from quotawrap import bootstrap
 from quotawrap.config.settings import Settings
-from quotawrap.wrapper.launcher import HOOK_DIR, PACKAGE_HOME, child_environment, injection_blockers
+from quotawrap.wrapper.child import HOOK_DIR, PACKAGE_HOME, child_environment, injection_blockers
 from tests.conftest import run_python
 
-HOOK = str(HOOK_DIR)
 PATCHED_PROBE = "import json, httpx\nprint(json.dumps(hasattr(httpx.Client._send_single_request, '__wrapped__')))"
 
 
@@ -31,18 +30,18 @@ class TestChildEnvironment:
     def test_hook_dir_first_on_a_fresh_path(self) -> None:
         """Without a PYTHONPATH the child's is just the hook directory."""
         env = child_environment(Settings(), base={})
-        assert env["PYTHONPATH"] == HOOK
+        assert env["PYTHONPATH"] == HOOK_DIR
 
     def test_existing_entries_are_kept_after_the_hook(self) -> None:
         """The program's own PYTHONPATH survives, in order, behind the hook."""
         env = child_environment(Settings(), base={"PYTHONPATH": os.pathsep.join(["/a", "/b"])})
-        assert env["PYTHONPATH"].split(os.pathsep) == [HOOK, "/a", "/b"]
+        assert env["PYTHONPATH"].split(os.pathsep) == [HOOK_DIR, "/a", "/b"]
 
     def test_stale_hook_entries_are_removed(self) -> None:
         """A nested run (or a leftover) does not stack the hook twice, however it was spelt."""
-        stale = os.pathsep.join(["/a", HOOK, "/b", HOOK + "/", HOOK])
+        stale = os.pathsep.join(["/a", HOOK_DIR, "/b", HOOK_DIR + "/", HOOK_DIR])
         entries = child_environment(Settings(), base={"PYTHONPATH": stale})["PYTHONPATH"].split(os.pathsep)
-        assert entries == [HOOK, "/a", "/b"]
+        assert entries == [HOOK_DIR, "/a", "/b"]
 
     def test_idempotent(self) -> None:
         """Wrapping an already wrapped environment changes nothing."""
@@ -52,13 +51,20 @@ class TestChildEnvironment:
     def test_empty_entries_keep_meaning_the_working_directory(self) -> None:
         """`PYTHONPATH=:/x` (a sloppy `export PYTHONPATH=$PYTHONPATH:/x`) keeps the cwd importable."""
         env = child_environment(Settings(), base={"PYTHONPATH": os.pathsep + "/x"})
-        assert env["PYTHONPATH"].split(os.pathsep) == [HOOK, "", "/x"]
+        assert env["PYTHONPATH"].split(os.pathsep) == [HOOK_DIR, "", "/x"]
+
+    def test_the_alert_webhook_stays_with_the_wrapper(self) -> None:
+        """QUOTAWRAP_ALERT_WEBHOOK from the caller's shell is the wrapper's credential, not the child's."""
+        base = {"QUOTAWRAP_ALERT_WEBHOOK": "https://hooks.example.com/services/T/B/X", "QUOTAWRAP_ALERT_AT": "90"}
+        env = child_environment(Settings(alert_webhook="https://hooks.example.com/services/T/B/X"), base=base)
+        assert "QUOTAWRAP_ALERT_WEBHOOK" not in env
+        assert env["QUOTAWRAP_ALERT_AT"] == "90"  # not a secret: left as the caller's shell had it
 
     def test_settings_and_home_are_exported(self) -> None:
         """The child gets QUOTAWRAP_HOME and every child setting as QUOTAWRAP_*."""
         env = child_environment(Settings(run_id="r1", cap_tokens=9, store="sqlite:////tmp/l"), base={"X": "1"})
         assert env["X"] == "1"
-        assert env["QUOTAWRAP_HOME"] == str(PACKAGE_HOME)
+        assert env["QUOTAWRAP_HOME"] == PACKAGE_HOME
         assert (env["QUOTAWRAP_RUN_ID"], env["QUOTAWRAP_CAP_TOKENS"]) == ("r1", "9")
 
     def test_stale_quotawrap_variables_do_not_outlive_an_unset_option(self) -> None:
@@ -71,9 +77,9 @@ class TestChildEnvironment:
         """A child started with this environment has the hook dir at the front of sys.path."""
         env = child_environment(Settings(), base=_clean_env(PYTHONPATH=str(tmp_path)))
         result, _ = _child(tmp_path, env, "import json, sys; print(json.dumps(sys.path))")
-        hook_index = result.index(HOOK)
+        hook_index = result.index(HOOK_DIR)
         assert result.index(str(tmp_path)) == hook_index + 1
-        assert result.count(HOOK) == 1
+        assert result.count(HOOK_DIR) == 1
 
 
 class TestInjectionBlockers:
@@ -112,7 +118,7 @@ class TestInjectionBlockers:
 class TestBootstrap:
     def test_does_nothing_without_a_run_id(self, tmp_path: Path) -> None:
         """A Python that merely has the hook on its path (no QUOTAWRAP_RUN_ID) is left alone."""
-        env = _clean_env(PYTHONPATH=HOOK, QUOTAWRAP_HOME=str(PACKAGE_HOME))
+        env = _clean_env(PYTHONPATH=HOOK_DIR, QUOTAWRAP_HOME=PACKAGE_HOME)
         result, _ = _child(
             tmp_path,
             env,
@@ -130,7 +136,7 @@ class TestBootstrap:
 
     def test_patches_lazily_with_a_run_id(self, tmp_path: Path) -> None:
         """With a run id nothing heavy loads at start-up; httpx, httpx2 and requests are patched on import."""
-        env = _clean_env(PYTHONPATH=HOOK, QUOTAWRAP_HOME=str(PACKAGE_HOME), QUOTAWRAP_RUN_ID="r")
+        env = _clean_env(PYTHONPATH=HOOK_DIR, QUOTAWRAP_HOME=PACKAGE_HOME, QUOTAWRAP_RUN_ID="r")
         result, stderr = _child(
             tmp_path,
             env,
@@ -203,15 +209,15 @@ class TestSitecustomize:
 
     def test_loaded_flag_without_run_id(self, tmp_path: Path) -> None:
         """Ours is the sitecustomize that ran; it finished (loaded) without touching quotawrap."""
-        result, stderr = _child(tmp_path, _clean_env(PYTHONPATH=HOOK), self.SCRIPT)
-        assert Path(result["file"]).parent == HOOK_DIR
+        result, stderr = _child(tmp_path, _clean_env(PYTHONPATH=HOOK_DIR), self.SCRIPT)
+        assert Path(result["file"]).parent == Path(HOOK_DIR)
         assert result["loaded"] is True
         assert result["bootstrap_loaded"] is None
         assert stderr == ""
 
     def test_loaded_flag_with_run_id(self, tmp_path: Path) -> None:
         """With a run id both our sitecustomize and the bootstrap report loaded."""
-        env = _clean_env(PYTHONPATH=HOOK, QUOTAWRAP_HOME=str(PACKAGE_HOME), QUOTAWRAP_RUN_ID="r")
+        env = _clean_env(PYTHONPATH=HOOK_DIR, QUOTAWRAP_HOME=PACKAGE_HOME, QUOTAWRAP_RUN_ID="r")
         result, _ = _child(tmp_path, env, self.SCRIPT)
         assert (result["loaded"], result["bootstrap_loaded"]) == (True, True)
 
@@ -221,12 +227,12 @@ class TestSitecustomize:
         stub.mkdir(parents=True)
         (stub / "__init__.py").write_text("raise RuntimeError('this quotawrap is broken')\n")
         env = _clean_env(
-            PYTHONPATH=os.pathsep.join([str(stub.parent), HOOK]),
+            PYTHONPATH=os.pathsep.join([str(stub.parent), HOOK_DIR]),
             QUOTAWRAP_HOME=str(tmp_path / "nowhere"),
             QUOTAWRAP_RUN_ID="r",
         )
         result, stderr = _child(tmp_path, env, self.SCRIPT)
-        assert Path(result["file"]).parent == HOOK_DIR
+        assert Path(result["file"]).parent == Path(HOOK_DIR)
         assert result["loaded"] is False
         assert "NOT guarded" in stderr
         assert "this quotawrap is broken" in stderr
@@ -237,7 +243,7 @@ class TestSitecustomize:
         stub.mkdir(parents=True)
         (stub / "__init__.py").write_text("")
         env = _clean_env(
-            PYTHONPATH=os.pathsep.join([str(stub.parent), HOOK]),
+            PYTHONPATH=os.pathsep.join([str(stub.parent), HOOK_DIR]),
             QUOTAWRAP_HOME=str(tmp_path / "nowhere"),
             QUOTAWRAP_RUN_ID="r",
         )
@@ -250,7 +256,7 @@ class TestSitecustomize:
         user = tmp_path / "user"
         user.mkdir()
         (user / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = '1'\n")
-        env = _clean_env(PYTHONPATH=os.pathsep.join([HOOK, str(user)]))
+        env = _clean_env(PYTHONPATH=os.pathsep.join([HOOK_DIR, str(user)]))
         result, stderr = _child(
             tmp_path, env, "import json, os; print(json.dumps(os.environ.get('USER_SITECUSTOMIZE_RAN')))"
         )
@@ -263,8 +269,8 @@ class TestSitecustomize:
         user.mkdir()
         (user / "sitecustomize.py").write_text("raise ValueError('user bug')\n")
         env = _clean_env(
-            PYTHONPATH=os.pathsep.join([HOOK, str(user)]),
-            QUOTAWRAP_HOME=str(PACKAGE_HOME),
+            PYTHONPATH=os.pathsep.join([HOOK_DIR, str(user)]),
+            QUOTAWRAP_HOME=PACKAGE_HOME,
             QUOTAWRAP_RUN_ID="r",
         )
         result, stderr = _child(

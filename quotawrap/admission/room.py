@@ -1,5 +1,6 @@
-"""One call's admission, the parts the guard's reserve loop leans on: the room its limits leave, what it is
-sent as and reserved at (its output bound), and the record of its wait. I/O only through what is passed in."""
+"""One call's admission, the parts its reserve loop leans on: the limits and the room they leave (per process,
+per model and day), what it is sent as and reserved at (its output bound), and the record of its wait. I/O only
+through what is passed in."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ from ..support.events import EventLog, wait_id
 __all__ = [
     "TAIL_MIN_TOKENS",
     "Fresh",
+    "Limits",
     "Plan",
     "Room",
+    "Snapshots",
     "Wait",
     "only_in_flight_in_the_way",
     "plan_output",
@@ -38,6 +41,62 @@ __all__ = [
 TAIL_MIN_TOKENS = 256
 
 Known = dict[tuple[str, str], dict[str, quota.Counters]]
+Evicted = tuple[quota.Verdict, dict[str, quota.Counters]]
+_SNAPSHOT_TTL_S = 1.0
+
+
+class Limits:
+    """The limits of one call: pure in (snapshot, day) for a process's settings, so computed once per sync and
+    day. ``soft_walls=False`` (``quotawrap consume`` only): the soft-evict walls do not apply."""
+
+    __slots__ = ("_cache", "_cap_tokens", "_cost_cap", "_quota", "_soft_walls")
+
+    def __init__(
+        self, cap_tokens: int | None, cost_cap: int | None, quota_settings: quota.QuotaSettings, *, soft_walls: bool
+    ) -> None:
+        self._cap_tokens = cap_tokens
+        self._cost_cap = cost_cap
+        self._quota = quota_settings
+        self._soft_walls = soft_walls
+        self._cache: dict[tuple[quota.Snapshot | None, str], list[quota.Limit]] = {}
+
+    def __call__(self, snapshot: quota.Snapshot | None, day: str) -> list[quota.Limit]:
+        key = (snapshot, day)
+        limits = self._cache.get(key)
+        if limits is None:
+            limits = [
+                *quota.run_limits(self._cap_tokens),
+                *quota.cost_limits(self._cost_cap),
+                *quota.model_day_limits(snapshot, self._quota, today=day),
+            ]
+            if not self._soft_walls:
+                limits = [limit for limit in limits if limit.kind != "wall"]
+            if len(self._cache) > 64:
+                self._cache.clear()
+            self._cache[key] = limits
+        return limits
+
+
+class Snapshots:
+    """Each model's stored balance snapshot, re-read at most once a second (for planning, not deciding)."""
+
+    __slots__ = ("_clock", "_ledger", "_seen")
+
+    def __init__(self, ledger: CallPath, clock: Callable[[], float]) -> None:
+        self._ledger = ledger
+        self._clock = clock  # the guard's: a simulated day stays deterministic
+        self._seen: dict[str, tuple[float, quota.Snapshot | None]] = {}
+
+    def __call__(self, model: str | None) -> quota.Snapshot | None:
+        if model is None:
+            return None
+        now = self._clock()
+        cached = self._seen.get(model)
+        if cached is not None and now - cached[0] < _SNAPSHOT_TTL_S:
+            return cached[1]
+        snapshot = self._ledger.snapshot(model)
+        self._seen[model] = (now, snapshot)
+        return snapshot
 
 
 class Fresh(Record, frozen=True):
@@ -49,27 +108,57 @@ class Room:
     """What the calls of one (model, day) know of the room their limits leave: counters last seen (shared per
     process), re-read on demand. Keeps nothing of any one call: the guard makes one per (model, day)."""
 
+    __slots__ = ("_evicted", "_keys", "_known", "_ledger", "_limits", "_snapshots", "_where", "day", "model")
+
     def __init__(
         self,
         ledger: CallPath,
-        limits_for: Callable[[quota.Snapshot | None], list[quota.Limit]],
-        snapshot: Callable[[], quota.Snapshot | None],
+        limits: Limits,
+        snapshots: Snapshots,
         known: Known,
         where: tuple[str, str],
         keys: Mapping[str, str],
     ) -> None:
         self._ledger = ledger
-        self.limits_for = limits_for
-        self._snapshot = snapshot
+        self._limits = limits
+        self._snapshots = snapshots
         self._known = known
         self._where = where
+        self.model, self.day = where
         self._keys = keys
+        self._evicted: tuple[float, Evicted | None] | None = None
+
+    def snapshot(self) -> quota.Snapshot | None:
+        return self._snapshots(self.model)
+
+    def limits_for(self, snapshot: quota.Snapshot | None) -> list[quota.Limit]:
+        """The limits of a call of this model and day (the ledger's callback: it passes the snapshot it read)."""
+        return self._limits(snapshot, self.day)
+
+    def evicted(self, now: float) -> Evicted | None:
+        """The seed's short-cut: an evicted model is answered before any token counting.
+
+        Cached for a second: a model evicted within that second is still estimated, then
+        refused by the reservation itself, which checks the same walls atomically.
+        """
+        cached = self._evicted
+        if cached is not None and now - cached[0] < _SNAPSHOT_TTL_S:
+            return cached[1]
+        walls = [limit for limit in self._limits(self._snapshots(self.model), self.day) if limit.kind == "wall"]
+        result: Evicted | None = None
+        if walls:
+            key = self._keys["model_day"]
+            counters = {"model_day": self._ledger.counters([key])[key]}
+            verdict = quota.verdict(walls, counters, 0)
+            result = None if verdict.allowed else (verdict, counters)
+        self._evicted = (now, result)
+        return result
 
     def read(self) -> Fresh:
         raw = self._ledger.counters(list(self._keys.values()))
         counters = {scope: raw.get(key, quota.Counters()) for scope, key in self._keys.items()}
         self.seen(counters)
-        return Fresh(self.limits_for(self._snapshot()), counters)
+        return Fresh(self.limits_for(self.snapshot()), counters)
 
     def seen(self, counters: Mapping[str, quota.Counters]) -> None:
         self._known[self._where] = dict(counters)
@@ -84,11 +173,11 @@ class Room:
         if known is None:
             fresh = self.read()
             return quota.token_room(fresh.limits, fresh.counters)
-        return quota.token_room(self.limits_for(self._snapshot()), known)
+        return quota.token_room(self.limits_for(self.snapshot()), known)
 
     def token_cap(self) -> int | None:
         """The smallest token cap itself (what an empty cap would leave one call)."""
-        return quota.token_room(self.limits_for(self._snapshot()), {})
+        return quota.token_room(self.limits_for(self.snapshot()), {})
 
 
 class Plan(NamedTuple):  # not a frozen record: one per guarded call, and a NamedTuple is made faster

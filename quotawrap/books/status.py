@@ -19,7 +19,7 @@ from ..core.identity import UNMAPPED
 from ..core.model_limits import limits_for, reasoning_ceiling
 from ..ledger import CallPath, Ledger, Reader, model_day_key
 from ..ledger.base import CallRecord, RunRecord
-from ..settling.tasks import TASK_HOLD_PREFIX, open_task_holds
+from ..settling.followups import TASK_HOLD_PREFIX, open_task_holds
 from ..support.log import printable
 from ..support.processes import pid_alive
 from .attribution import WRAPPER_HOST_TAG, WRAPPER_PID_TAG

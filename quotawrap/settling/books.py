@@ -1,7 +1,8 @@
 """What a guard writes down and prices: the price table, the audit log, the --fail-open record.
 
-A base of :class:`~quotawrap.admission.guard.Guard`, apart from its policy: these never decide whether a call
-goes out, they only account for it (and never raise into the caller).
+One :class:`Books` per guard, shared by its admissions (a hold's worst cost) and its landing (a settle's
+cost, the audit record). These never decide whether a call goes out, they only account for it (and never
+raise into the caller).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..config.settings import Settings
@@ -24,24 +25,33 @@ if TYPE_CHECKING:
     from ..ledger.base import CallState
     from .call import CallContext
 
+__all__ = ["Books"]
 
-class GuardBooks:
-    settings: Settings
-    tags: dict[str, str]
-    _clock: Callable[[], float]
-    _host: str
-    _run_id: str
-    _prices: PriceTable | None
-    _reserve_costs: dict[tuple[object, ...], int]  # made on the first reserve_cost
 
-    def _record_unguarded(self, model: str, kind: str, error: Exception | None) -> None:
+class Books:
+    """The run's prices and records: one per guard, whatever calls it admits."""
+
+    __slots__ = ("_clock", "_prices", "_reserve_costs", "host", "run_id", "settings", "tags")
+
+    def __init__(
+        self, settings: Settings, *, run_id: str, host: str, tags: Mapping[str, str], clock: Callable[[], float]
+    ) -> None:
+        self.settings = settings
+        self.run_id = run_id
+        self.host = host
+        self.tags = dict(tags)
+        self._clock = clock
+        self._prices: PriceTable | None = None
+        self._reserve_costs: dict[tuple[object, ...], int] = {}
+
+    def record_unguarded(self, model: str, kind: str, error: Exception | None) -> None:
         """A call let through unguarded is never silent: it goes into a JSONL the wrapper reports. ``error``: the
         store's, under --fail-open; None: --model does not name the model (``reason`` says which)."""
         if not self.settings.unguarded_log:
             return
         line = {
             "time": self._clock(),
-            "run_id": self._run_id,
+            "run_id": self.run_id,
             "model": model,
             "endpoint": kind,
             "pid": os.getpid(),
@@ -69,9 +79,7 @@ class GuardBooks:
 
         Pure in its arguments for one price table, and an agent's calls repeat them: remembered.
         """
-        costs = self.__dict__.get("_reserve_costs")
-        if costs is None:  # not setdefault: its default, a dict, would be built on every call
-            costs = self._reserve_costs = {}
+        costs = self._reserve_costs
         prices = self.prices
         # the estimate's two counts, not the record: hashing and comparing a record runs Python code
         key = (model, estimate.input_tokens, estimate.output_allowance, rule, id(prices))
@@ -114,7 +122,7 @@ class GuardBooks:
         if not self.settings.audit_log:
             return
         tags = self.tags if anomaly is None else {**self.tags, "quotawrap.anomaly": anomaly}
-        record = context.record(state, usage, cost, latency_s, tags=tags, ended_at=self._clock(), host=self._host)
+        record = context.record(state, usage, cost, latency_s, tags=tags, ended_at=self._clock(), host=self.host)
         if anomaly is not None:
             record = dataclasses.replace(record, usage_anomaly=anomaly)
         try:

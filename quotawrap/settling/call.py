@@ -2,14 +2,13 @@
 
 An adapter drives a :class:`GuardedCall` with what the network gives it: the response status, the
 body bytes as they pass, and the end of the body (or an error, or an early close). Whichever comes
-first settles the hold, once; the settle lands through the :class:`SettleSink` that reserved it (the
-guard, which this module never imports). The settle policy itself is in the guard module's docstring
-("Failure policy").
+first settles the hold, once; the settle lands through the :class:`SettleSink` it was admitted with
+(quotawrap.settling.sink.Landing), which is all it sees of the process. The settle policy itself is in
+the guard module's docstring ("Failure policy").
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import time
@@ -23,16 +22,15 @@ from ..core.output_bound import ADDED, cut_short
 from ..core.sse import SSEUsageReader, is_event_stream
 from ..core.synthetic import SyntheticResponse
 from ..core.usage import Usage, UsageBound, check_usage, model_of_body, usage_from_body
-from ..ledger import CallPath, HoldRequest
+from ..ledger import HoldRequest
 from ..ledger.base import CallRecord, CallState, Decision, Drawn, Settle
 from ..support.log import warn
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..ledger.endpoint_ids import EndpointIds
-    from ..support.events import BoundEvent, EventLog
+    from ..support.events import BoundEvent
 
-__all__ = ["CallContext", "Followup", "GuardedCall", "SettleSink"]
+__all__ = ["CallContext", "Followup", "GuardedCall", "Landed", "SettleSink"]
 
 
 class CallContext(NamedTuple):
@@ -122,54 +120,45 @@ class CallContext(NamedTuple):
         )
 
 
-class Followup(Protocol):
-    """Settles a call whose answer means more than its usage (a video task created or polled)."""
+class Landed(NamedTuple):
+    """What a call's settle means once it has landed: its room is free, its usage is learned from, and its
+    audit record is written (the sink does all three, so the call is not called back)."""
 
-    def finish(self, call: GuardedCall, status: int, body: bytes, complete: bool) -> bool:
-        """Handle the end of the answer; True when nothing else is to be settled."""
+    context: CallContext
+    state: CallState
+    usage: Usage | None
+    cost: int
+    latency_s: float
+    anomaly: str | None
+
+
+class Followup(Protocol):
+    """Settles a call whose answer means more than its usage (a video task created or polled, a context)."""
+
+    def finish(self, hold_id: str | None, status: int, body: bytes, complete: bool) -> bool:
+        """Handle the end of the answer to the call holding ``hold_id``; True when nothing else is to be settled."""
         ...
 
 
 class SettleSink(Protocol):
-    """What a guarded call needs of the process that admitted it to settle: the guard satisfies it, and this is
-    all of the guard a call sees, so the call's module imports nothing above it."""
+    """All a guarded call sees of the process that admitted it (quotawrap.settling.sink.Landing), so this module
+    imports nothing above it."""
 
-    @property
-    def events(self) -> EventLog: ...
-
-    @property
-    def endpoint_ids(self) -> EndpointIds: ...
-
-    def land(self, settle: Settle, landed: Callable[[], None] | None, bound: BoundEvent | None = None) -> None:
-        """Queue or send ``settle``; call ``landed`` once it has landed."""
+    def land(self, settle: Settle, landed: Landed | None, bound: BoundEvent | None = None) -> None:
+        """Queue or send ``settle``; once it has landed, free the room, learn and audit as ``landed`` says."""
         ...
 
     def flush(self, timeout: float = -1) -> bool:
         """Land this process's settles in transit; False when they did not land within ``timeout``."""
         ...
 
-    def actual_cost(self, model: str, usage: Usage, rule: CostRule | None = None) -> int: ...
-
-    def settled(self, context: CallContext, usage: Usage | None) -> None:
-        """The call's room is free: wake the waiters, learn from its usage."""
+    def price(self, model: str, usage: Usage, rule: CostRule | None = None) -> int:
+        """The micro-CNY ``usage`` cost (``rule``: per image, plugin fees, batch discount)."""
         ...
 
-    def audit(
-        self,
-        context: CallContext,
-        state: CallState,
-        usage: Usage | None,
-        cost: int,
-        latency_s: float,
-        *,
-        anomaly: str | None = None,
-    ) -> None: ...
-
-    def answered(self, call: GuardedCall, raw: object) -> None:
-        """A call to an endpoint id was answered naming ``raw``: learn its model, move the hold to it."""
+    def record_bound(self, bound: BoundEvent) -> None:
+        """Record the bound event of a call no settle carries (a followup settled it)."""
         ...
-
-    def note_redirect(self, from_url: str, location: str, route: endpoints.Route) -> None: ...
 
 
 _FLUSH_S = 10.0  # a store that does not answer by then: the waiter polls the ledger anyway
@@ -196,12 +185,14 @@ class GuardedCall:
     followup: Followup | None = None
     endpoint_id: str | None = None  # the endpoint id the request named: its answer says which model it serves
     # (that endpoint, its lease's holder) when no model was known for it: its end lets the next such call go
-    probe: tuple[str, str] | None = None
+    probe: Callable[[], None] | None = None
+    # the guard's, handed over at admission where needed: a redirect's next hop, a named endpoint's answer
+    on_redirect: Callable[[str, str, endpoints.Route], None] | None = None
+    on_answer: Callable[[GuardedCall, object], None] | None = None
     _answer_model: object = None  # the model a JSON answer names (model_of_body), read for endpoint calls only
 
     def __init__(
         self,
-        ledger: CallPath | None,
         hold_id: str | None,
         model: str,
         *,
@@ -212,7 +203,6 @@ class GuardedCall:
         context: CallContext | None = None,
         bound: UsageBound | None = None,
     ) -> None:
-        self.ledger = ledger
         self._bound = bound
         self._sink = sink
         self._context = context
@@ -228,7 +218,7 @@ class GuardedCall:
 
     @classmethod
     def refused(cls, response: SyntheticResponse) -> GuardedCall:
-        return cls(None, None, "", blocked=response)
+        return cls(None, "", blocked=response)
 
     # -- driven by the adapter --------------------------------------------------------------
 
@@ -237,10 +227,10 @@ class GuardedCall:
         self._status = status
         # only a redirect's Location is read: each header lookup costs a case-insensitive search
         location = (headers.get("location") or headers.get("Location")) if status in _REDIRECTS else None
-        if location and self._sink is not None and self.route is not None:
+        if location and self.on_redirect is not None and self.route is not None:
             # The hop bills nothing; the client may re-send the call there, which must be guarded too.
             self._redirected = True
-            self._sink.note_redirect(self.url, location, self.route)
+            self.on_redirect(self.url, location, self.route)
         encoding = "identity" if decoded else (headers.get("content-encoding") or "identity").lower().strip()
         if encoding in ("gzip", "x-gzip"):
             self._decompress = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -372,7 +362,7 @@ class GuardedCall:
         try:
             if followup is not None:
                 body, self._chunks = b"".join(self._chunks), []
-                if followup.finish(self, self._status, body, complete):
+                if followup.finish(self.hold_id, self._status, body, complete):
                     self._record_bound()  # the followup settled it, or will
                     return
                 self._chunks = [body]
@@ -382,10 +372,10 @@ class GuardedCall:
             action, usage = "charge", None
         if self.hold_id is None:
             return
-        if self.endpoint_id is not None and self._sink is not None and action != "release":
+        if self.on_answer is not None and action != "release":
             answered = self._sse.model if self._sse is not None else self._answer_model
             try:  # learned and moved to the model it is, before the settle is priced and lands
-                self._sink.answered(self, answered)
+                self.on_answer(self, answered)
             except Exception as exc:  # never the caller's problem: it settles where it was held
                 warn(f"could not learn the model of {self.endpoint_id} ({type(exc).__name__}: {exc})")
         if self.anomaly is not None:
@@ -399,16 +389,16 @@ class GuardedCall:
 
     def _apply(self, action: str, usage: Usage | None) -> None:
         self._chunks = []
-        if self.probe is not None and self._sink is not None:
-            self._sink.endpoint_ids.probed(*self.probe)
-        if self.ledger is None or self.hold_id is None or self._sink is None:
+        if self.probe is not None:
+            self.probe()
+        if self.hold_id is None or self._sink is None:
             return
         latency = time.monotonic() - self._started
         cost = 0
         try:
             if action != "release":
                 if usage is not None:
-                    cost = self._sink.actual_cost(self.model, usage, self.cost_rule)
+                    cost = self._sink.price(self.model, usage, self.cost_rule)
                 elif self._context is not None:
                     cost = self._context.reserved_cost
         except Exception as exc:
@@ -420,7 +410,7 @@ class GuardedCall:
         landed = None
         if self._context is not None:
             state: CallState = "released" if action == "release" else ("settled" if usage else "unresolved")
-            landed = functools.partial(self._audit_landed, state, usage, cost, latency)
+            landed = Landed(self._context, state, usage, cost, latency, self.anomaly)
         drawn = None if self._context is None else self._context.drawn
         settle = Settle(self.hold_id, event, usage, latency, cost, self.anomaly, drawn)
         self._sink.land(settle, landed, self._bound_event(usage))
@@ -444,19 +434,10 @@ class GuardedCall:
         return (context.model, context.output_bound, context.pid, context.bound_how or ADDED, cut)
 
     def _record_bound(self, usage: Usage | None = None) -> None:
-        """The call's bound event where no settle carries it (Guard.land records it with the others)."""
+        """The call's bound event where no settle carries it (the sink's land records it with the others)."""
         bound = self._bound_event(usage)
         if self._sink is not None and bound is not None:
-            self._sink.events.bounds((bound,))
-
-    def _audit_landed(self, state: CallState, usage: Usage | None, cost: int, latency: float) -> None:
-        """The audit record, once the settle has landed (on the settler's thread for a guarded child)."""
-        assert self._sink is not None and self._context is not None
-        self._sink.settled(self._context, usage)  # the room is free now: wake waiters, learn
-        try:
-            self._sink.audit(self._context, state, usage, cost, latency, anomaly=self.anomaly)
-        except Exception as exc:
-            warn(f"cannot audit a call to {self.model}: {exc}")
+            self._sink.record_bound(bound)
 
 
 def _is_error_body(body: bytes) -> bool:

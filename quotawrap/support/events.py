@@ -106,7 +106,7 @@ class EventLog:
 
     def bounds(self, events: Iterable[BoundEvent]) -> None:
         """The ``bound`` events, a line per bounded call, in one write. The wrapper records its children's as
-        their settles arrive (settling/handoff.py), a child its own that go no such way (Guard.land). Most lines
+        their settles arrive (settling/handoff.py), a child its own that go no such way (settling/sink.py). Most lines
         are alike, so the last one is kept encoded."""
         if not self.path:
             return

@@ -220,7 +220,7 @@ def bounded(output: int) -> bytes:
 
 
 class TestWaitingInLine:
-    """The guard's wait (reserving.py) keeps a place in the ledger's line and gives it back however it ends."""
+    """The guard's wait (admission/call.py) keeps a place in the ledger's line and gives it back however it ends."""
 
     def test_a_waiting_call_holds_a_place_and_leaves_it_when_cancelled(
         self, make_guard: Callable[..., Guard], ledger: SQLiteLedger

@@ -93,7 +93,7 @@ class TestMappedEndpoints:
         respond(call, answer(60))
         assert md(ledger, FLASH) == Counters(60, 0)
         record = ledger.call_records()[0]
-        assert record.model == FLASH and record.charged_cost == guard.actual_cost(FLASH, _usage(60))
+        assert record.model == FLASH and record.charged_cost == guard.books.actual_cost(FLASH, _usage(60))
 
     def test_an_endpoint_moved_to_another_version_lands_where_ark_billed_it(
         self, make_guard: Callable[..., Guard], ledger: SQLiteLedger

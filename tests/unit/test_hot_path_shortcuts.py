@@ -240,12 +240,12 @@ def test_rules_and_reserve_costs_remembered_answer_as_made_anew(
     fresh = CostRule(rule.endpoint, rule.images, rule.storage_hours)
     usage_ = usage.Usage(input_tokens, output, input_tokens + output, actions=(("web_search", 2),))
     for _ in range(2):  # made, then remembered
-        made = fresh.reserve(guard.prices, model, Estimate(input_tokens, output))
-        assert guard.reserve_cost(model, Estimate(input_tokens, output), rule) == int(made)
-        actual, anew = rule.actual(guard.prices, model, usage_), fresh.actual(guard.prices, model, usage_)
+        made = fresh.reserve(guard.books.prices, model, Estimate(input_tokens, output))
+        assert guard.books.reserve_cost(model, Estimate(input_tokens, output), rule) == int(made)
+        actual, anew = rule.actual(guard.books.prices, model, usage_), fresh.actual(guard.books.prices, model, usage_)
         assert (int(actual), actual.estimated) == (int(anew), anew.estimated)
         if endpoint in ("chat", "responses", "embeddings", "video_task"):  # priced by the table alone
-            table = guard.prices.actual_cost(model, usage_)
+            table = guard.books.prices.actual_cost(model, usage_)
             assert (int(actual), actual.estimated) == (int(table), table.estimated)
 
 

@@ -140,7 +140,7 @@ def test_every_step_charges_the_budget_as_the_run(ledger: Ledger) -> None:
 
 
 def test_a_video_tasks_hold_is_charged_never_refused(ledger: Ledger) -> None:
-    """A video task takes over its create's hold (settling/tasks.py): its room was checked when the create was
+    """A video task takes over its create's hold (settling/followups.py): its room was checked when the create was
     reserved, so the budget never refuses the handover (that would let the task run unbudgeted), and counts it."""
     ledger.set_budget(TEAM)
     create = ledger.reserve(hold(800), no_limits)

@@ -221,13 +221,13 @@ def test_no_planned_body_sends_both_bounds_or_asks_for_more(
     cap: int | None,
     input_tokens: int,
 ) -> None:
-    """Over every shape, policy, history and room: what goes out (``Guard.plan``'s gate, then ``plan_output``)
+    """Over every shape, policy, history and room: what goes out (``Admission.plan``'s gate, then ``plan_output``)
     never holds both bounds unless the caller sent both; a caller's max_tokens is never lengthened (a bound sent
     in its place is at most it); a bound the guard adds is within Ark's range and below the request's own worst
     case; and the hold covers the most the sent body can bill, save the ``learned`` policy's known overshoot."""
     kind, request = shape
     caller = dict(request)
-    if not unbounded_thinking(kind, request):  # type: ignore[arg-type]  # Guard.plan's gate
+    if not unbounded_thinking(kind, request):  # type: ignore[arg-type]  # Admission.plan's gate
         body, output, how = request, None, None
     else:
         plan = plan_output(

@@ -356,7 +356,8 @@ class AlertWatcher:
 
 def start_alerts(ledger: Ledger, settings: Settings) -> AlertWatcher | None:
     """The ``--alert-webhook`` watcher of a wrapper or a gateway, started (None without a webhook): every model's
-    daily limit and every budget of the store, and the cap and own budgets (``--budget``) of this run or session."""
+    daily limit and every budget of the store, and the cap, own budgets (``--budget``) and share of the store's
+    per-run budgets of this run or session."""
     if not settings.alert_webhook:
         return None
     from ..core.budgets import parse_budget
@@ -371,7 +372,9 @@ def start_alerts(ledger: Ledger, settings: Settings) -> AlertWatcher | None:
 
     def read(now: float) -> list[Watched]:
         data = status_snapshot(ledger, settings, now)
-        budgets = [*data["budgets"], *(use.as_json() for use in uses_of(ledger, own, now, run_id))]
+        # what the store shows of a budget counted per run is no run's: this run's count of each is watched
+        per_run = [budget for budget in ledger.budgets("") if budget.period == "run"] if run_id else []
+        budgets = [*data["budgets"], *(use.as_json() for use in uses_of(ledger, [*per_run, *own], now, run_id))]
         watched = watched_limits({**data, "budgets": budgets}, now)
         if settings.cap_tokens is not None and run_id:
             spent = ledger.counters([run_key(run_id)])[run_key(run_id)]

@@ -149,18 +149,21 @@ def test_a_soft_budget_posts_each_threshold_once_from_two_quiet_wrappers(sim: Ar
     _no_secret_nor_prompt(receiver)
 
 
-def test_a_runs_own_soft_budget_is_posted_too(sim: ArkSimulator, store: str) -> None:
-    """``--budget`` (a budget for the run alone, gone from the ledger when it ends) is watched as the ledger's are:
-    a run that spends past its own soft budget posts each threshold of it once."""
+def test_a_runs_own_soft_budget_and_a_per_run_one_are_posted_too(sim: ArkSimulator, store: str) -> None:
+    """``--budget`` (a budget for the run alone, gone from the ledger when it ends) and a budget of the store counted
+    per run are watched in this run: a run that spends past both posts each threshold of each once."""
     sim.configure(reply_tokens=300)
+    assert run_cli("budget", "set", "*:2000/run,soft", "--store", store).returncode == 0
     with webhook() as receiver:
         args = ["--store", store, "--base-url", sim.url, "--quiet", "--alert-webhook", receiver.url]
         done = run_quotawrap([*args, "--budget", "*:1500/run,soft"], _swarm(), env={"SIM_URL": sim.url})
     assert done.returncode == 0, done.stderr
-    assert cli_json("budget", "list", "--json", "--store", store) == []  # it ended with its run
+    (per_run,) = cli_json("budget", "list", "--json", "--store", store)  # the run's own ended with it
     (session,) = [row["session"] for row in cli_json("sessions", "--json", "--store", store)]
     (report,) = cli_json("report", "--by", "session", "--format", "json", "--store", store)["rows"]
-    assert report["settled_tokens"] > 1500 and report["blocked_calls"] == 0
+    assert report["settled_tokens"] > 2000 and report["blocked_calls"] == 0
     own = f"*/run/tokens@run={session}"
-    assert sorted(receiver.thresholds()) == [("budget", own, percent) for percent in (50.0, 80.0, 100.0)]
+    assert sorted(receiver.thresholds()) == [
+        ("budget", name, percent) for name in (per_run["id"], own) for percent in (50.0, 80.0, 100.0)
+    ]
     assert all(body["quotawrap"]["period"] == session for body in receiver.bodies)

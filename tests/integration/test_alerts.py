@@ -149,18 +149,18 @@ def test_a_soft_budget_posts_each_threshold_once_from_two_quiet_wrappers(sim: Ar
     _no_secret_nor_prompt(receiver)
 
 
-def test_a_runs_own_soft_budget_and_a_per_run_one_are_posted_too(sim: ArkSimulator, store: str) -> None:
+def test_a_runs_own_soft_budget_and_a_per_run_one_are_posted_too(sim: ArkSimulator, store_url: str) -> None:
     """``--budget`` (a budget for the run alone, gone from the ledger when it ends) and a budget of the store counted
     per run are watched in this run: a run that spends past both posts each threshold of each once."""
     sim.configure(reply_tokens=300)
-    assert run_cli("budget", "set", "*:2000/run,soft", "--store", store).returncode == 0
+    assert run_cli("budget", "set", "*:2000/run,soft", "--store", store_url).returncode == 0
     with webhook() as receiver:
-        args = ["--store", store, "--base-url", sim.url, "--quiet", "--alert-webhook", receiver.url]
+        args = ["--store", store_url, "--base-url", sim.url, "--quiet", "--alert-webhook", receiver.url]
         done = run_quotawrap([*args, "--budget", "*:1500/run,soft"], _swarm(), env={"SIM_URL": sim.url})
     assert done.returncode == 0, done.stderr
-    (per_run,) = cli_json("budget", "list", "--json", "--store", store)  # the run's own ended with it
-    (session,) = [row["session"] for row in cli_json("sessions", "--json", "--store", store)]
-    (report,) = cli_json("report", "--by", "session", "--format", "json", "--store", store)["rows"]
+    (per_run,) = cli_json("budget", "list", "--json", "--store", store_url)  # the run's own ended with it
+    (session,) = [row["session"] for row in cli_json("sessions", "--json", "--store", store_url)]
+    (report,) = cli_json("report", "--by", "session", "--format", "json", "--store", store_url)["rows"]
     assert report["settled_tokens"] > 2000 and report["blocked_calls"] == 0
     own = f"*/run/tokens@run={session}"
     assert sorted(receiver.thresholds()) == [

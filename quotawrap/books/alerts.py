@@ -356,17 +356,26 @@ class AlertWatcher:
 
 def start_alerts(ledger: Ledger, settings: Settings) -> AlertWatcher | None:
     """The ``--alert-webhook`` watcher of a wrapper or a gateway, started (None without a webhook): every model's
-    daily limit and every budget of the store, and the cap of this run or session (``--cap-tokens``)."""
+    daily limit and every budget of the store, and the cap, own budgets (``--budget``) and share of the store's
+    per-run budgets of this run or session."""
     if not settings.alert_webhook:
         return None
+    from ..core.budgets import parse_budget
     from ..core.thresholds import parse_thresholds
     from ..ledger.base import ledger_clock, run_key
+    from ..ledger.budgets import uses_of
     from .status import status_snapshot
 
     run_id = settings.run_id
+    # from the flags, not the ledger: the run removes its own budgets from it before the watcher's last look
+    own = [parse_budget(spec, run_id=run_id) for spec in settings.budget] if run_id else []
 
     def read(now: float) -> list[Watched]:
-        watched = watched_limits(status_snapshot(ledger, settings, now), now)
+        data = status_snapshot(ledger, settings, now)
+        # what the store shows of a budget counted per run is no run's: this run's count of each is watched
+        per_run = [budget for budget in ledger.budgets("") if budget.period == "run"] if run_id else []
+        budgets = [*data["budgets"], *(use.as_json() for use in uses_of(ledger, [*per_run, *own], now, run_id))]
+        watched = watched_limits({**data, "budgets": budgets}, now)
         if settings.cap_tokens is not None and run_id:
             spent = ledger.counters([run_key(run_id)])[run_key(run_id)]
             watched.append(run_cap_watched(run_id, spent.settled, spent.in_flight, settings.cap_tokens, now))

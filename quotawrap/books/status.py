@@ -158,8 +158,8 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
     - ``by_tag``: per key of :data:`TAG_KEYS`, today's rows {key, calls, blocked_calls, settled_tokens,
       cost_micro_cny} by the tag's value;
     - ``sessions``: today's runs (``session_rows``);
-    - ``budgets``: the ledger's budgets in their current periods (``BudgetUse.as_json``, plus ``name`` and
-      ``limit`` for the page): used, in flight, left, when each resets;
+    - ``budgets``: the ledger's budgets in their current periods (``BudgetUse.as_json``, plus ``name``, the
+      budget's id, and ``limit`` for the page): used, in flight, left, when each resets;
     - ``unguarded_processes``: processes of live runs outside the guard (``unguarded_now``).
     """
     from ..support.events import waiting_now
@@ -193,8 +193,9 @@ def status_snapshot(ledger: Ledger, settings: Settings, now: float, *, events_di
         "refused": refused,
         "by_tag": {key: _top(aggregate(today, f"tag:{key}")) for key in TAG_KEYS},
         "sessions": session_rows(ledger, quota.beijing_day_start(now), None),
+        # named by id, as a refusal names it: a token and a money budget may share a selector and period
         "budgets": [
-            {**use.as_json(), "name": use.label, "limit": use.budget.amount} for use in ledger.budget_uses(now, "")
+            {**use.as_json(), "name": use.budget.id, "limit": use.budget.amount} for use in ledger.budget_uses(now, "")
         ],
         "unguarded_processes": unguarded_now(events_dir, runs=runs) if events_dir is not None else [],
     }

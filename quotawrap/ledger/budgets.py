@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .base import HoldRequest
     from .interface import Ledger
 
-__all__ = ["BudgetBook", "budget_uses", "decode_budget", "encode_budget", "run_budget_uses"]
+__all__ = ["BudgetBook", "budget_uses", "decode_budget", "encode_budget", "run_budget_uses", "uses_of"]
 
 
 def encode_budget(budget: Budget) -> str:
@@ -87,7 +87,12 @@ class BudgetBook:
 
 def budget_uses(ledger: Ledger, now: float, run_id: str | None) -> list[BudgetUse]:
     """Each budget of ``ledger`` (and of the run ``run_id``, when given) in the period ``now`` falls in."""
-    budgets = ledger.budgets(run_id)
+    return uses_of(ledger, ledger.budgets(run_id), now, run_id)
+
+
+def uses_of(ledger: Ledger, budgets: Sequence[Budget], now: float, run_id: str | None) -> list[BudgetUse]:
+    """These budgets in the period ``now`` falls in, from ``ledger``'s counters (a run's own still count once the
+    run removed them)."""
     scopes = [budget_scope(b, period_key(b.period, now, run_id or b.run_id)) for b in budgets]
     return uses_in(budgets, now, run_id or "", ledger.counters(scopes))
 

@@ -443,7 +443,7 @@ class LiveView:
                 warnings.append(warning_line(label, top, gauge))
             self._fractions[key] = now  # a drop (new day, bigger pool) re-arms the thresholds
         for use in reading.budgets:  # a soft budget's alert: it refuses nothing, so this is where it is heard
-            key = (use.label, use.period)
+            key = (use.budget.id, use.period)  # a token and a money budget may share a label
             top = highest(crossed(self._fractions.get(key, 0.0), use.fraction, self._thresholds))
             if top is not None:
                 warnings.append(f"quotawrap: {printable(use.label)} at {round(top * 100)}% ({use.numbers()})")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from quotawrap.simulator import ArkSimulator
-from tests.conftest import child, cli_json, communicate_all, run_quotawrap, start_cli
+from tests.conftest import child, cli_json, communicate_all, run_cli, run_quotawrap, start_cli
 from tests.integration.gateway_process import chat_body, gateway
 from tests.redis_server import session_url
 from tests.webhook_receiver import Receiver, webhook
@@ -117,3 +117,53 @@ def test_the_gateway_alerts_too(sim: ArkSimulator, store: str, tmp_path: Path) -
     assert 200 in codes and 429 in codes
     assert sorted(receiver.thresholds()) == EXPECTED
     _no_secret_nor_prompt(receiver)
+
+
+def test_a_soft_budget_posts_each_threshold_once_from_two_quiet_wrappers(sim: ArkSimulator, store_url: str) -> None:
+    """A soft budget set with `budget set` never refuses: two `--quiet` runs on one store spend past it, and each of
+    50%, 80% and 100% of it is posted once, by one of them (the model's day stays far from its thresholds)."""
+    sim.configure(reply_tokens=300)
+    done = run_cli("budget", "set", "*:4000/day,soft", "--store", store_url)
+    assert done.returncode == 0, done.stderr
+    with webhook() as receiver:
+        args = ["--store", store_url, "--base-url", sim.url, "--quiet", "--alert-webhook", receiver.url]
+        runs = [
+            start_cli(*args, "--tag", f"team={team}", "--", *_swarm(), env={"SIM_URL": sim.url})
+            for team in ("alpha", "beta")
+        ]
+        outputs = communicate_all(runs, timeout=180)
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    for out, err in outputs:
+        answers = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert answers and all(answer["outcome"] == "ok" for answer in answers), out  # soft: nothing refused
+        assert "budget" not in err and "%" not in err, err  # quiet: the webhook is where it is heard
+    (use,) = cli_json("budget", "list", "--json", "--store", store_url)
+    assert use["used"] > use["amount"] and use["in_flight"] == 0
+    assert sorted(receiver.thresholds()) == [("budget", use["id"], percent) for percent in (50.0, 80.0, 100.0)]
+    sessions = {row["session"] for row in cli_json("sessions", "--json", "--store", store_url)}
+    for body in receiver.bodies:
+        fields = body["quotawrap"]
+        assert fields["session"] in sessions and fields["limit_amount"] == use["amount"]
+        assert fields["period"] == use["period_key"] and fields["unit"] == "tokens"
+        assert body["text"].startswith(f"quotawrap: budget {use['id']} reached {fields['threshold_percent']:g}%")
+    _no_secret_nor_prompt(receiver)
+
+
+def test_a_runs_own_soft_budget_and_a_per_run_one_are_posted_too(sim: ArkSimulator, store_url: str) -> None:
+    """``--budget`` (a budget for the run alone, gone from the ledger when it ends) and a budget of the store counted
+    per run are watched in this run: a run that spends past both posts each threshold of each once."""
+    sim.configure(reply_tokens=300)
+    assert run_cli("budget", "set", "*:2000/run,soft", "--store", store_url).returncode == 0
+    with webhook() as receiver:
+        args = ["--store", store_url, "--base-url", sim.url, "--quiet", "--alert-webhook", receiver.url]
+        done = run_quotawrap([*args, "--budget", "*:1500/run,soft"], _swarm(), env={"SIM_URL": sim.url})
+    assert done.returncode == 0, done.stderr
+    (per_run,) = cli_json("budget", "list", "--json", "--store", store_url)  # the run's own ended with it
+    (session,) = [row["session"] for row in cli_json("sessions", "--json", "--store", store_url)]
+    (report,) = cli_json("report", "--by", "session", "--format", "json", "--store", store_url)["rows"]
+    assert report["settled_tokens"] > 2000 and report["blocked_calls"] == 0
+    own = f"*/run/tokens@run={session}"
+    assert sorted(receiver.thresholds()) == [
+        ("budget", name, percent) for name in (per_run["id"], own) for percent in (50.0, 80.0, 100.0)
+    ]
+    assert all(body["quotawrap"]["period"] == session for body in receiver.bodies)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -283,8 +284,8 @@ def test_budgets_shown_where_people_look(sim: ArkSimulator, store: str) -> None:
     assert "budgets:" in status.stdout and f"used {spent:,}" in status.stdout
 
 
-def _spend_until_refused(client: openai.OpenAI, model: str) -> list[str]:
-    """Calls until one is refused (a 429): the refusal's message; at most 200 calls."""
+def _spend_until_refused(client: openai.OpenAI, model: str) -> list[openai.RateLimitError]:
+    """Calls until one is refused (a 429): the refusal; at most 200 calls."""
     for _ in range(200):
         try:
             client.chat.completions.create(
@@ -294,8 +295,12 @@ def _spend_until_refused(client: openai.OpenAI, model: str) -> list[str]:
                 extra_body={"thinking": {"type": "disabled"}},
             )
         except openai.RateLimitError as exc:
-            return [exc.message]
+            return [exc]
     return []
+
+
+# A refusal's numbers: settled + in flight + this call = the total, over the budget
+_REFUSED_NUMBERS = re.compile(r"\(settled ([\d,]+) \+ in flight ([\d,]+) \+ this call ([\d,]+) = ([\d,]+) > ([\d,]+)\)")
 
 
 def test_member_keys_each_held_to_their_teams_budget(tmp_path: Path) -> None:
@@ -321,8 +326,19 @@ def test_member_keys_each_held_to_their_teams_budget(tmp_path: Path) -> None:
                         [SEARCH_MODEL, SEARCH_MODEL, ADS_MODEL, ADS_MODEL],
                     )
                 )
-        for (message,), team in zip(refusals, ("search", "search", "ads", "ads"), strict=True):
-            assert f"budget team={team}/day/tokens" in message, message
+        teams = ("search", "search", "ads", "ads")
+        for (refusal,), team, budget in zip(refusals, teams, (SEARCH_BUDGET,) * 2 + (ADS_BUDGET,) * 2, strict=True):
+            message = refusal.message
+            assert refusal.response.headers["x-quotawrap-blocked"] == f"budget team={team}/day/tokens", message
+            assert refusal.response.headers["x-should-retry"] == "false"
+            assert f"would exceed the budget team={team}/day/tokens" in message, message
+            numbers = _REFUSED_NUMBERS.search(message)
+            assert numbers is not None, message
+            settled, in_flight, this_call, total, limit = (int(n.replace(",", "")) for n in numbers.groups())
+            assert settled + in_flight + this_call == total > limit == budget, message
+            assert re.search(r"resets \d{4}-\d{2}-\d{2} 00:00 Beijing time", message), message
+            assert f"may raise it: `quotawrap budget set 'team={team}:NEW/day'`" in message, message
+            assert provider_key not in message and provider_key not in str(refusal.response.headers)
         _check_bills(sim, store)
 
 

@@ -11,7 +11,6 @@ import re
 import selectors
 import shutil
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -248,56 +247,106 @@ def test_it_binds_loopback_and_warns_once_when_told_otherwise(store: str) -> Non
     assert len(lines) == 1 and "not loopback" in lines[0]
 
 
-def test_budgets_show_used_in_flight_left_and_their_reset(browser: Any, store: str) -> None:
-    """The budgets section draws the ``budgets`` list of the snapshot; a store without budgets has it hidden."""
-    from quotawrap.books.status import current_status
-    from quotawrap.config.settings import Settings
-    from quotawrap.dashboard.pages import Pages
-    from quotawrap.dashboard.server import DashboardServer
-    from quotawrap.ledger import open_ledger
+# Budgets of every kind: a hard one in tokens, a soft one, and one in CNY; the run's tag matches all three.
+BUDGETS = ("team=infra:200k/day", "*:100k/week,soft", "team=infra:cny5/month")
+_BUDGET_ROWS = """() => Object.fromEntries([...document.querySelectorAll("#budgets tr[data-budget]")].map(
+  (row) => [row.dataset.budget, [...row.querySelectorAll("td")].map((cell) => cell.innerText)]))"""
 
-    ledger = open_ledger(store)
-    resets_at = 1_767_196_800  # 2026-01-01 00:00 Beijing
-    budgets = [
-        {
-            "name": "team-infra",
-            "used": 1_200,
-            "in_flight": 300,
-            "limit": 5_000,
-            "unit": "tokens",
-            "resets_at": resets_at,
-        },
-        {"name": "alice", "used": 900, "in_flight": 0, "limit": 800, "unit": "tokens", "resets_at": None},
-    ]
-    shown_budgets: list[list[dict[str, Any]]] = [[]]
 
-    def read() -> dict[str, Any]:
-        return {"store": "sqlite:", "refresh_s": 0.2, **current_status(ledger, Settings()), "budgets": shown_budgets[0]}
+def _budget_cells(budgets: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """What the page's budget rows should say, from `status --json`'s budgets: name, the bar (no text), used, in
+    flight, left, limit (tokens, or CNY from micro-CNY) and the reset in Beijing time."""
+    from datetime import datetime
 
-    server = DashboardServer(Pages(read, fresh_s=0), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        tab = _Page(browser, server.url)
-        assert tab.page.locator("#budgets-section").is_hidden()
-        shown_budgets[0] = budgets
-        tab.page.wait_for_selector('#budgets tr[data-budget="alice"]')
-        assert tab.page.locator("#budgets-section").is_visible()
-        cells = tab.page.locator('#budgets tr[data-budget="team-infra"] td').all_inner_texts()
-        assert cells[0] == "team-infra" and cells[2:] == [
-            "1,200 tokens",
-            "300",
-            "3,500 tokens",
-            "5,000 tokens",
-            "01-01 00:00",
+    from quotawrap.core.quota import BEIJING
+
+    def amount(value: int, unit: str) -> str:
+        return f"¥{value / 1e6:.6f}" if unit == "cny" else f"{value:,} tokens"
+
+    return {
+        b["name"]: [
+            b["name"],
+            "",
+            *(amount(b[field], b["unit"]) for field in ("used", "in_flight", "left", "limit")),
+            datetime.fromtimestamp(b["resets_at"], BEIJING).strftime("%m-%d %H:%M"),
         ]
-        cells = tab.page.locator('#budgets tr[data-budget="alice"] td').all_inner_texts()
-        assert cells[4:] == ["0 tokens", "800 tokens", "never"]  # over its limit: nothing left
+        for b in budgets
+    }
+
+
+def _status_budgets(store: str) -> list[dict[str, Any]]:
+    """``status --json``'s budgets (every model row carries the same list)."""
+    rows = cli_json("status", "--json", "--store", store)
+    assert rows and all(row["budgets"] == rows[0]["budgets"] for row in rows)
+    return list(rows[0]["budgets"])
+
+
+def _budget_remaining(url: str) -> dict[tuple[str, str], float]:
+    """``quotawrap_budget_remaining`` of a scrape of the dashboard's ``/metrics``, by (budget, unit)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return {
+        (sample.labels["budget"], sample.labels["unit"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "quotawrap_budget_remaining"
+    }
+
+
+def _wait_until_budgets_shown(tab: _Page, want: dict[str, list[str]]) -> None:
+    from playwright.sync_api import TimeoutError as Timeout
+
+    try:
+        tab.page.wait_for_function(f"(want) => JSON.stringify(({_BUDGET_ROWS})()) === JSON.stringify(want)", arg=want)
+    except Timeout:
+        shown = tab.page.evaluate(_BUDGET_ROWS)
+        raise AssertionError(f"the page shows {shown}, not {want}; errors: {tab.errors}") from None
+
+
+def test_budgets_set_on_the_ledger_show_as_status_and_metrics_say(
+    browser: Any, sim: ArkSimulator, store_url: str, tmp_path: Path
+) -> None:
+    """Budgets set with `quotawrap budget set`, spent by a guarded run and held by a stream in flight: the page's
+    rows show `status --json`'s used, in flight, left, limit and reset, `/metrics` says each one's left, and both
+    follow the stream when it settles."""
+    env = {"SIM_URL": sim.url}
+    # cut: a call that sets max_tokens reserves it, not the model's reasoning ceiling besides (over the budgets)
+    run = ["--store", store_url, "--base-url", sim.url, "--tag", "team=infra", "--reasoning-reserve", "cut"]
+    with _dashboard("--store", store_url) as served:
+        tab = _Page(browser, served.url)
+        assert tab.page.locator("#budgets-section").is_hidden()  # no budget yet
+        for spec in BUDGETS:
+            done = run_cli("budget", "set", spec, "--store", store_url)
+            assert done.returncode == 0, done.stderr
+        settled = run_quotawrap(run, child("one_call.py"), env=env)
+        assert "TOTAL" in settled.stdout, settled.stderr
+        release = tmp_path / "release"
+        held = start_cli(*run, "--", *child("held_stream.py"), env={**env, "RELEASE_FILE": str(release)})
+        try:
+            _line(held, "STREAMING")
+            during = _status_budgets(store_url)
+            assert len(during) == len(BUDGETS)
+            assert all(b["used"] > 0 and b["in_flight"] > 0 and b["left"] < b["limit"] for b in during), during
+            _wait_until_budgets_shown(tab, _budget_cells(during))
+            assert tab.page.locator("#budgets-section").is_visible()
+            assert _budget_remaining(served.url) == {(b["name"], b["unit"]): b["left"] for b in during}
+
+            release.touch()
+            out, err = held.communicate(timeout=120)
+            assert held.returncode == 0 and "DONE" in out, err
+        finally:
+            release.touch()
+            if held.poll() is None:
+                held.kill()
+                held.communicate()
+        after = _status_budgets(store_url)
+        for before, now in zip(during, after, strict=True):
+            assert now["name"] == before["name"] and now["in_flight"] == 0 and now["used"] > before["used"]
+        _wait_until_budgets_shown(tab, _budget_cells(after))
+        assert _budget_remaining(served.url) == {(b["name"], b["unit"]): b["left"] for b in after}
         assert tab.errors == []
-    finally:
-        server.shutdown()
-        server.server_close()
-        ledger.close()
 
 
 @pytest.mark.redis

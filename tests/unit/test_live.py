@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from quotawrap.config.settings import Settings
+from quotawrap.core.budgets import BudgetUse, parse_budget
 from quotawrap.core.quota import QuotaSettings, Snapshot, beijing_day
 from quotawrap.core.usage import Usage
 from quotawrap.ledger import Ledger
@@ -260,6 +261,18 @@ def _hold(ledger: Ledger, tokens: int, *, run_id: str = "run-1", model: str = MO
     if settle is not None:
         ledger.settle(hold_id, Usage(prompt_tokens=0, completion_tokens=settle, total_tokens=settle))
     return hold_id
+
+
+class TestBudgetWarnings:
+    def test_a_token_and_a_money_budget_of_one_selector_and_period_warn_apart(self, ledger: SQLiteLedger) -> None:
+        """Two budgets that share a label (team=a/day) each keep their own thresholds: neither re-arms the other's."""
+        tokens = BudgetUse(parse_budget("team=a:1000/day,soft"), DAY, 600, 0, None)
+        money = BudgetUse(parse_budget("team=a:cny1/day,soft"), DAY, 100_000, 0, None)
+        assert tokens.label == money.label
+        view = LiveView(ledger, Settings(), "run-1", stream=io.StringIO())
+        reading = Reading(None, {}, (tokens, money))
+        assert view._crossings(reading) == ["quotawrap: budget team=a/day at 50% (600 / 1,000 tokens)"]
+        assert view._crossings(reading) == []  # the next poll, the same numbers: nothing new
 
 
 class TestReadGauges:

@@ -195,10 +195,11 @@ function render(data) {
   const budgets = data.budgets || [];
   document.getElementById("budgets-section").hidden = budgets.length === 0;
   table("budgets", budgets.map((b) => {
-    const left = Math.max(0, b.limit - b.used - (b.in_flight || 0));
-    const row = cells(b.name, bar(b.used, b.in_flight || 0, b.limit, `budget ${b.name}`),
-      `${tokens(b.used)} ${b.unit}`, tokens(b.in_flight || 0), `${tokens(left)} ${b.unit}`, `${tokens(b.limit)} ${b.unit}`,
-      b.resets_at ? beijingDateTime.format(b.resets_at * 1000) : "never");
+    // a money budget counts micro-CNY
+    const amount = b.unit === "cny" ? cny : (n) => `${tokens(n)} tokens`;
+    const row = cells(b.name, bar(b.used, b.in_flight, b.limit, `budget ${b.name}`),
+      amount(b.used), amount(b.in_flight), amount(b.left), amount(b.limit),
+      b.resets_at ? beijingDateTime.format(b.resets_at * 1000) : "at the run's end");
     row.setAttribute("data-budget", b.name);
     return row;
   }));

@@ -44,6 +44,7 @@ from ..core.identity import UNMAPPED
 from ..core.model_limits import reasoning_ceiling
 from ..core.output_bound import bound_mark, without_bound_mark
 from ..core.redact import key_fingerprint
+from ..core.retry_mark import retry_id
 from ..core.synthetic import SyntheticResponse, blocked_response
 from ..core.tokens import TokenizerUnavailable, utf8_bound
 from ..ledger import CallPath, HoldRequest
@@ -465,7 +466,6 @@ class Admission:
                 in_transit = again and sink.settles_in_transit()
                 if refits or in_transit or left:
                     superseded += 1
-                    from ..settling.audit import retry_id  # rare: the report's module loads only then
 
                     retry = retry_id(without_bound_mark(hold.hold_id))  # no view counts the refused attempt as blocked
                     self.audit_refusal(plan, hold, decision)

@@ -11,9 +11,9 @@ from ..core.errors import ConfigError
 from ..core.money import format_cny
 from ..core.output_bound import REPLACED, cut_short, read_bound_mark, without_bound_mark
 from ..core.quota import DAY_S, beijing_day, beijing_day_start
+from ..core.retry_mark import RETRY_MARK
 from ..ledger import Reader
 from ..ledger.base import REPORT_SUMS, CallRecord, DayAggregate
-from ..settling.audit import RETRY_MARK
 from ..support.log import printable
 
 __all__ = [

@@ -15,7 +15,7 @@ def cut_short(output: int, bound: int) -> bool:
 
 
 # A call the guard bounded carries how and at what in its hold id ("<id>@a8192": a bound added, "<id>@r64": its
-# max_tokens replaced), as a refitted attempt carries its "~" (settling/audit.py), so every ledger keeps it with no
+# max_tokens replaced), as a refitted attempt carries its "~" (core/retry_mark.py), so every ledger keeps it with no
 # column of its own and ``report`` and ``status`` read back which calls the bound cut short.
 _MARK = "@"
 _HOW = {ADDED: "a", REPLACED: "r"}

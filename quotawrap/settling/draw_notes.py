@@ -18,17 +18,19 @@ agent), and a process killed after
 a call still has that call landed exactly. A settle that does not fit, or a process whose wrapper has stopped
 collecting (the file's first byte), goes as a datagram instead.
 
-One file per process, ``draws-<pid>-<random>`` in the run's private directory (0600, never through a symlink); a
-forked child opens its own. Slot 0 is the file's header: whether the wrapper still collects, and how many slots
-were ever used (the wrapper reads no further). Every other slot is :data:`SLOT_BYTES`: its first byte says what
-it holds (:data:`NOTED`, :data:`SETTLED`) and is written last; the note (its length, then the marshalled draw:
-the settle relay's ``encode``, passed in) follows it, the settle (its length, then its datagram, without the draw
-the note carries) starts at :data:`_SETTLE_AT`. The pages are the kernel's, so what was written survives a
-SIGKILL. With no free slot, or a note too long for one, the call is not drawn (it reserves alone).
+One file per process, ``draws-<pid>-<random>`` in the run's private directory (0600, never through a symlink,
+made under a dot name and renamed once whole); a forked child opens its own. Slot 0 is the file's header: whether
+the wrapper still collects, and how many slots were ever used (the wrapper reads no further). Every other slot is
+:data:`SLOT_BYTES`: its first byte says what it holds (:data:`NOTED`, :data:`SETTLED`) and is written last; the
+note (its length, then the marshalled draw: the settle relay's ``encode``, passed in) follows it, the settle (its
+length, then its datagram, without the draw the note carries) starts at :data:`_SETTLE_AT`. The pages are the
+kernel's, so what was written survives a SIGKILL. With no free slot, or a note too long for one, the call is not
+drawn (it reserves alone).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -165,23 +167,33 @@ class DrawNotes:
         self._pid = os.getpid()
         self._map, self._free, self._slots, self._used = None, [], {}, 1  # a parent's slots are the parent's
         name = f"{_PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
+        # Renamed into place once whole: a notes file the wrapper finds short it never collects from, and this
+        # process's drawn calls would stay in flight to the run's end (every call near a cap waiting for them).
+        staged = os.path.join(self._directory, f".{name}")
         try:
             fd = os.open(
-                os.path.join(self._directory, name),
+                staged,
                 os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
                 0o600,
             )
         except OSError:
             return None
+        notes = None
         try:
             os.ftruncate(fd, SLOTS * SLOT_BYTES)
-            self._map = mmap.mmap(fd, SLOTS * SLOT_BYTES)
+            notes = mmap.mmap(fd, SLOTS * SLOT_BYTES)
+            notes[_USED_AT : _USED_AT + 2] = self._used.to_bytes(2, "little")
+            os.rename(staged, os.path.join(self._directory, name))
         except (OSError, ValueError):
+            if notes is not None:
+                notes.close()
+            with contextlib.suppress(OSError):
+                os.unlink(staged)
             return None
         finally:
             os.close(fd)
-        self._map[_USED_AT : _USED_AT + 2] = self._used.to_bytes(2, "little")
-        return self._map
+        self._map = notes
+        return notes
 
 
 _all: weakref.WeakSet[DrawNotes] = weakref.WeakSet()

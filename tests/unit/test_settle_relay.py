@@ -453,3 +453,35 @@ def test_with_nothing_else_coming_a_settle_in_a_slot_lands_within_a_look(tmp_pat
         assert ledger.landed == ["alone"]
     finally:
         relay.close()
+
+
+def test_a_notes_file_the_relay_looks_for_while_its_process_makes_it_is_collected_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay looks for new notes files (here: on a sync) while a process is making its own, between creating
+    it and sizing it: the settles that process then writes in its slots are still collected while the run goes on.
+    A file seen short was never looked in again, its drawn calls stayed in flight to the run's end, and the
+    calls of two wrappers near their cap all waited for them (--wait): neither run ended."""
+    import os
+
+    from quotawrap.settling.draw_notes import SLOT_BYTES, SLOTS, note_files
+
+    ledger = Recording()
+    relay, sender, notes = _relay_and_slots(tmp_path, ledger)
+    sized = os.ftruncate
+    seen_short: list[str] = []
+
+    def looked_for_meanwhile(fd: int, length: int) -> None:
+        assert sender.sync(5.0)  # a sync has the relay look for new files before it answers
+        seen_short.extend(n for n in note_files(str(tmp_path)) if (tmp_path / n).stat().st_size != SLOTS * SLOT_BYTES)
+        sized(fd, length)
+
+    monkeypatch.setattr(os, "ftruncate", looked_for_meanwhile)
+    try:
+        settle = _drawn_in_slot(notes, sender, "drawn-first")
+        monkeypatch.undo()
+        assert sender.sync(5.0)
+        assert [s for batch in ledger.batches for s in batch] == [settle]
+        assert seen_short == []  # the file is in the run directory only once whole
+    finally:
+        relay.close()

@@ -82,11 +82,7 @@ class Settler:
         relay = self._relay
         if relay is not None and (self._relay_now is None or self._relay_now()) and relay.send(settle, bound):
             # The wrapper lands it; the record and the lesson are this process's, taken now.
-            if landed is not None:
-                try:
-                    landed()
-                except Exception as exc:  # pragma: no cover - the audit writer never raises
-                    warn(f"after a settle: {exc}")
+            _after_landing(landed)
             return True
         self._queue.append((settle, landed))
         if _exiting or sys.is_finalizing():
@@ -164,11 +160,7 @@ class Settler:
             return False
         self._failing = False
         for _, landed in batch:
-            if landed is not None:
-                try:
-                    landed()
-                except Exception as exc:  # pragma: no cover - the audit writer never raises
-                    warn(f"after a settle: {exc}")
+            _after_landing(landed)
         return True
 
     def _after_fork_in_child(self) -> None:
@@ -245,3 +237,12 @@ atexit.register(_at_exit)
 _watch_multiprocessing(now=True)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=lambda: flush_all(retry=False), after_in_child=_fresh_in_child)
+
+
+def _after_landing(landed: Callable[[], None] | None) -> None:
+    """Run a settle's ``landed`` callback (record and lesson); it never takes the settler down."""
+    if landed is not None:
+        try:
+            landed()
+        except Exception as exc:  # pragma: no cover - the audit writer never raises
+            warn(f"after a settle: {exc}")

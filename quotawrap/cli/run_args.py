@@ -7,7 +7,7 @@ click would reject with its own message) returns None and click parses the whole
 ``tests/unit/test_run_args.py`` holds it to click's result over generated command lines.
 
 Where a value comes from, first found: the flag, its ``QUOTAWRAP_*`` variable, ``quotawrap.toml``,
-the built-in default (a repeatable option's variable is read as :func:`cli_common.command_settings`
+the built-in default (a repeatable option's variable is read as :func:`cli.common.command_settings`
 reads it: JSON list or comma-separated, and also when it is set but empty).
 """
 

@@ -12,7 +12,7 @@ A hold sits on two counters per unit (tokens, micro-CNY cost): ``in_flight`` whi
 retried or late event never counts twice: :func:`follow` moves the counters from what a hold
 had to what its new state charges, and refuses any move that does not advance the state's rank.
 (Redis keeps both counters; SQLite keeps ``settled`` and sums ``in_flight`` from its holds table,
-sqlite_reserve.IN_FLIGHT, so there a move's ``in_flight`` delta is the row leaving holds.)
+sqlite/reserve.IN_FLIGHT, so there a move's ``in_flight`` delta is the row leaving holds.)
 """
 
 from __future__ import annotations
